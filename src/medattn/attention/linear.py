@@ -1,0 +1,35 @@
+"""Linear attention with the elu(x) + 1 feature map (Katharopoulos et al., ICML 2020).
+
+``phi(x) = elu(x) + 1`` (positive), and per head j::
+
+    out_i = phi(q_i)^T (sum_n phi(k_n) v_n^T) / (phi(q_i)^T sum_n phi(k_n) + eps)
+
+Time and memory are linear in N. With a mask, padded keys leave both sums. eps = 1e-6.
+The feature maps and the normalizer run in float32 under autocast.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from .base import Attention, token_weights
+
+
+class LinearAttention(Attention):
+    """elu+1 linear attention. Shapes: q, k, v (B, H, N, d) -> (B, H, N, d)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-6) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+        self.eps = eps
+
+    def attend(self, q, k, v, mask):
+        weights, _ = token_weights(mask, q)
+        dtype = q.dtype
+        q = F.elu(q.float()) + 1.0
+        k = F.elu(k.float()) + 1.0
+        if weights is not None:
+            k = k * weights.float()
+        context = k.transpose(-2, -1).to(dtype) @ v  # (B, H, d, d)
+        normalizer = q @ k.sum(dim=2, keepdim=True).transpose(-2, -1)  # (B, H, N, 1)
+        return (q.to(dtype) @ context) / (normalizer + self.eps).to(dtype)

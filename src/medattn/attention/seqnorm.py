@@ -1,0 +1,85 @@
+"""Softmax-free attention with sequence normalization.
+
+Khader et al., "Compute-Efficient Medical Image Classification with Softmax-Free Transformers and
+Sequence Normalization" (§2.1, eqs. 2-7).
+
+For each batch element and channel f, Q, K and V are normalized over the token axis and given a
+separate learnable affine (``q_norm``, ``k_norm``, ``v_norm``)::
+
+    Q' = gamma_q * (Q - mean_N Q) / sqrt(var_N Q + eps) + beta_q       (same for K, V)
+    out_j = Q'_j (K'_j^T V'_j) / N                                       per head j
+
+``K'^T V'`` is (d, d) per head, so time and memory are linear in N; no N x N matrix is formed.
+
+Choices the paper leaves open (docs/decisions.md):
+
+* eps = 1e-5 inside the square root, biased variance (divide by N), as in instance norm.
+* The class token is an ordinary token: it enters the statistics and the K^T V sum.
+* With a mask, the mean, the variance, the K^T V sum and N count only real tokens; padded
+  positions of Q', K', V' are zero, so they contribute nothing and produce zero output.
+* Statistics and the normalization run in float32 even under autocast; the two matmuls follow
+  autocast (bf16 under bf16 autocast).
+* A sequence of one token (or of identical tokens) has zero variance: Q' = beta_q etc., finite.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import Attention, token_weights
+
+
+class SequenceNorm(nn.Module):
+    """Per-channel normalization over the token axis with a learnable affine.
+
+    Input (B, H, N, d) with channel ``h * d + i``; ``weight`` (gamma) and ``bias`` (beta) have shape
+    (H * d,), initialised to 1 and 0. ``weights`` (B, 1, N, 1) selects real tokens, ``count`` is their
+    number; padded positions of the output are zero. Statistics run in float32.
+    """
+
+    def __init__(self, num_channels: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_channels))
+        self.bias = nn.Parameter(torch.zeros(num_channels))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor | None, count) -> torch.Tensor:
+        B, H, N, d = x.shape
+        x = x.float()
+        gamma = self.weight.float().view(1, H, 1, d)
+        beta = self.bias.float().view(1, H, 1, d)
+        if weights is None:
+            var, mean = torch.var_mean(x, dim=2, keepdim=True, correction=0)  # (B, H, 1, d)
+            return (x - mean) * (gamma * torch.rsqrt(var + self.eps)) + beta
+        weights = weights.float()
+        mean = (x * weights).sum(dim=2, keepdim=True) / count  # (B, H, 1, d)
+        centred = (x - mean) * weights
+        var = centred.square().sum(dim=2, keepdim=True) / count
+        return (centred * (gamma * torch.rsqrt(var + self.eps)) + beta) * weights
+
+
+class SeqNormAttention(Attention):
+    """Softmax-free attention with sequence-normalized Q, K, V (see the module docstring).
+
+    Extra args: ``eps`` (1e-5). Parameters beyond timm's layout: ``q_norm``, ``k_norm``, ``v_norm``,
+    each with ``.weight`` and ``.bias`` of shape (inner_dim,).
+    Shapes: q, k, v (B, H, N, d) -> (B, H, N, d).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-5) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+        self.q_norm = SequenceNorm(self.inner_dim, eps)
+        self.k_norm = SequenceNorm(self.inner_dim, eps)
+        self.v_norm = SequenceNorm(self.inner_dim, eps)
+
+    def attend(self, q, k, v, mask):
+        weights, count = token_weights(mask, q)
+        dtype = q.dtype
+        q = self.q_norm(q, weights, count).to(dtype)
+        k = self.k_norm(k, weights, count).to(dtype)
+        v = self.v_norm(v, weights, count).to(dtype)
+        context = k.transpose(-2, -1) @ v  # (B, H, d, d)
+        context = context / (count if isinstance(count, int) else count.to(context.dtype))
+        return q @ context  # (B, H, N, d)

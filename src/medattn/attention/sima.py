@@ -1,0 +1,43 @@
+"""SimA attention, as the baseline of the SeqNorm paper (Koohpayegani & Pirsavash, WACV 2024).
+
+The plain-ViT form: Q and K are each divided, per channel, by their l1 norm over the tokens; V is
+untouched; there is no softmax and no scaling::
+
+    Q^ = Q / ||Q||_1,N      K^ = K / ||K||_1,N       (norm over tokens, per channel)
+    out_j = (Q^_j K^_j^T) V_j    if N < d      else    Q^_j (K^_j^T V_j)
+
+Both orders give the same result; the cheaper one is chosen. The SimA repository's XCiT stem,
+local patch interaction and class-attention layers are not part of this baseline.
+With a mask, the norms and the sums count only real tokens. The norm is clamped at ``eps``
+(1e-6) so an all-zero channel gives zeros instead of NaN. The norms run in float32 under autocast.
+"""
+
+from __future__ import annotations
+
+from .base import Attention, token_weights
+
+
+def l1_normalize_over_tokens(x, weights, eps: float):
+    """x (B, H, N, d) divided by its per-channel l1 norm over real tokens; padded rows zero."""
+    x32 = x.float()
+    if weights is not None:
+        x32 = x32 * weights.float()
+    norm = x32.abs().sum(dim=2, keepdim=True).clamp_min(eps)  # (B, H, 1, d)
+    return (x32 / norm).to(x.dtype)
+
+
+class SimAAttention(Attention):
+    """SimA: l1-normalized Q and K, plain V. Shapes: q, k, v (B, H, N, d) -> (B, H, N, d)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-6) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+        self.eps = eps
+
+    def attend(self, q, k, v, mask):
+        weights, _ = token_weights(mask, q)
+        q = l1_normalize_over_tokens(q, weights, self.eps)
+        k = l1_normalize_over_tokens(k, weights, self.eps)  # padded keys are zero
+        if q.shape[-2] < q.shape[-1]:
+            return (q @ k.transpose(-2, -1)) @ v  # (B, H, N, N) @ (B, H, N, d)
+        return q @ (k.transpose(-2, -1) @ v)  # (B, H, N, d) @ (B, H, d, d)
