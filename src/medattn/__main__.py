@@ -1,0 +1,5 @@
+import sys
+
+from medattn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: measured time and memory, never timed tests."""

@@ -1,0 +1,74 @@
+"""The ``medattn`` command line: a thin layer over the library.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only wires them into argparse. Errors meant for the user (:class:`medattn.errors.UserError`
+and ``ValueError`` from argument checks) print one line and exit with status 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from medattn import __version__
+from medattn.errors import UserError
+
+COMMANDS = {
+    "demo": "medattn.commands.demo",
+    "train": "medattn.commands.train",
+    "eval": "medattn.commands.evaluate",
+    "predict": "medattn.commands.predict",
+    "models": "medattn.commands.models",
+}
+BENCHES = {
+    "attention": "medattn.bench.attention",
+    "scaling": "medattn.bench.scaling",
+    "binary": "medattn.bench.binary",
+    "pam": "medattn.bench.pam",
+}
+
+
+def _load(module_name: str):
+    """Import a command module; None while that capability is not installed in this version."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:
+            return None
+        raise
+
+
+def _add_commands(subparsers, table: dict[str, str]) -> None:
+    for name, module_name in table.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        doc = (module.__doc__ or "").strip().splitlines()
+        parser = subparsers.add_parser(name, help=doc[0] if doc else None, description=module.__doc__,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(parser)
+        parser.set_defaults(run=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="medattn", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"medattn {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_commands(subparsers, COMMANDS)
+    bench = subparsers.add_parser("bench", help="benchmarks: time and memory, written as CSV/JSON/PNG")
+    _add_commands(bench.add_subparsers(dest="bench", required=True), BENCHES)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (UserError, ValueError) as error:
+        print(f"medattn: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
