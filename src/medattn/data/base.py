@@ -1,0 +1,78 @@
+"""The contract between data sets, the training engine and the models.
+
+A sample is a dict:
+
+* ``"input"``: float32 tensor: image (C, H, W), volume (C, H, W, D) or feature bag (N, F).
+* ``"label"``: float32 tensor (num_outputs,) for binary and multi-label tasks (0/1 per output),
+  or an int64 scalar for multi-class tasks.
+* ``"id"``: str, the sample's identifier (file name, slide or patient id), used in predictions.
+* ``"patient"``: str, the patient id (splits never put one patient in two splits).
+* bags only: ``"coords"``: float32 (N, 2) patch coordinates (zeros when the file has none).
+
+A batch (see :func:`collate`) stacks inputs; bags of different lengths are padded with zeros and get
+``"mask"`` (B, N_max) bool, True for real instances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset
+
+TASK_TYPES = ("binary", "multiclass", "multilabel")
+INPUT_KINDS = ("image2d", "volume3d", "bag")
+
+
+@dataclass
+class TaskInfo:
+    """What the engine needs to know about a task.
+
+    ``num_outputs`` is the model's number of logits: 1 for binary, the class count for multi-class,
+    the label count for multi-label. ``class_names`` names the outputs (or the classes).
+    """
+
+    task_type: str
+    input_kind: str
+    num_outputs: int
+    class_names: list[str] = field(default_factory=list)
+    synthetic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.task_type not in TASK_TYPES:
+            raise ValueError(f"task_type must be one of {TASK_TYPES}, got {self.task_type!r}")
+        if self.input_kind not in INPUT_KINDS:
+            raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {self.input_kind!r}")
+
+
+@dataclass
+class DataBundle:
+    """The splits of one experiment and its task. ``skipped`` counts samples dropped by ``skip_bad``."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    task: TaskInfo
+    skipped: int = 0
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack samples into a batch; bags of unequal length are zero-padded and get a (B, N_max) mask."""
+    batch: dict = {
+        "id": [s["id"] for s in samples],
+        "patient": [s.get("patient", s["id"]) for s in samples],
+        "label": torch.stack([s["label"] for s in samples]),
+    }
+    inputs = [s["input"] for s in samples]
+    if "coords" not in samples[0]:
+        batch["input"] = torch.stack(inputs)
+        return batch
+    lengths = torch.tensor([x.shape[0] for x in inputs])
+    n_max = int(lengths.max())
+    padded = inputs[0].new_zeros(len(inputs), n_max, inputs[0].shape[1])
+    coords = inputs[0].new_zeros(len(inputs), n_max, 2)
+    for i, sample in enumerate(samples):
+        padded[i, : lengths[i]] = sample["input"]
+        coords[i, : lengths[i]] = sample["coords"]
+    batch.update(input=padded, coords=coords, mask=torch.arange(n_max)[None, :] < lengths[:, None])
+    return batch

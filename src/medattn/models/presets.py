@@ -1,0 +1,44 @@
+"""Named model presets: the paper's Table 1 and small ones for tests and CPU demos.
+
+================  =========  ========  ==========  =====
+preset            vit2d      vit3d     vitwsi      small
+================  =========  ========  ==========  =====
+channels          3          1         -           ...
+patch             16 x 16    16x16x4   -
+D' (embed_dim)    1024       1024      512
+D  (attn_dim)     512        512       512
+layers (depth)    8          8         2
+heads             8          8         8
+MLP dim           1024       1024      512
+================  =========  ========  ==========  =====
+
+Any keyword given to :func:`medattn.models.create_model` overrides the preset's value.
+"""
+
+from __future__ import annotations
+
+from .vit import VisionTransformer
+from .wsi import WSITransformer
+
+PRESETS: dict[str, tuple[type, dict]] = {
+    # Table 1 of Khader et al.
+    "vit2d": (VisionTransformer, dict(spatial_dims=2, img_size=224, patch_size=16, in_chans=3, embed_dim=1024,
+                                      attn_dim=512, depth=8, num_heads=8, mlp_dim=1024)),
+    "vit3d": (VisionTransformer, dict(spatial_dims=3, img_size=(256, 256, 32), patch_size=(16, 16, 4), in_chans=1,
+                                      embed_dim=1024, attn_dim=512, depth=8, num_heads=8, mlp_dim=1024)),
+    "vitwsi": (WSITransformer, dict(feature_dim=2048, embed_dim=512, attn_dim=512, depth=2, num_heads=8,
+                                    mlp_dim=512)),
+    # Small presets for tests and CPU demos (not from the paper).
+    "vit2d_small": (VisionTransformer, dict(spatial_dims=2, img_size=64, patch_size=8, in_chans=1, embed_dim=128,
+                                            attn_dim=128, depth=4, num_heads=4, mlp_dim=256)),
+    "vit3d_small": (VisionTransformer, dict(spatial_dims=3, img_size=(32, 32, 16), patch_size=(8, 8, 4), in_chans=1,
+                                            embed_dim=128, attn_dim=128, depth=4, num_heads=4, mlp_dim=256)),
+    "vitwsi_small": (WSITransformer, dict(feature_dim=64, embed_dim=128, attn_dim=128, depth=2, num_heads=4,
+                                          mlp_dim=128)),
+    "vit2d_tiny": (VisionTransformer, dict(spatial_dims=2, img_size=32, patch_size=8, in_chans=1, embed_dim=32,
+                                           attn_dim=32, depth=2, num_heads=2, mlp_dim=64)),
+    "vit3d_tiny": (VisionTransformer, dict(spatial_dims=3, img_size=(16, 16, 8), patch_size=(8, 8, 4), in_chans=1,
+                                           embed_dim=32, attn_dim=32, depth=2, num_heads=2, mlp_dim=64)),
+    "vitwsi_tiny": (WSITransformer, dict(feature_dim=16, embed_dim=32, attn_dim=32, depth=2, num_heads=2,
+                                         mlp_dim=64)),
+}

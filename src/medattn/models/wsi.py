@@ -1,0 +1,84 @@
+"""Transformer for whole-slide images given as bags of pre-extracted patch features.
+
+Input: features (B, N, F) from a patch encoder (e.g. RetCCL, F = 2048), an optional padding mask
+(B, N) bool (True = real patch) so bags of different sizes share a batch, and optional patch
+coordinates (B, N, 2). ``Linear(F, D')`` replaces the patch embedding, a class token is prepended
+(and is always real), the encoder runs with the mask, and the head reads the class token.
+
+Positional information (the paper is silent for WSIs): ``pos_encoding="none"`` (default) treats the
+bag as a set, so the model is permutation invariant; ``"sincos"`` adds a fixed 2D sine-cosine
+encoding of ``coords / coord_scale`` (e.g. ``coord_scale`` = the patch size in pixels), which then
+must be given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .layers import Encoder
+
+
+def sincos_2d(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed sine-cosine encoding of 2D positions: (B, N, 2) -> (B, N, dim); dim must divide by 4."""
+    if dim % 4:
+        raise ValueError(f"the sincos encoding needs a token dim divisible by 4, got {dim}")
+    freqs = temperature ** (-torch.arange(dim // 4, device=coords.device, dtype=torch.float32) / (dim // 4))
+    angles = coords.float().unsqueeze(-1) * freqs  # (B, N, 2, dim/4)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (B, N, dim)
+
+
+class WSITransformer(nn.Module):
+    """Bag-of-features transformer classifier.
+
+    Args:
+        feature_dim: F, the dimension of the pre-extracted features.
+        num_classes, embed_dim (D'), depth, num_heads, attn_dim (D), mlp_dim, attention,
+        attention_kwargs, qkv_bias, drop_rate, attn_drop_rate: as for :class:`VisionTransformer`.
+        pos_encoding: "none" or "sincos" (see the module docstring); coord_scale: divisor of coords.
+
+    ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
+    """
+
+    def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, depth: int = 2,
+                 num_heads: int = 8, attn_dim: int | None = None, mlp_dim: int = 512, attention: str = "softmax",
+                 attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0) -> None:
+        super().__init__()
+        if pos_encoding not in ("none", "sincos"):
+            raise ValueError(f"pos_encoding must be 'none' or 'sincos', got {pos_encoding!r}")
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        self.feature_dim = feature_dim
+        self.num_classes = num_classes
+        self.pos_encoding = pos_encoding
+        self.coord_scale = coord_scale
+        self.feature_proj = nn.Linear(feature_dim, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
+                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def forward_features(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                         coords: torch.Tensor | None = None) -> torch.Tensor:
+        """-> (B, 1 + N, D') normalised tokens, class token first."""
+        if features.ndim != 3 or features.shape[-1] != self.feature_dim:
+            raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
+        B, N, _ = features.shape
+        tokens = self.feature_proj(features)  # (B, N, D')
+        if self.pos_encoding == "sincos":
+            if coords is None or coords.shape != (B, N, 2):
+                got = None if coords is None else tuple(coords.shape)
+                raise ValueError(f"pos_encoding='sincos' needs coords of shape ({B}, {N}, 2), got {got}")
+            tokens = tokens + sincos_2d(coords / self.coord_scale, tokens.shape[-1]).to(tokens.dtype)
+        tokens = torch.cat([self.cls_token.expand(B, -1, -1), tokens], dim=1)  # (B, 1 + N, D')
+        if mask is not None:
+            if mask.shape != (B, N):
+                raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = ({B}, {N})")
+            mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # the class token is real
+        return self.encoder(tokens, mask)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                coords: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.forward_features(features, mask, coords)[:, 0])
