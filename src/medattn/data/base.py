@@ -30,11 +30,14 @@ class TaskInfo:
 
     ``num_outputs`` is the model's number of logits: 1 for binary, the class count for multi-class,
     the label count for multi-label. ``class_names`` names the outputs (or the classes).
+    ``input_shape`` is one sample's input shape without the bag length: (C, H, W), (C, H, W, D) or
+    (F,) for bags; the engine sets the model's ``in_chans``/``img_size`` or ``feature_dim`` from it.
     """
 
     task_type: str
     input_kind: str
     num_outputs: int
+    input_shape: tuple[int, ...]
     class_names: list[str] = field(default_factory=list)
     synthetic: bool = False
 
