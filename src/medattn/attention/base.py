@@ -35,6 +35,8 @@ class Attention(nn.Module):
 
     #: Whether the mechanism forms attention weights that ``attn_drop`` can act on.
     supports_attn_drop = False
+    #: True where backward uses a surrogate (e.g. straight-through) gradient, so gradcheck does not apply.
+    surrogate_gradient = False
 
     def __init__(
         self,
@@ -67,8 +69,17 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, inner_dim={self.inner_dim}"
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, N, dim), optional (B, N) bool mask -> (B, N, dim)."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, dim), optional (B, N) bool mask -> (B, N, dim).
+
+        ``attn_mask`` is accepted so timm and MONAI transformer blocks, which pass that keyword, can
+        hold this module; it must be None or the same (B, N) key-padding mask as ``mask``.
+        """
+        if attn_mask is not None:
+            if mask is not None:
+                raise ValueError("give either mask or attn_mask, not both")
+            mask = attn_mask
         check_input(x, mask, self.dim)
         B, N, _ = x.shape
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, d)
@@ -101,6 +112,11 @@ def check_input(x: torch.Tensor, mask: torch.Tensor | None, dim: int) -> None:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (B, N) = {tuple(x.shape[:2])}")
     if not bool(mask.any(dim=1).all()):
         raise ValueError("mask has a sequence with no real token")
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 if it is in a lower precision (bf16/fp16), unchanged otherwise (float64 stays)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def token_weights(mask: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from .base import Attention, token_weights
+from .base import Attention, at_least_float32, token_weights
 
 
 class LinearAttention(Attention):
@@ -26,10 +26,10 @@ class LinearAttention(Attention):
     def attend(self, q, k, v, mask):
         weights, _ = token_weights(mask, q)
         dtype = q.dtype
-        q = F.elu(q.float()) + 1.0
-        k = F.elu(k.float()) + 1.0
+        q = F.elu(at_least_float32(q)) + 1.0
+        k = F.elu(at_least_float32(k)) + 1.0
         if weights is not None:
-            k = k * weights.float()
+            k = k * weights.to(k.dtype)
         context = k.transpose(-2, -1).to(dtype) @ v  # (B, H, d, d)
         normalizer = q @ k.sum(dim=2, keepdim=True).transpose(-2, -1)  # (B, H, N, 1)
         return (q.to(dtype) @ context) / (normalizer + self.eps).to(dtype)

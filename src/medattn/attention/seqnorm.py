@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Attention, token_weights
+from .base import Attention, at_least_float32, token_weights
 
 
 class SequenceNorm(nn.Module):
@@ -46,13 +46,13 @@ class SequenceNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor | None, count) -> torch.Tensor:
         B, H, N, d = x.shape
-        x = x.float()
-        gamma = self.weight.float().view(1, H, 1, d)
-        beta = self.bias.float().view(1, H, 1, d)
+        x = at_least_float32(x)
+        gamma = self.weight.to(x.dtype).view(1, H, 1, d)
+        beta = self.bias.to(x.dtype).view(1, H, 1, d)
         if weights is None:
             var, mean = torch.var_mean(x, dim=2, keepdim=True, correction=0)  # (B, H, 1, d)
             return (x - mean) * (gamma * torch.rsqrt(var + self.eps)) + beta
-        weights = weights.float()
+        weights = weights.to(x.dtype)
         mean = (x * weights).sum(dim=2, keepdim=True) / count  # (B, H, 1, d)
         centred = (x - mean) * weights
         var = centred.square().sum(dim=2, keepdim=True) / count

@@ -14,14 +14,14 @@ With a mask, the norms and the sums count only real tokens. The norm is clamped 
 
 from __future__ import annotations
 
-from .base import Attention, token_weights
+from .base import Attention, at_least_float32, token_weights
 
 
 def l1_normalize_over_tokens(x, weights, eps: float):
     """x (B, H, N, d) divided by its per-channel l1 norm over real tokens; padded rows zero."""
-    x32 = x.float()
+    x32 = at_least_float32(x)
     if weights is not None:
-        x32 = x32 * weights.float()
+        x32 = x32 * weights.to(x32.dtype)
     norm = x32.abs().sum(dim=2, keepdim=True).clamp_min(eps)  # (B, H, 1, d)
     return (x32 / norm).to(x.dtype)
 

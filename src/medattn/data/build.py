@@ -1,0 +1,42 @@
+"""``build_datasets``: one entry point from a data config to a :class:`~medattn.data.base.DataBundle`."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UserError
+from .base import DataBundle
+
+# kind -> (module in medattn.data, builder function); modules are imported on use, so optional
+# readers (Pillow, pydicom, nibabel, h5py) load only for the kinds that need them.
+BUILDERS: dict[str, tuple[str, str]] = {
+    "synthetic_cxr": ("synthetic_cxr", "build_synthetic_cxr"),
+    "synthetic_breast_mri": ("synthetic_breast_mri", "build_synthetic_breast_mri"),
+    "synthetic_wsi": ("synthetic_wsi", "build_synthetic_wsi"),
+    "image_table": ("images", "build_image_table"),
+    "volume_table": ("volumes", "build_volume_table"),
+    "wsi_bags": ("bags", "build_wsi_bags"),
+    "medmnist": ("medmnist", "build_medmnist"),
+}
+
+
+def available_data_kinds() -> list[str]:
+    """The values ``data_cfg["kind"]`` may take, sorted."""
+    return sorted(BUILDERS)
+
+
+def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """Build the train/val/test datasets and the task of ``data_cfg`` (see ``docs/data.md`` for every key).
+
+    ``seed`` drives patient-level splits and the synthetic generators (unless the config sets its own
+    ``seed``). With ``skip_bad`` samples whose files are missing, unreadable or invalid are dropped and
+    counted in ``DataBundle.skipped``; without it the first one raises :class:`~medattn.errors.UserError`.
+    """
+    if not isinstance(data_cfg, dict):
+        raise UserError(f"the data config must be a mapping with a 'kind' key, got {type(data_cfg).__name__}")
+    kind = data_cfg.get("kind")
+    if kind not in BUILDERS:
+        raise UserError(f"unknown data kind {kind!r}; available: {', '.join(available_data_kinds())}")
+    module_name, function = BUILDERS[kind]
+    builder = getattr(importlib.import_module(f".{module_name}", __package__), function)
+    return builder(data_cfg, seed=seed, skip_bad=skip_bad)

@@ -1,0 +1,57 @@
+"""Reading a data config: unknown keys, sizes and splits are checked here with one-line errors."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+
+SPLITS = ("train", "val", "test")
+
+
+def check_keys(cfg: dict, allowed: set[str] | frozenset[str], kind: str) -> None:
+    """Reject keys a builder does not read (typos would otherwise be silently ignored)."""
+    unknown = sorted(set(cfg) - set(allowed) - {"kind"})
+    if unknown:
+        raise UserError(f"data kind {kind!r} does not take {', '.join(unknown)}; "
+                        f"valid keys: {', '.join(sorted(allowed))}")
+
+
+def require(cfg: dict, key: str, kind: str):
+    """The value of a required key, or a one-line error."""
+    if cfg.get(key) in (None, ""):
+        raise UserError(f"data kind {kind!r} needs the key {key!r}")
+    return cfg[key]
+
+
+def split_sizes(value, default: dict[str, int]) -> dict[str, int]:
+    """``num_samples`` as a dict {train, val, test}, a list of three ints, or one int (train; val and test get half)."""
+    if value is None:
+        return dict(default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        sizes = {"train": value, "val": max(1, value // 2), "test": max(1, value // 2)}
+    elif isinstance(value, (list, tuple)) and len(value) == 3:
+        sizes = dict(zip(SPLITS, value))
+    elif isinstance(value, dict) and set(value) <= set(SPLITS):
+        sizes = {**default, **value}
+    else:
+        raise UserError(f"num_samples must be an int, [train, val, test] or {{train:, val:, test:}}, got {value!r}")
+    for split, n in sizes.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise UserError(f"num_samples[{split}] must be a positive int, got {n!r}")
+    return sizes
+
+
+def int_tuple(value, length: int, name: str) -> tuple[int, ...]:
+    """An int or ``length`` ints, all positive."""
+    values = (value,) * length if isinstance(value, int) and not isinstance(value, bool) else tuple(value or ())
+    if len(values) != length or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise UserError(f"{name} must be a positive int or {length} positive ints, got {value!r}")
+    return values
+
+
+def float_tuple(value, length: int, name: str) -> tuple[float, ...]:
+    """A number or ``length`` numbers, all positive."""
+    values = (value,) * length if isinstance(value, (int, float)) and not isinstance(value, bool) else tuple(value or ())
+    if len(values) != length or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                        for v in values):
+        raise UserError(f"{name} must be a positive number or {length} positive numbers, got {value!r}")
+    return tuple(float(v) for v in values)

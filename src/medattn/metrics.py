@@ -1,0 +1,130 @@
+"""AUROC for binary, multi-class and multi-label tasks, its bootstrap confidence interval, ROC plots.
+
+Shapes: ``probs`` is (N, K) with K = the model's outputs (K = 1 for binary: the positive class's
+probability). ``labels`` is (N, K) of 0/1 for binary and multi-label tasks, or (N,) class indices for
+multi-class tasks. Multi-class AUROC is one-vs-rest, macro-averaged; multi-label AUROC is the macro
+average over outputs (scikit-learn's definitions).
+
+AUROC is undefined when a split lacks a class; :class:`UndefinedMetricError` (a
+:class:`~medattn.errors.UserError`) then names the split, the output and the class present, instead of
+returning NaN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from medattn.errors import UserError
+
+
+class UndefinedMetricError(UserError):
+    """AUROC cannot be computed (a class is absent from the split)."""
+
+
+def _missing_class(probs: np.ndarray, labels: np.ndarray, task_type: str, names: list[str]) -> str | None:
+    """A sentence naming the output whose labels hold one class only, or None when AUROC is defined."""
+    if task_type == "multiclass":
+        present = set(np.unique(labels).tolist())
+        absent = [i for i in range(probs.shape[1]) if i not in present]
+        if absent:
+            return f"class(es) {', '.join(_name(names, i) for i in absent)} absent among {len(labels)} samples"
+        return None
+    for k in range(labels.shape[1]):
+        values = np.unique(labels[:, k])
+        if len(values) < 2:
+            only = "positive" if values.size and values[0] == 1 else "negative"
+            return f"all {len(labels)} samples are {only} for output {_name(names, k)}"
+    return None
+
+
+def _name(names: list[str], index: int) -> str:
+    return repr(names[index]) if index < len(names) else str(index)
+
+
+def _score(probs: np.ndarray, labels: np.ndarray, task_type: str) -> float:
+    if task_type == "binary":
+        return float(roc_auc_score(labels[:, 0], probs[:, 0]))
+    if task_type == "multiclass":
+        return float(roc_auc_score(labels, probs, multi_class="ovr", average="macro", labels=range(probs.shape[1])))
+    return float(roc_auc_score(labels, probs, average="macro"))
+
+
+def _check(probs: np.ndarray, labels: np.ndarray, task_type: str) -> tuple[np.ndarray, np.ndarray]:
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels)
+    if task_type not in ("binary", "multiclass", "multilabel"):
+        raise ValueError(f"task_type must be binary, multiclass or multilabel, got {task_type!r}")
+    if probs.ndim != 2 or probs.shape[0] != labels.shape[0] or probs.shape[0] == 0:
+        raise ValueError(f"probs must be (N, K) with N = len(labels) > 0, got {probs.shape} and {labels.shape}")
+    if task_type == "multiclass" and labels.ndim != 1:
+        raise ValueError(f"multi-class labels must be (N,) class indices, got shape {labels.shape}")
+    if task_type != "multiclass" and labels.shape != probs.shape:
+        raise ValueError(f"labels must match probs' shape {probs.shape}, got {labels.shape}")
+    if task_type == "binary" and probs.shape[1] != 1:
+        raise ValueError(f"a binary task has one output, got {probs.shape[1]}")
+    return probs, labels
+
+
+def auroc(probs, labels, task_type: str, split: str = "", names: list[str] | None = None) -> float:
+    """Area under the ROC curve; raises UndefinedMetricError when a class is missing from the split."""
+    probs, labels = _check(probs, labels, task_type)
+    problem = _missing_class(probs, labels, task_type, names or [])
+    if problem:
+        where = f" on the {split} split" if split else ""
+        raise UndefinedMetricError(f"AUROC is undefined{where}: {problem}; the split needs both classes")
+    return _score(probs, labels, task_type)
+
+
+def bootstrap_ci(probs, labels, task_type: str, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+                 ) -> tuple[float, float]:
+    """Percentile bootstrap CI of the AUROC over ``n_boot`` resamples of the samples (with replacement).
+
+    Resamples in which a class is absent are drawn again (they have no AUROC); the generator is
+    ``numpy.random.default_rng(seed)``, so the interval is reproducible.
+    """
+    probs, labels = _check(probs, labels, task_type)
+    auroc(probs, labels, task_type)  # defined on the full set, or raise
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    scores: list[float] = []
+    attempts = 0
+    while len(scores) < n_boot:
+        attempts += 1
+        if attempts > 20 * n_boot:
+            raise UndefinedMetricError(f"bootstrap: too few resamples contain every class ({len(scores)} of {n_boot})")
+        index = rng.integers(0, n, n)
+        if _missing_class(probs[index], labels[index], task_type, []) is None:
+            scores.append(_score(probs[index], labels[index], task_type))
+    alpha = (1 - ci) / 2
+    low, high = np.quantile(scores, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: list[str] | None = None) -> Path:
+    """ROC curve(s) as a PNG: one curve for binary, one per class/output (one-vs-rest) otherwise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    probs, labels = _check(probs, labels, task_type)
+    names = names or []
+    onehot = np.eye(probs.shape[1])[labels] if task_type == "multiclass" else labels
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    for k in range(probs.shape[1]):
+        if len(np.unique(onehot[:, k])) < 2:
+            continue
+        fpr, tpr, _ = roc_curve(onehot[:, k], probs[:, k])
+        score = roc_auc_score(onehot[:, k], probs[:, k])
+        label = names[k] if k < len(names) else f"output {k}"
+        ax.plot(fpr, tpr, label=f"{label} (AUROC {score:.3f})")
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1), ylim=(0, 1.01), title=title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

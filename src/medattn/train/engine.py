@@ -1,0 +1,424 @@
+"""The training and evaluation engine: one loop for every input kind, task type and mechanism.
+
+:func:`fit` trains with AdamW, a linear warm-up then cosine decay of the learning rate (per optimizer
+step), gradient clipping, gradient accumulation and optional bf16 autocast. After every epoch it
+scores the validation split (AUROC), writes a checkpoint atomically (``checkpoints/last``) and keeps
+the one with the best validation AUROC (``checkpoints/best``, first epoch wins ties); that one is
+tested at the end: AUROC with a bootstrap CI, ROC PNG and per-sample predictions.
+
+Run folder::
+
+    config.yaml             resolved config
+    metrics.csv             one row per epoch (lr, train/val loss, val AUROC, seconds)
+    checkpoints/last|best   see medattn.train.checkpoint
+    predictions_test.csv    id, patient, label(s), probability per output
+    roc_test.png            ROC curve(s) on the test split
+    results.json            the summary (also printed)
+
+Reproducibility: the seed sets torch/numpy/random; the training order comes from a sampler seeded
+with ``seed`` and the epoch (``DistributedSampler``, also with one process), DataLoader workers are
+seeded from it, and the RNG states are part of every checkpoint, so ``resume`` continues exactly where
+the killed run stopped. ``num_workers`` is 0 by default: on CPU the workers compete with the model for
+the same cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
+
+from medattn import metrics
+from medattn.config import flatten, save_config
+from medattn.data.base import DataBundle, TaskInfo, collate
+from medattn.errors import UserError
+from medattn.models import create_model
+from medattn.models.presets import PRESETS
+from medattn.models.wsi import WSITransformer
+
+from . import checkpoint, distributed
+
+RUN_FILES = ("config.yaml", "metrics.csv", "checkpoints", "predictions_test.csv", "roc_test.png", "results.json")
+METRIC_FIELDS = ("epoch", "lr", "train_loss", "val_loss", "val_auroc", "seconds")
+
+
+@dataclass
+class Predictions:
+    """One split's model outputs in dataset order: probs (N, K), labels (N, K) or (N,) class indices."""
+
+    ids: list[str]
+    patients: list[str]
+    probs: np.ndarray
+    labels: np.ndarray
+    loss: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _seed_worker(worker_id: int) -> None:
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
+    """The configured preset with its input and output sizes taken from the task (explicit kwargs win)."""
+    name = model_cfg["name"]
+    if name not in PRESETS:
+        raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(PRESETS))}")
+    kwargs = dict(model_cfg.get("kwargs") or {})
+    kwargs.setdefault("num_classes", task.num_outputs)
+    is_bag_model = PRESETS[name][0] is WSITransformer
+    if is_bag_model != (task.input_kind == "bag"):
+        wants = "feature bags" if is_bag_model else "images or volumes"
+        raise UserError(f"model {name!r} takes {wants} but the data gives {task.input_kind} inputs")
+    if is_bag_model:
+        kwargs.setdefault("feature_dim", task.input_shape[0])
+    else:
+        kwargs.setdefault("in_chans", task.input_shape[0])
+        kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
+    return create_model(name, attention=model_cfg["attention"], **kwargs)
+
+
+def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
+    """Logits (B, K): ``model(x)`` for images/volumes, ``model(features, mask, coords)`` for bags."""
+    if input_kind == "bag":
+        return model(batch["input"], mask=batch.get("mask"), coords=batch.get("coords"))
+    return model(batch["input"])
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.Tensor:
+    if task_type == "multiclass":
+        return F.cross_entropy(logits.float(), labels.long())
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
+    return logits.float().softmax(-1) if task_type == "multiclass" else logits.float().sigmoid()
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
+    """Linear warm-up over ``warmup_steps`` then cosine decay from ``lr`` to ``min_lr`` at ``total_steps``."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class _Indexed(Dataset):
+    """Adds each sample's position, so predictions gathered from several ranks can be put in order."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.dataset[index], "index": index}
+
+
+def _collate_indexed(samples: list[dict]) -> dict:
+    return {**collate(samples), "index": torch.tensor([s["index"] for s in samples])}
+
+
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0) -> DataLoader:
+    """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``)."""
+    if len(dataset) == 0:
+        raise UserError("a data split is empty")
+    indexed = _Indexed(dataset)
+    sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                 shuffle=shuffle, seed=seed)
+    return DataLoader(indexed, batch_size=batch_size, sampler=sampler, collate_fn=_collate_indexed,
+                      num_workers=num_workers, worker_init_fn=_seed_worker,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.device, precision: str = "fp32",
+            desc: str = "eval", progress: bool = True) -> Predictions:
+    """Run the model over a loader (every rank its share) and gather all predictions in dataset order."""
+    model.eval()
+    indices, probs, labels, ids, patients = [], [], [], [], []
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
+        batch = _to(batch, device)
+        with _autocast(device, precision):
+            logits = forward(model, batch, task.input_kind)
+        loss_sum += loss_fn(logits, batch["label"], task.task_type).double().cpu() * len(batch["id"])
+        indices.append(batch["index"].cpu())
+        probs.append(probabilities(logits, task.task_type).cpu())
+        labels.append(batch["label"].cpu())
+        ids += batch["id"]
+        patients += batch["patient"]
+    index = distributed.all_gather_rows(torch.cat(indices))
+    prob = distributed.all_gather_rows(torch.cat(probs))
+    label = distributed.all_gather_rows(torch.cat(labels))
+    ids = distributed.all_gather_strings(ids)
+    patients = distributed.all_gather_strings(patients)
+    loss_total = float(distributed.all_gather_rows(loss_sum.reshape(1, 1)).sum())
+    # DistributedSampler pads the last ranks with repeats: keep each sample once, in dataset order.
+    order = [i for i in np.argsort(index.numpy(), kind="stable")]
+    first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
+    return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
+                       probs=prob[first].numpy(), labels=label[first].numpy(), loss=loss_total / len(index))
+
+
+def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
+    """CSV: id, patient, the label(s) and one probability column per output."""
+    k = pred.probs.shape[1]
+    names = task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+    label_cols = ["label"] if task.task_type == "multiclass" else [f"label_{n}" for n in names]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "patient", *label_cols, *[f"prob_{n}" for n in names]])
+        for i, sample_id in enumerate(pred.ids):
+            label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
+            writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.probs[i]]])
+
+
+def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int) -> dict:
+    """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
+    out_dir = Path(out_dir)
+    write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
+    result: dict = {"n": len(pred.ids), "loss": pred.loss, "auroc": None, "ci_low": None, "ci_high": None}
+    try:
+        result["auroc"] = metrics.auroc(pred.probs, pred.labels, task.task_type, split, task.class_names)
+        if eval_cfg["bootstrap"]:
+            result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
+                pred.probs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
+        title = f"{split}: AUROC {result['auroc']:.3f}" + (" (SYNTHETIC data)" if task.synthetic else "")
+        metrics.plot_roc(pred.probs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
+                         task.class_names)
+    except metrics.UndefinedMetricError as error:
+        result["note"] = str(error)
+    return result
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a folder that holds a run unless resuming or overwriting (then remove only run files)."""
+    run_dir = Path(run_dir)
+    holds_run = any((run_dir / name).exists() for name in RUN_FILES)
+    if resume:
+        if not (run_dir / "checkpoints" / "last").exists() and not (run_dir / "checkpoints" / "last.old").exists():
+            raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
+        return
+    if holds_run and not overwrite:
+        raise UserError(f"output folder {run_dir} already holds a run; use --resume to continue it or "
+                        f"--overwrite to replace it")
+    if holds_run and distributed.is_main():
+        for name in RUN_FILES:
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[str]:
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in set(fa) | set(fb) if k not in ignore and fa.get(k) != fb.get(k))
+
+
+def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
+        init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
+        on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print) -> dict:
+    """Train, select the best epoch by validation AUROC, test it; returns the results (also results.json).
+
+    ``on_epoch_end(epoch, row)`` is called after each epoch's checkpoint is written (tests use it to
+    interrupt a run). With ``init_from`` the model starts from another checkpoint's shared tensors.
+    """
+    run_dir = Path(run_dir)
+    log = log if distributed.is_main() else (lambda message: None)
+    prepare_run_dir(run_dir, resume, overwrite)
+    if resume:
+        saved = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
+        changed = _config_diff(saved, config)
+        if changed:
+            raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
+    train_cfg, task, seed = config["train"], bundle.task, config["seed"]
+    device = device or distributed.setup(train_cfg["device"])
+    seed_everything(seed)
+    model = build_model(config["model"], task).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    init_report = None
+    if init_from is not None and not resume:
+        new, unused = checkpoint.init_from(model, checkpoint.resolve(init_from))
+        init_report = {"from": str(init_from), "new_tensors": new, "unused_tensors": unused}
+        log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {', '.join(new)}" if new else "")
+            + (f"; {len(unused)} checkpoint tensor(s) unused: {', '.join(unused)}" if unused else ""))
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n and "cls_token" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n
+                                                                and "cls_token" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg["weight_decay"]},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=train_cfg["lr"], betas=tuple(train_cfg["betas"]))
+    ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
+    eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
+    train_loader = make_loader(bundle.train, train_cfg["batch_size"], True, seed, train_cfg["num_workers"])
+    val_loader = make_loader(bundle.val, eval_bs, False, seed, train_cfg["num_workers"])
+    accum = train_cfg["grad_accum"]
+    steps_per_epoch = math.ceil(len(train_loader) / accum)
+    total_steps = train_cfg["epochs"] * steps_per_epoch
+    warmup_steps = round(train_cfg["warmup_epochs"] * steps_per_epoch)
+    state = {"epoch": 0, "step": 0, "best_auroc": None, "best_epoch": None}
+    if resume:
+        last = checkpoint.resolve(run_dir / "checkpoints" / "last")
+        checkpoint.load_model(last, model)
+        state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
+        log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
+        _truncate_metrics(run_dir / "metrics.csv", state["epoch"])
+    elif distributed.is_main():
+        save_config(config, run_dir / "config.yaml")
+    meta = {"config": config, "task": checkpoint.task_to_dict(task)}
+    started = time.time()
+    for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
+        epoch_start = time.time()
+        train_loader.sampler.set_epoch(epoch)
+        train_loader.generator.manual_seed(seed * 100_003 + epoch)  # worker seeds depend on the epoch only
+        ddp_model.train()
+        loss_sum, seen = 0.0, 0
+        batches = tqdm(train_loader, desc=f"epoch {epoch}/{train_cfg['epochs']} train", leave=False,
+                       disable=not (progress and distributed.is_main()))
+        n_batches = len(train_loader)
+        for i, batch in enumerate(batches):
+            group_start = (i // accum) * accum
+            group_size = min(accum, n_batches - group_start)
+            last_in_group = i == group_start + group_size - 1
+            batch = _to(batch, device)
+            sync = contextlib.nullcontext() if last_in_group or ddp_model is model else ddp_model.no_sync()
+            with sync:
+                with _autocast(device, train_cfg["precision"]):
+                    logits = forward(ddp_model, batch, task.input_kind)
+                loss = loss_fn(logits, batch["label"], task.task_type)
+                (loss / group_size).backward()
+            loss_sum += loss.item() * len(batch["id"])
+            seen += len(batch["id"])
+            if last_in_group:
+                lr = lr_at(state["step"], total_steps, warmup_steps, train_cfg["lr"], train_cfg["min_lr"])
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if train_cfg["grad_clip"]:
+                    nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                state["step"] += 1
+                batches.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        if not math.isfinite(loss_sum):
+            raise UserError(f"training diverged in epoch {epoch} (loss is {loss_sum}); lower train.lr or use fp32")
+        val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress)
+        val_auroc = metrics.auroc(val.probs, val.labels, task.task_type, "validation", task.class_names)
+        totals = distributed.all_gather_rows(torch.tensor([[loss_sum, seen]], dtype=torch.float64)).sum(0)
+        train_loss = float(totals[0] / max(1.0, float(totals[1])))
+        row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
+               "val_loss": val.loss, "val_auroc": val_auroc, "seconds": time.time() - epoch_start}
+        state["epoch"] = epoch
+        is_best = state["best_auroc"] is None or val_auroc > state["best_auroc"]
+        if is_best:
+            state["best_auroc"], state["best_epoch"] = val_auroc, epoch
+        if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
+            _append_metrics(run_dir / "metrics.csv", row)
+            if is_best:
+                checkpoint.save(run_dir / "checkpoints" / "best", model,
+                                {**meta, "epoch": epoch, "val_auroc": val_auroc})
+            checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, "val_auroc": val_auroc},
+                            optimizer, state)
+        distributed.barrier()
+        log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
+            f"val AUROC {val_auroc:.4f}" + ("  (best)" if is_best else ""))
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+    best = checkpoint.resolve(run_dir / "checkpoints" / "best")
+    checkpoint.load_model(best, model)
+    test_loader = make_loader(bundle.test, eval_bs, False, seed, train_cfg["num_workers"])
+    test = predict(model, test_loader, task, device, train_cfg["precision"], "test", progress)
+    results = {
+        "run_dir": str(run_dir), "synthetic": task.synthetic, "data": config["data"].get("kind"),
+        "model": config["model"]["name"], "attention": config["model"]["attention"], "parameters": n_params,
+        "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "val_auroc": state["best_auroc"],
+        "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
+        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report,
+    }
+    if distributed.is_main():
+        results["test"] = score_split(test, task, "test", run_dir, config["eval"], seed)
+        (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+        log(summary(results))
+    distributed.barrier()
+    return results
+
+
+def summary(results: dict) -> str:
+    """The one-screen summary printed at the end of a run."""
+    test = results["test"]
+    tag = "  [SYNTHETIC data]" if results["synthetic"] else ""
+    if test["auroc"] is None:
+        test_line = f"test AUROC     undefined: {test['note']}"
+    else:
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        test_line = f"test AUROC     {test['auroc']:.4f}{ci}  n={test['n']}"
+    lines = [
+        "=" * 72,
+        f"run            {results['run_dir']}{tag}",
+        f"data           {results['data']}  (train {results['n_train']}, val {results['n_val']}, "
+        f"test {test['n']}; skipped {results['skipped_samples']})",
+        f"model          {results['model']} with {results['attention']} attention "
+        f"({results['parameters'] / 1e6:.2f} M parameters)",
+        f"best epoch     {results['best_epoch']} of {results['epochs']}  (val AUROC {results['val_auroc']:.4f})",
+        test_line,
+        f"time           {results['train_seconds']:.1f} s",
+        f"files          config.yaml metrics.csv checkpoints/best predictions_test.csv roc_test.png results.json",
+        "=" * 72,
+    ]
+    return "\n".join(lines)
+
+
+def _append_metrics(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def _truncate_metrics(path: Path, last_epoch: int) -> None:
+    """Drop rows written after the checkpoint a run resumes from."""
+    if not path.exists() or not distributed.is_main():
+        return
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= last_epoch]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,69 @@
+"""Slow explicit forms of every core mechanism, written independently of the library.
+
+Each takes the mechanism's parameters and x (B, N, dim) and forms the N x N matrix the fast path avoids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def split_qkv(attn, x):
+    """q, k, v as (B, H, N, d) computed from attn.qkv by explicit slicing."""
+    B, N, _ = x.shape
+    H, C = attn.num_heads, attn.inner_dim
+    qkv = x @ attn.qkv.weight.T + (attn.qkv.bias if attn.qkv.bias is not None else 0)
+    parts = [qkv[..., i * C:(i + 1) * C].reshape(B, N, H, C // H).transpose(1, 2) for i in range(3)]
+    return parts
+
+
+def merge(attn, out):
+    B, H, N, d = out.shape
+    return out.transpose(1, 2).reshape(B, N, H * d) @ attn.proj.weight.T + attn.proj.bias
+
+
+def softmax_reference(attn, x):
+    q, k, v = split_qkv(attn, x)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return merge(attn, torch.softmax(scores, dim=-1) @ v)
+
+
+def _seq_normalize(t, norm):
+    B, H, N, d = t.shape
+    mean = t.mean(dim=2, keepdim=True)
+    var = ((t - mean) ** 2).mean(dim=2, keepdim=True)
+    gamma, beta = norm.weight.view(1, H, 1, d), norm.bias.view(1, H, 1, d)
+    return gamma * (t - mean) / torch.sqrt(var + norm.eps) + beta
+
+
+def seqnorm_reference(attn, x):
+    """((Q' K'^T) V') / N with explicitly normalized Q', K', V'."""
+    q, k, v = split_qkv(attn, x)
+    q, k, v = _seq_normalize(q, attn.q_norm), _seq_normalize(k, attn.k_norm), _seq_normalize(v, attn.v_norm)
+    scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
+    return merge(attn, scores @ v / x.shape[1])
+
+
+def sima_reference(attn, x):
+    """(Q^ K^T) V with Q, K divided by their per-channel l1 norm over tokens."""
+    q, k, v = split_qkv(attn, x)
+    q = q / q.abs().sum(dim=2, keepdim=True).clamp_min(attn.eps)
+    k = k / k.abs().sum(dim=2, keepdim=True).clamp_min(attn.eps)
+    return merge(attn, (q @ k.transpose(-1, -2)) @ v)
+
+
+def linear_reference(attn, x):
+    """Row-normalized similarity matrix phi(q_i)^T phi(k_j) applied to V."""
+    q, k, v = split_qkv(attn, x)
+    phi_q = torch.where(q > 0, q + 1, torch.exp(q))
+    phi_k = torch.where(k > 0, k + 1, torch.exp(k))
+    sim = phi_q @ phi_k.transpose(-1, -2)  # (B, H, N, N)
+    return merge(attn, (sim @ v) / (sim.sum(dim=-1, keepdim=True) + attn.eps))
+
+
+REFERENCES = {
+    "softmax": softmax_reference,
+    "seqnorm": seqnorm_reference,
+    "sima": sima_reference,
+    "linear": linear_reference,
+}
