@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .base import Attention, at_least_float32, token_weights
+from .seqnorm_fused import SeqNormCore
 
 
 class SequenceNorm(nn.Module):
@@ -65,6 +66,9 @@ class SeqNormAttention(Attention):
     Extra args: ``eps`` (1e-5). Parameters beyond timm's layout: ``q_norm``, ``k_norm``, ``v_norm``,
     each with ``.weight`` and ``.bias`` of shape (inner_dim,).
     Shapes: q, k, v (B, H, N, d) -> (B, H, N, d).
+
+    :meth:`attend` runs the fused raw-moment path (:mod:`medattn.attention.seqnorm_fused`);
+    :meth:`attend_reference` normalizes explicitly with the same parameters. Tests prove them equal.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
@@ -75,6 +79,17 @@ class SeqNormAttention(Attention):
         self.v_norm = SequenceNorm(self.inner_dim, eps)
 
     def attend(self, q, k, v, mask):
+        dtype = q.dtype
+        q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)
+        weights, count = token_weights(mask, q)
+        params = (self.q_norm.weight, self.q_norm.bias, self.k_norm.weight, self.k_norm.bias,
+                  self.v_norm.weight, self.v_norm.bias)
+        with torch.autocast(q.device.type, enabled=False):
+            out = SeqNormCore.apply(q, k, v, *params, weights, count, self.q_norm.eps)
+        return out.to(dtype)
+
+    def attend_reference(self, q, k, v, mask):
+        """Explicitly normalized Q', K', V', then Q' (K'^T V') / N; matmuls follow autocast."""
         weights, count = token_weights(mask, q)
         dtype = q.dtype
         q = self.q_norm(q, weights, count).to(dtype)

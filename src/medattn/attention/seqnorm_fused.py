@@ -1,0 +1,149 @@
+"""Fast path of sequence-normalized attention: raw moments and a recomputing backward.
+
+Khader et al. §2.1. With per-channel scale ``s = gamma / sqrt(var + eps)`` and shift
+``c = beta - mean * s``, the normalized tensors are affine in the raw ones (``Q' = Q s + c``), so
+
+    K'^T V' = s_k^T s_v * (K^T W V) + n (beta_k^T c_v + c_k^T (s_v mean_v))          (d x d)
+    out     = W (Q' A)  with  A = K'^T V' / n,   i.e.   out = W (Q (s_q^T * A) + c_q A)
+
+where W holds the 0/1 token mask and n the count of real tokens. Everything the forward needs from
+the (B, H, N, d) tensors is a handful of reductions and products with d x d results:
+``sum_n w x``, ``sum_n w x^2`` (both for q, k, v) and ``K^T W V``; then one (N x d) @ (d x d)
+product makes the output. No normalized copy of Q, K or V is stored: the backward maps the
+gradients of these raw moments back onto q, k, v with three products of the same size.
+
+Moments about zero lose precision when a channel's mean dwarfs its spread (cancellation in
+``E[x^2] - mean^2``). Where any channel has ``mean^2 > CONDITION_LIMIT * var``, the forward takes
+the centred path (explicit normalized tensors) and the backward recomputes that path with autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Largest mean^2 / var ratio of any channel for which the raw-moment path is used (its relative
+#: error grows like 6e-8 * (1 + ratio) in float32).
+CONDITION_LIMIT = 1e3
+
+
+def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d)."""
+    if weights is None:
+        gram = x.transpose(-2, -1) @ x  # (B, H, d, d); its diagonal is sum x^2
+        return x.sum(dim=2, keepdim=True), gram.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
+    xw = x * weights
+    gram = xw.transpose(-2, -1) @ x
+    return xw.sum(dim=2, keepdim=True), gram.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
+
+
+def _scale_shift(total, total_sq, count, gamma, beta, eps):
+    """Per-channel scale s and shift c of the normalization, and mean and variance, all (B, H, 1, d)."""
+    mean = total / count
+    var = (total_sq / count - mean.square()).clamp_min(0.0)
+    scale = gamma * torch.rsqrt(var + eps)
+    return scale, beta - mean * scale, mean, var
+
+
+def _output_map(moments, count, affines, eps):
+    """(A_q, b) with out = Q A_q + b: A_q = s_q^T * A (B, H, d, d), b = c_q A (B, H, 1, d).
+
+    ``moments`` = (S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv); ``affines`` = (gamma_q, beta_q, ..., beta_v)
+    reshaped to (1, H, 1, d).
+    """
+    s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv = moments
+    gq, bq, gk, bk, gv, bv = affines
+    scale_q, shift_q, _, _ = _scale_shift(s_q, sq_q, count, gq, bq, eps)
+    scale_k, shift_k, _, _ = _scale_shift(s_k, sq_k, count, gk, bk, eps)
+    scale_v, shift_v, mean_v, _ = _scale_shift(s_v, sq_v, count, gv, bv, eps)
+    ktv = scale_k.transpose(-2, -1) * g_kv * scale_v  # (B, H, d, d)
+    ktv = ktv + count * (bk.transpose(-2, -1) * shift_v + shift_k.transpose(-2, -1) * (scale_v * mean_v))
+    a = ktv / count
+    return scale_q.transpose(-2, -1) * a, shift_q @ a
+
+
+def _ill_conditioned(moments, count) -> bool:
+    for total, total_sq in zip(moments[0:6:2], moments[1:6:2]):
+        mean = total / count
+        var = total_sq / count - mean.square()
+        if bool((mean.square() > CONDITION_LIMIT * var).any()):
+            return True
+    return False
+
+
+def centred_seqnorm(q, k, v, affines, weights, count, eps):
+    """Explicit form: normalized copies of q, k, v (two-pass statistics), then Q' (K'^T V') / n."""
+
+    def normalize(x, gamma, beta):
+        xw = x if weights is None else x * weights
+        mean = xw.sum(dim=2, keepdim=True) / count
+        centred = x - mean if weights is None else (x - mean) * weights
+        var = centred.square().sum(dim=2, keepdim=True) / count
+        out = centred * (gamma * torch.rsqrt(var + eps)) + beta
+        return out if weights is None else out * weights
+
+    gq, bq, gk, bk, gv, bv = affines
+    q, k, v = normalize(q, gq, bq), normalize(k, gk, bk), normalize(v, gv, bv)
+    return q @ ((k.transpose(-2, -1) @ v) / count)
+
+
+class SeqNormCore(torch.autograd.Function):
+    """out = W Q' (K'^T V') / n for q, k, v (B, H, N, d) in float32/float64; see the module docstring.
+
+    Inputs: q, k, v, the six affine tensors (H * d,), weights (B, 1, N, 1) or None, count (int or
+    (B, 1, 1, 1)), eps. Output (B, H, N, d), zero at padded positions.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, gq, bq, gk, bk, gv, bv, weights, count, eps):
+        H, d = q.shape[1], q.shape[3]
+        affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in (gq, bq, gk, bk, gv, bv))
+        moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights))
+        g_kv = k.transpose(-2, -1) @ (v if weights is None else v * weights)  # (B, H, d, d)
+        moments = moments + (g_kv,)
+        ctx.centred = _ill_conditioned(moments, count)
+        ctx.save_for_backward(q, k, v, gq, bq, gk, bk, gv, bv, *( () if weights is None else (weights,)))
+        ctx.count, ctx.eps, ctx.has_weights = count, eps, weights is not None
+        if ctx.centred:
+            return centred_seqnorm(q, k, v, affines, weights, count, eps)
+        a_q, b = _output_map(moments, count, affines, eps)
+        ctx.moments = moments
+        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(q.shape)
+        return out if weights is None else out.mul_(weights)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, gq, bq, gk, bk, gv, bv, *rest = ctx.saved_tensors
+        weights = rest[0] if ctx.has_weights else None
+        count, eps = ctx.count, ctx.eps
+        params = (gq, bq, gk, bk, gv, bv)
+        H, d = q.shape[1], q.shape[3]
+        if ctx.centred:
+            with torch.enable_grad():
+                inputs = [t.detach().requires_grad_(True) for t in (q, k, v, *params)]
+                affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in inputs[3:])
+                out = centred_seqnorm(*inputs[:3], affines, weights, count, eps)
+                grads = torch.autograd.grad(out, inputs, grad_out)
+            return (*grads, None, None, None)
+
+        g = grad_out if weights is None else grad_out * weights
+        with torch.enable_grad():
+            small = [t.detach().requires_grad_(True) for t in (*ctx.moments, *params)]
+            affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in small[7:])
+            a_q, b = _output_map(small[:7], count, affines, eps)
+            grad_a_q = q.transpose(-2, -1) @ g  # (B, H, d, d)
+            grad_b = g.sum(dim=2, keepdim=True)  # (B, H, 1, d)
+            d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv, *d_params = torch.autograd.grad(
+                (a_q, b), small, (grad_a_q, grad_b))
+        a_q = a_q.detach()
+        # out = Q a_q + b, and the raw moments: S = sum w x, Sq = sum w x^2, G_kv = K^T W V.
+        grad_q = torch.baddbmm(d_s_q.flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
+        grad_q = grad_q.view(q.shape).addcmul_(q, 2 * d_sq_q)
+        grad_k = torch.baddbmm(d_s_k.flatten(0, 1), v.flatten(0, 1), d_gkv.transpose(-2, -1).flatten(0, 1))
+        grad_k = grad_k.view(k.shape).addcmul_(k, 2 * d_sq_k)
+        grad_v = torch.baddbmm(d_s_v.flatten(0, 1), k.flatten(0, 1), d_gkv.flatten(0, 1))
+        grad_v = grad_v.view(v.shape).addcmul_(v, 2 * d_sq_v)
+        if weights is not None:
+            grad_q.mul_(weights)
+            grad_k.mul_(weights)
+            grad_v.mul_(weights)
+        return (grad_q, grad_k, grad_v, *d_params, None, None, None)
