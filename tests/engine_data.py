@@ -17,7 +17,7 @@ class SignalImages(Dataset):
         self.images = torch.randn(n, 1, 32, 32, generator=gen)
         self.classes = torch.arange(n) % 3 if task_type == "multiclass" else torch.arange(n) % 2
         for i, c in enumerate(self.classes.tolist()):
-            self.images[i, 0, 4 + 8 * c : 10 + 8 * c, 4:10] += 2.0 if c else 0.0
+            self.images[i, 0, 4 + 8 * c : 10 + 8 * c, 4:10] += 3.0 if c else 0.0
         self.augment, self.task_type = augment, task_type
 
     def __len__(self) -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from references import REFERENCES
 from torch.func import functional_call
 
 from medattn.attention import Attention, available_attentions, build_attention, get_attention_class, register
 from medattn.attention.seqnorm import SequenceNorm
+from references import REFERENCES
 
 ALL = available_attentions()
 LINEAR_COST = ["seqnorm", "sima", "linear"]

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from medattn.attention import build_attention
-from medattn.attention import seqnorm_fused
+from medattn.attention import build_attention, seqnorm_fused
 
 
 @pytest.fixture

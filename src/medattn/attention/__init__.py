@@ -10,6 +10,7 @@ layout, ``forward(x, mask=None)``). Registering a mechanism is one file and one 
 from __future__ import annotations
 
 from .base import Attention
+from .binary import BinaryBernoulliAttention, BinaryHammingAttention, BinarySGAttention, BinarySTEAttention
 from .linear import LinearAttention
 from .seqnorm import SeqNormAttention
 from .sima import SimAAttention
@@ -51,5 +52,9 @@ register("softmax", SoftmaxAttention)
 register("seqnorm", SeqNormAttention)
 register("sima", SimAAttention)
 register("linear", LinearAttention)
+register("binary-ste", BinarySTEAttention)
+register("binary-sg", BinarySGAttention)
+register("binary-hamming", BinaryHammingAttention)
+register("binary-bernoulli", BinaryBernoulliAttention)
 
 __all__ = ["Attention", "available_attentions", "build_attention", "get_attention_class", "register"]

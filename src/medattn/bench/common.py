@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import csv
 import datetime
+import gc
 import json
+import math
 import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,3 +92,134 @@ def write_results(rows: list[dict], out_dir: str | Path, stem: str, env: dict) -
         writer.writerows(rows)
     json_path.write_text(json.dumps({"environment": env, "results": rows}, indent=2))
     return csv_path, json_path
+
+
+def current_rss_bytes(pid: int | None = None) -> int:
+    """Resident set size now, in bytes, of this process or of process ``pid`` (Linux ``/proc``).
+
+    Where ``/proc`` is unreadable: this process's peak so far, or 0 for another process.
+    """
+    try:
+        for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0 if pid else peak_rss_bytes()
+
+
+def reset_peak_rss() -> bool:
+    """Lower this process's peak RSS (what :func:`peak_rss_bytes` reads) to its current RSS.
+
+    Uses Linux's ``/proc/self/clear_refs`` (kernel >= 4.0); returns False where that is unavailable,
+    in which case the peak keeps counting from the start of the process.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def extrapolate(points: list[tuple[float, float]], x: float, default_exponent: float = 2.0,
+                min_exponent: float = 1.0, max_exponent: float = 3.0) -> float | None:
+    """Power-law prediction ``y(x)`` from measured ``(x, y)`` points (ascending x), for budget checks.
+
+    The exponent comes from the last two points, clamped to ``[min_exponent, max_exponent]``; with one
+    point it is ``default_exponent``; with none the answer is None.
+    """
+    if not points:
+        return None
+    x1, y1 = points[-1]
+    exponent = default_exponent
+    if len(points) > 1:
+        x0, y0 = points[-2]
+        if x1 > x0 and y0 > 0 and y1 > 0:
+            exponent = math.log(y1 / y0) / math.log(x1 / x0)
+    exponent = min(max(exponent, min_exponent), max_exponent)
+    return y1 * (x / x1) ** exponent
+
+
+_CHILD = (
+    "import importlib, json, sys\n"
+    "module, _, name = sys.argv[1].partition(':')\n"
+    "kwargs = json.loads(open(sys.argv[2]).read())\n"
+    "result = getattr(importlib.import_module(module), name)(**kwargs)\n"
+    "open(sys.argv[3], 'w').write(json.dumps(result))\n"
+)
+
+
+def run_isolated(target: str, kwargs: dict, timeout_s: float, memory_limit_bytes: int | None = None,
+                 poll_s: float = 0.05) -> dict:
+    """Call ``module:function(**kwargs)`` in a fresh Python process and return its JSON-able dict.
+
+    The parent polls the child's RSS: past ``memory_limit_bytes`` it kills the child and returns
+    ``{"status": "skipped: over memory budget ..."}``; past ``timeout_s`` seconds likewise with
+    ``"skipped: over time budget ..."``. A crash returns ``{"status": "failed: ..."}`` with the last
+    line of the child's stderr. The child inherits the environment (threads, ``LD_PRELOAD``).
+    """
+    with tempfile.TemporaryDirectory(prefix="medattn-bench-") as tmp:
+        in_path, out_path, err_path = (Path(tmp) / name for name in ("in.json", "out.json", "err.txt"))
+        in_path.write_text(json.dumps(kwargs))
+        with err_path.open("w") as err:
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, target, str(in_path), str(out_path)],
+                                     stdout=subprocess.DEVNULL, stderr=err)
+            started = time.perf_counter()
+            status = None
+            while child.poll() is None:
+                rss = current_rss_bytes(child.pid)
+                if memory_limit_bytes is not None and rss > memory_limit_bytes:
+                    status = f"skipped: over memory budget (killed at {rss / 2**30:.2f} GiB RSS)"
+                elif time.perf_counter() - started > timeout_s:
+                    status = f"skipped: over time budget (killed after {timeout_s:.0f} s)"
+                if status is not None:
+                    child.kill()
+                    child.wait()
+                    return {"status": status}
+                time.sleep(poll_s)
+        if child.returncode != 0:
+            lines = err_path.read_text().strip().splitlines()
+            return {"status": f"failed: exit {child.returncode}: {lines[-1] if lines else 'no message'}"}
+        return json.loads(out_path.read_text())
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Plain-text table of ``rows``; ``columns`` are ``(key, header, format spec)``, missing values blank."""
+    cells = [[header for _, header, _ in columns]]
+    for row in rows:
+        cells.append([
+            "" if row.get(key) is None else format(row[key], spec) if spec else str(row[key])
+            for key, _, spec in columns
+        ])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
+
+
+#: The environment fields copied into every result row.
+ROW_ENV_KEYS = ("machine", "processor", "torch_threads", "allocator", "torch", "device")
+
+
+def row_environment(env: dict) -> dict:
+    """The fields of :func:`environment` that every result row carries (:data:`ROW_ENV_KEYS`)."""
+    return {key: env[key] for key in ROW_ENV_KEYS}
+
+
+def reset_peak_memory(device: str) -> None:
+    """Collect garbage and restart peak-memory tracking: CUDA's allocator peak, or this process's peak RSS."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        reset_peak_rss()
+
+
+def peak_memory_bytes(device: str, baseline: int = 0) -> int:
+    """Peak since :func:`reset_peak_memory`: ``torch.cuda.max_memory_allocated`` or peak RSS minus ``baseline``."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return max(peak_rss_bytes() - baseline, 0)
+
+
+def comma_list(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``: the argparse type of comma-separated options."""
+    return [item.strip() for item in text.split(",") if item.strip()]

@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
+
+from ..errors import UserError
+from .base import DataBundle, TaskInfo
+from .options import check_keys, require
+from .splits import SPLIT_KEYS, parse_split, split_records
+from .tables import (
+    BadSamples,
+    Record,
+    RecordDataset,
+    as_list,
+    keep_valid,
+    label_entries,
+    label_options,
+    parse_cells,
+    read_csv,
+    require_columns,
+    resolve_path,
+)
+
+LAYOUTS = ("features", "feats")  # CLAM, STAMP
+KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
+                  "label_columns", "split_column", "task_type", "classes", "num_classes", "max_instances",
+                  "check_files"}) | SPLIT_KEYS
 
 
 def subsample(features: torch.Tensor, coords: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -13,3 +39,163 @@ def subsample(features: torch.Tensor, coords: torch.Tensor, limit: int) -> tuple
         return features, coords
     keep = torch.randperm(features.shape[0])[:limit].sort().values
     return features[keep], coords[keep]
+
+
+def feature_key(h5file) -> str:
+    """The features dataset of an open HDF5 file: "features" (CLAM) or "feats" (STAMP)."""
+    for key in LAYOUTS:
+        if key in h5file:
+            return key
+    raise ValueError(f"no features dataset ('features' as CLAM writes, or 'feats' as STAMP writes); "
+                     f"datasets are {sorted(h5file.keys())}")
+
+
+def slide_shape(path: Path) -> tuple[int, int]:
+    """Cheap check: -> (N, F) from the HDF5 header; ValueError for a bad layout or an empty bag."""
+    import h5py
+
+    if not path.is_file():
+        raise FileNotFoundError("file not found")
+    with h5py.File(path, "r") as f:
+        features = f[feature_key(f)]
+        if features.ndim != 2:
+            raise ValueError(f"features must be (N, F), got shape {features.shape}")
+        if features.shape[0] == 0:
+            raise ValueError("empty bag: the slide has no patches")
+        if "coords" in f and (f["coords"].ndim != 2 or f["coords"].shape != (features.shape[0], 2)):
+            raise ValueError(f"coords must be ({features.shape[0]}, 2), got {f['coords'].shape}")
+        return tuple(features.shape)
+
+
+def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (features (N, F) float32, coords (N, 2) float32, zeros if the file has none)."""
+    import h5py
+
+    slide_shape(path)
+    with h5py.File(path, "r") as f:
+        features = torch.from_numpy(np.asarray(f[feature_key(f)], dtype=np.float32))
+        coords = (torch.from_numpy(np.asarray(f["coords"], dtype=np.float32)) if "coords" in f
+                  else torch.zeros(features.shape[0], 2))
+    if not torch.isfinite(features).all():
+        bad = int((~torch.isfinite(features)).any(dim=1).sum())
+        raise ValueError(f"NaN or Inf in the features of {bad} of {features.shape[0]} patches")
+    return features, coords
+
+
+class BagLoader:
+    """record -> {"input": (N, F), "coords": (N, 2)}: the patient's slides concatenated."""
+
+    def __init__(self, feature_dim: int, max_instances: int | None = None) -> None:
+        self.feature_dim, self.max_instances = feature_dim, max_instances
+
+    def __call__(self, record: Record) -> dict:
+        slides = [read_slide(path) for path in record.paths]
+        features = torch.cat([s[0] for s in slides])
+        coords = torch.cat([s[1] for s in slides])
+        if features.shape[1] != self.feature_dim:
+            raise ValueError(f"features have dimension {features.shape[1]}, the other bags {self.feature_dim}")
+        if self.max_instances is not None:
+            features, coords = subsample(features, coords, self.max_instances)
+        return {"input": features, "coords": coords}
+
+
+def _slides_by_patient(cfg: dict, root: Path) -> dict[str, list[tuple[str, str]]]:
+    """patient -> [(file name, "slide_table.csv row N")] from the slide table."""
+    path = Path(cfg["slide_table"])
+    patient_column = cfg.get("patient_column", "PATIENT")
+    filename_column = cfg.get("filename_column", "FILENAME")
+    header, rows = read_csv(path, "slide table")
+    require_columns(header, [patient_column, filename_column], path, "slide table")
+    slides: dict[str, list[tuple[str, str]]] = {}
+    for number, row in rows:
+        slides.setdefault(row[patient_column], []).append((row[filename_column], f"{path.name} row {number}"))
+    return slides
+
+
+def _slide_path(root: Path, name: str, where: str) -> Path:
+    """The HDF5 file of a slide table entry; ".h5" is appended when the name has no such suffix."""
+    if not name.lower().endswith((".h5", ".hdf5")):
+        name = f"{name}.h5"
+    return resolve_path(root, name, where)
+
+
+def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """Whole-slide images as bags of pre-extracted features: one bag per patient.
+
+    Keys: ``feature_dir`` (required; one HDF5 file per slide, CLAM layout ``features`` (N, F) +
+    ``coords`` (N, 2) or STAMP layout ``feats`` + ``coords``, detected per file), ``slide_table``
+    (required; CSV with ``patient_column`` (default "PATIENT") and ``filename_column`` (default
+    "FILENAME"; ".h5" is appended when missing); several rows per patient = several slides, which
+    are concatenated into one bag in table order), ``clinical_table`` (required; CSV with the same
+    patient column and ``label_columns``; ``split_column`` optional), ``label_columns``
+    (required), ``task_type``, ``classes`` (e.g. [LUAD, LUSC]: label cells hold class names),
+    ``num_classes``, ``max_instances`` (training only: keep a random subset of at most this many
+    instances per bag; default none), ``check_files`` (default true), ``val_fraction``,
+    ``test_fraction``, ``folds``, ``fold``.
+
+    Patients of the slide table without a clinical row are not used; clinical rows without slides,
+    labels that do not parse, missing files, bad layouts and empty bags are bad samples. Validation:
+    file existence, HDF5 layout, shapes and empty bags at build time (``check_files``); with
+    ``skip_bad`` the features are also read once at build time, so NaN/Inf features are dropped then;
+    without it NaN/Inf raises at load time. No augmentation besides ``max_instances``.
+    """
+    kind = "wsi_bags"
+    check_keys(cfg, KEYS, kind)
+    for key in ("feature_dir", "slide_table", "clinical_table"):
+        require(cfg, key, kind)
+    root = Path(cfg["feature_dir"])
+    if not root.is_dir():
+        raise UserError(f"feature_dir {root}: folder not found")
+    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    patient_column, split_column = cfg.get("patient_column", "PATIENT"), cfg.get("split_column")
+    max_instances = cfg.get("max_instances")
+    if max_instances is not None and (not isinstance(max_instances, int) or max_instances < 1):
+        raise UserError(f"max_instances must be a positive int, got {max_instances!r}")
+    slides = _slides_by_patient(cfg, root)
+    clinical = Path(cfg["clinical_table"])
+    header, rows = read_csv(clinical, "clinical table")
+    require_columns(header, [patient_column, *label_columns, *([split_column] if split_column else [])], clinical,
+                    "clinical table")
+    classes = label_options(cfg)[1]
+    bad = BadSamples(skip_bad)
+    entries = []  # (record, parsed labels, split)
+    for number, row in rows:
+        where = f"{clinical.name} row {number}"
+        patient = row[patient_column]
+        try:
+            if patient not in slides:
+                raise UserError(f"{where}: patient {patient!r} has no slide in the slide table")
+            paths = tuple(_slide_path(root, name, slide_where) for name, slide_where in slides[patient])
+            values = parse_cells([row[c] for c in label_columns], label_columns, classes)
+            split = parse_split(row[split_column], where) if split_column else None
+        except (UserError, ValueError) as exc:
+            bad.report(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+            continue
+        entries.append((Record(id=patient, patient=patient, where=where, paths=paths), values, split))
+    records, spec, column, problems = label_entries(entries, label_columns, cfg)
+    for message in problems:
+        bad.report(message)
+    column = column if split_column else None
+
+    dims: dict[int, str] = {}
+
+    def check_headers(record: Record) -> None:
+        for path in record.paths:
+            dims.setdefault(slide_shape(path)[1], record.where)
+
+    records, column = keep_valid(records, column, check_headers if cfg.get("check_files", True) else None, bad,
+                                 f"wsi_bags {clinical}")
+    if not dims:
+        dims[slide_shape(records[0].paths[0])[1]] = records[0].where
+    if len(dims) > 1:
+        raise UserError(f"wsi_bags: slides have different feature dimensions: "
+                        f"{', '.join(f'{d} ({w})' for d, w in dims.items())}")
+    feature_dim = next(iter(dims))
+    plain = BagLoader(feature_dim)
+    if skip_bad:
+        records, column = keep_valid(records, column, plain, bad, f"wsi_bags {clinical}")
+    parts = split_records(records, cfg, seed, column)
+    task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names)
+    return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
+                      RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,
+                      skipped=bad.count)

@@ -50,8 +50,10 @@ def int_tuple(value, length: int, name: str) -> tuple[int, ...]:
 
 def float_tuple(value, length: int, name: str) -> tuple[float, ...]:
     """A number or ``length`` numbers, all positive."""
-    values = (value,) * length if isinstance(value, (int, float)) and not isinstance(value, bool) else tuple(value or ())
-    if len(values) != length or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                                        for v in values):
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    values = (value,) * length if number(value) else tuple(value or ())
+    if len(values) != length or not all(number(v) and v > 0 for v in values):
         raise UserError(f"{name} must be a positive number or {length} positive numbers, got {value!r}")
     return tuple(float(v) for v in values)

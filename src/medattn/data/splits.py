@@ -100,3 +100,23 @@ def splits_from_column(patients: Sequence[str], names: Sequence[str], wheres: Se
             raise UserError(f"{where}: patient {patient!r} is in split {name!r} here and in {seen[0]!r} at "
                             f"{seen[1]}; a patient must stay in one split")
     return list(names)
+
+
+def split_records(records: Sequence, cfg: dict, seed: int, column: Sequence[str] | None = None) -> dict[str, list]:
+    """Records (with ``.patient``, ``.label``, ``.where``) -> {"train": [...], "val": [...], "test": [...]}.
+
+    ``column``: the split of each record from the table's split column; else :func:`assign_splits`.
+    """
+    if column is not None:
+        if cfg.get("folds") is not None:
+            raise UserError("give either a split column or folds, not both")
+        names = splits_from_column([r.patient for r in records], column, [r.where for r in records])
+    else:
+        keys = [str(r.label.tolist()) for r in records]
+        names = assign_splits([r.patient for r in records], keys, cfg, seed)
+    out: dict[str, list] = {"train": [], "val": [], "test": []}
+    for record, name in zip(records, names):
+        out[name].append(record)
+    if not out["train"]:
+        raise UserError("the training split is empty; check the split column or the fractions")
+    return out

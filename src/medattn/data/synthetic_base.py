@@ -25,12 +25,21 @@ def item_generator(name: str, seed: int, split: str, index: int) -> torch.Genera
 
 
 class SyntheticDataset(Dataset):
-    """``length`` synthetic samples; ``make(index) -> sample dict`` must be deterministic in ``index``
-    (training augmentation inside ``make`` draws from torch's global RNG, which the engine seeds)."""
+    """``length`` synthetic samples.
 
-    def __init__(self, length: int, make: Callable[[int], dict]) -> None:
+    ``make(index) -> sample dict`` must be deterministic in ``index``; with ``cache`` (default) its
+    result is kept, so later epochs skip the rendering (a few ms per item on one thread, far more
+    when torch's intra-op threads compete for a busy CPU). ``finish(sample) -> sample`` runs on every
+    access, after the cache: training augmentation (drawing from torch's global RNG, which the engine
+    seeds per epoch and worker) and normalisation. Each DataLoader worker process fills its own cache.
+    """
+
+    def __init__(self, length: int, make: Callable[[int], dict], finish: Callable[[dict], dict] | None = None,
+                 cache: bool = True) -> None:
         self.length = length
         self.make = make
+        self.finish = finish
+        self.cache: dict[int, dict] | None = {} if cache else None
 
     def __len__(self) -> int:
         return self.length
@@ -38,4 +47,10 @@ class SyntheticDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for {self.length} synthetic samples")
-        return self.make(index)
+        if self.cache is None:
+            sample = self.make(index)
+        else:
+            if index not in self.cache:
+                self.cache[index] = self.make(index)
+            sample = dict(self.cache[index])  # finish() may replace entries, never the cached tensors
+        return sample if self.finish is None else self.finish(sample)

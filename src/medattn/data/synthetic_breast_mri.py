@@ -16,6 +16,8 @@ the volume helps.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +28,7 @@ from .transforms import RandomFlip3d
 
 NAME = "synthetic_breast_mri"
 SIDES = ("left", "right")
-KEYS = frozenset({"volume_size", "num_samples", "seed", "augment"})
+KEYS = frozenset({"volume_size", "num_samples", "seed", "augment", "cache"})
 DEFAULT_SIZES = {"train": 256, "val": 128, "test": 128}
 
 
@@ -73,12 +75,27 @@ def render_breast_side(size: tuple[int, int, int], patient_gen: torch.Generator,
     return volume[None], lesion
 
 
+def make_sample(size: tuple[int, int, int], seed: int, split: str, index: int) -> dict:
+    """Sample ``index`` of ``split``: side ``index % 2`` of synthetic patient ``index // 2``."""
+    patient, side = index // 2, SIDES[index % 2]
+    volume, lesion = render_breast_side(size, item_generator(NAME, seed, split, 2 * patient),
+                                        item_generator(f"{NAME}-side", seed, split, index), side)
+    patient_id = f"{NAME}-{split}-{patient:06d}"
+    return {"input": volume, "label": torch.tensor([float(lesion)]), "id": f"{patient_id}-{side}",
+            "patient": patient_id}
+
+
+def flip_input(augment: RandomFlip3d, sample: dict) -> dict:
+    return {**sample, "input": augment(sample["input"])}
+
+
 def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """Synthetic breast-MRI lesion-per-side benchmark (binary).
 
     Keys: ``volume_size`` (H, W, D; default [32, 32, 16]), ``num_samples`` (sides per split; default
     256/128/128), ``seed`` (data seed, default: the run seed), ``augment`` (default false; true = flips
-    along every axis with p = 0.5). ``skip_bad`` has nothing to skip.
+    along every axis with p = 0.5), ``cache`` (default true: keep rendered volumes in memory, 64 KB
+    each at 32 x 32 x 16). ``skip_bad`` has nothing to skip.
     """
     check_keys(cfg, KEYS, NAME)
     size = int_tuple(cfg.get("volume_size", (32, 32, 16)), 3, f"{NAME}.volume_size")
@@ -88,18 +105,8 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     augment = RandomFlip3d() if cfg.get("augment", False) else None
 
-    def maker(split: str, transform):
-        def make(index: int) -> dict:
-            patient, side = index // 2, SIDES[index % 2]
-            volume, lesion = render_breast_side(size, item_generator(NAME, data_seed, split, 2 * patient),
-                                                item_generator(f"{NAME}-side", data_seed, split, index), side)
-            if transform is not None:
-                volume = transform(volume)
-            patient_id = f"{NAME}-{split}-{patient:06d}"
-            return {"input": volume, "label": torch.tensor([float(lesion)]), "id": f"{patient_id}-{side}",
-                    "patient": patient_id}
-        return make
-
-    datasets = {s: SyntheticDataset(sizes[s], maker(s, augment if s == "train" else None)) for s in SPLITS}
+    finish = partial(flip_input, augment) if augment else None
+    datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
+                                    finish if s == "train" else None, bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "volume3d", 1, (1, *size), ["lesion"], synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)

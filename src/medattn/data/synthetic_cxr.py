@@ -15,6 +15,8 @@ threshold is left out so that labels are unambiguous at 64 x 64.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .base import DataBundle, TaskInfo
@@ -25,7 +27,7 @@ from .transforms import RandomRotateFlip2d
 NAME = "synthetic_cxr"
 CTR_NEGATIVE = (0.35, 0.47)
 CTR_POSITIVE = (0.53, 0.65)
-KEYS = frozenset({"image_size", "num_samples", "in_chans", "seed", "augment", "mean", "std"})
+KEYS = frozenset({"image_size", "num_samples", "in_chans", "seed", "augment", "mean", "std", "cache"})
 DEFAULT_SIZES = {"train": 256, "val": 128, "test": 128}
 
 
@@ -76,13 +78,27 @@ def render_cxr(size: int, gen: torch.Generator) -> tuple[torch.Tensor, float]:
     return image[None], ctr
 
 
+def make_sample(size: int, seed: int, split: str, index: int) -> dict:
+    """Sample ``index`` of ``split``: the [0, 1] phantom (1, size, size) and its label."""
+    image, ctr = render_cxr(size, item_generator(NAME, seed, split, index))
+    sample_id = f"{NAME}-{split}-{index:06d}"
+    return {"input": image, "label": torch.tensor([float(ctr > 0.5)]), "id": sample_id, "patient": sample_id}
+
+
+def finish_sample(transform, mean: float, std: float, in_chans: int, sample: dict) -> dict:
+    """Per access: augment (training), normalise, repeat to ``in_chans``."""
+    image = sample["input"] if transform is None else transform(sample["input"])
+    return {**sample, "input": ((image - mean) / std).expand(in_chans, -1, -1).contiguous()}
+
+
 def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """Synthetic chest-radiograph cardiomegaly benchmark (binary).
 
     Keys: ``image_size`` (int, default 64), ``num_samples`` (per split; default 256/128/128),
     ``in_chans`` (1 or 3, default 1; the gray image is repeated), ``seed`` (data seed, default: the run
     seed), ``augment`` (default false: the generator already varies pose and size), ``mean``/``std``
-    (normalisation of the [0, 1] image, default 0.5/0.5). ``skip_bad`` has nothing to skip.
+    (normalisation of the [0, 1] image, default 0.5/0.5), ``cache`` (default true: keep rendered
+    images in memory, about 16 KB each at 64 x 64). ``skip_bad`` has nothing to skip.
     """
     check_keys(cfg, KEYS, NAME)
     size = int(cfg.get("image_size", 64))
@@ -94,17 +110,10 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
                          f"got {size}, {in_chans}, {std}")
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     augment = RandomRotateFlip2d() if cfg.get("augment", False) else None
+    cache = bool(cfg.get("cache", True))
 
-    def maker(split: str, transform):
-        def make(index: int) -> dict:
-            image, ctr = render_cxr(size, item_generator(NAME, data_seed, split, index))
-            if transform is not None:
-                image = transform(image)
-            sample_id = f"{NAME}-{split}-{index:06d}"
-            return {"input": ((image - mean) / std).expand(in_chans, -1, -1).contiguous(),
-                    "label": torch.tensor([float(ctr > 0.5)]), "id": sample_id, "patient": sample_id}
-        return make
-
-    datasets = {s: SyntheticDataset(sizes[s], maker(s, augment if s == "train" else None)) for s in SPLITS}
+    datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
+                                    partial(finish_sample, augment if s == "train" else None, mean, std, in_chans),
+                                    cache) for s in SPLITS}
     task = TaskInfo("binary", "image2d", 1, (in_chans, size, size), ["cardiomegaly"], synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)

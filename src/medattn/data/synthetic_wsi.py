@@ -15,11 +15,12 @@ Cluster centres depend only on the data seed, so all splits share one feature sp
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
-from .base import DataBundle, TaskInfo
 from .bags import subsample
+from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
 
@@ -27,7 +28,7 @@ NAME = "synthetic_wsi"
 NUM_TISSUES = 6
 PATCH_PIXELS = 256
 KEYS = frozenset({"num_instances", "feature_dim", "tumour_fraction", "tumour_shift", "num_samples", "seed",
-                  "max_instances"})
+                  "max_instances", "cache"})
 DEFAULT_SIZES = {"train": 200, "val": 100, "test": 100}
 
 
@@ -67,6 +68,22 @@ def render_bag(gen: torch.Generator, n_range: tuple[int, int], fraction: tuple[f
     return features, cells.float() * PATCH_PIXELS, positive
 
 
+def make_sample(n_range: tuple[int, int], fraction: tuple[float, float], centres: torch.Tensor,
+                tumour: torch.Tensor, seed: int, split: str, index: int) -> dict:
+    """Bag ``index`` of ``split``."""
+    features, coords, positive = render_bag(item_generator(NAME, seed, split, index), n_range, fraction, centres,
+                                            tumour)
+    sample_id = f"{NAME}-{split}-{index:06d}"
+    return {"input": features, "coords": coords, "label": torch.tensor([float(positive)]), "id": sample_id,
+            "patient": sample_id}
+
+
+def limit_instances(limit: int, sample: dict) -> dict:
+    """Training: a random subset of at most ``limit`` instances (torch's global RNG)."""
+    features, coords = subsample(sample["input"], sample["coords"], limit)
+    return {**sample, "input": features, "coords": coords}
+
+
 def build_synthetic_wsi(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """Synthetic whole-slide tumour-detection benchmark on feature bags (binary).
 
@@ -74,7 +91,9 @@ def build_synthetic_wsi(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     [500, 12000]), ``feature_dim`` (default 64), ``tumour_fraction`` ([min, max], default [0.02, 0.1]),
     ``tumour_shift`` (distance of the tumour cluster in noise standard deviations, default 3.0),
     ``num_samples`` (bags per split, default 200/100/100), ``seed`` (data seed, default: the run seed),
-    ``max_instances`` (training only: randomly keep at most this many instances per bag; default none).
+    ``max_instances`` (training only: randomly keep at most this many instances per bag; default none),
+    ``cache`` (default true: keep generated bags in memory, N x F x 4 bytes each; turn off at the
+    paper's scale).
     ``skip_bad`` has nothing to skip.
     """
     check_keys(cfg, KEYS, NAME)
@@ -90,18 +109,9 @@ def build_synthetic_wsi(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     centres, tumour = feature_space(feature_dim, shift, data_seed)
 
-    def maker(split: str, limit: int | None):
-        def make(index: int) -> dict:
-            features, coords, positive = render_bag(item_generator(NAME, data_seed, split, index), n_range,
-                                                    fraction, centres, tumour)
-            if limit is not None:
-                features, coords = subsample(features, coords, limit)
-            sample_id = f"{NAME}-{split}-{index:06d}"
-            return {"input": features, "coords": coords, "label": torch.tensor([float(positive)]), "id": sample_id,
-                    "patient": sample_id}
-        return make
-
-    datasets = {s: SyntheticDataset(sizes[s], maker(s, int(max_instances) if max_instances and s == "train"
-                                                    else None)) for s in SPLITS}
+    make = partial(make_sample, n_range, fraction, centres, tumour, data_seed)
+    finish = partial(limit_instances, int(max_instances)) if max_instances else None
+    datasets = {s: SyntheticDataset(sizes[s], partial(make, s), finish if s == "train" else None,
+                                    bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "bag", 1, (feature_dim,), ["tumour"], synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)

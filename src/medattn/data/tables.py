@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,12 +89,17 @@ def as_list(value, name: str) -> list[str]:
 
 
 def resolve_path(root: Path, value: str, where: str) -> Path:
-    """``value`` relative to ``root`` (or absolute); a path resolving outside ``root`` is an error."""
+    """``value`` relative to ``root`` (or absolute); a path leaving ``root`` is an error.
+
+    The check is lexical (``..`` and absolute paths), so symbolic links inside the root may point
+    anywhere, as they often do for shared data sets.
+    """
     if not value:
         raise UserError(f"{where}: empty path")
-    path = (root / value).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise UserError(f"{where}: path {value!r} resolves to {path}, outside the data root {root}")
+    base = Path(os.path.abspath(root))
+    path = Path(os.path.abspath(base / value))
+    if not path.is_relative_to(base):
+        raise UserError(f"{where}: path {value!r} resolves to {path}, outside the data root {base}")
     return path
 
 
@@ -106,8 +112,13 @@ class LabelSpec:
     num_outputs: int
 
     def tensor(self, values: list[float]) -> torch.Tensor:
+        """Parsed cells -> the label tensor; ValueError when they do not fit the task."""
         if self.task_type == "multiclass":
+            if values[0] >= self.num_outputs:
+                raise ValueError(f"label {int(values[0])} is out of range for {self.num_outputs} classes")
             return torch.tensor(int(values[0]), dtype=torch.int64)
+        if any(v not in (0.0, 1.0) for v in values):
+            raise ValueError(f"a {self.task_type} task needs 0/1 labels, got {[int(v) for v in values]}")
         return torch.tensor(values, dtype=torch.float32)
 
 
@@ -134,8 +145,9 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
                      classes: list[str] | None, num_classes: int | None) -> LabelSpec:
     """Decide the task from the parsed labels unless ``task_type`` is given.
 
-    Several columns: multi-label (0/1 each). One column: binary when its values are 0/1 (or two
-    ``classes``), multi-class otherwise (classes 0..K-1, K = ``num_classes`` or max + 1).
+    Several columns: multi-label (0/1 each). One column: binary when its values are 0/1 (or there are
+    two ``classes``), multi-class otherwise (classes 0..K-1, K = ``num_classes``, the number of
+    ``classes`` or the largest label + 1). Rows that do not fit are rejected by :meth:`LabelSpec.tensor`.
     """
     if task_type is not None and task_type not in TASK_TYPES:
         raise UserError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
@@ -147,18 +159,12 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
             task_type = "binary" if len(classes) == 2 else "multiclass"
         else:
             task_type = "binary" if seen <= {0.0, 1.0} and num_classes in (None, 2) else "multiclass"
+    if task_type != "multilabel" and len(columns) != 1:
+        raise UserError(f"a {task_type} task needs one label column, got {columns}")
     if task_type == "multiclass":
-        if len(columns) != 1:
-            raise UserError(f"a multiclass task needs one label column, got {columns}")
         count = len(classes) if classes is not None else int(num_classes or (max(seen, default=0) + 1))
-        if seen and max(seen) >= count:
-            raise UserError(f"label {int(max(seen))} is out of range for {count} classes")
         names = list(classes) if classes is not None else [str(i) for i in range(count)]
         return LabelSpec("multiclass", names, count)
-    if not seen <= {0.0, 1.0}:
-        raise UserError(f"a {task_type} task needs 0/1 labels in {', '.join(columns)}; found {sorted(seen)[:5]}")
-    if task_type == "binary" and len(columns) != 1:
-        raise UserError(f"a binary task needs one label column, got {columns}")
     names = [classes[1]] if task_type == "binary" and classes is not None else list(columns)
     return LabelSpec(task_type, names, len(columns))
 
@@ -210,6 +216,79 @@ def check_records(records: list[Record], check: Callable[[Record], None], bad: B
             continue
         kept.append(record)
     return kept
+
+
+def table_records(cfg: dict, kind: str, label_columns: list[str], extra_columns: Sequence[str] = (),
+                  sides: Sequence[str] = ()) -> tuple[list[Record], LabelSpec, list[str] | None, list[str]]:
+    """Read the CSV of an image or volume table.
+
+    -> (records, label spec, split names from the split column or None, problems). Rows whose labels do
+    not parse, whose split is unknown or whose path leaves ``data_root`` become problem messages.
+    ``extra_columns`` hold further paths (e.g. the subtraction series). With ``sides`` (e.g. left,
+    right) each row gives one record per side, labelled from the columns ``<label column>_<side>``
+    and with ``extra["side"]`` set.
+    """
+    from .splits import parse_split
+
+    csv_path = Path(cfg["csv"])
+    root = Path(cfg.get("data_root") or csv_path.parent)
+    path_column = cfg.get("path_column", "path")
+    patient_column, split_column = cfg.get("patient_column"), cfg.get("split_column")
+    header, rows = read_csv(csv_path, "table")
+    per_side = {side: [f"{c}_{side}" for c in label_columns] for side in sides} or {None: label_columns}
+    wanted = [path_column, *(c for cols in per_side.values() for c in cols), *extra_columns,
+              *(c for c in (patient_column, split_column) if c)]
+    require_columns(header, wanted, csv_path)
+    classes = label_options(cfg)[1]
+    entries, problems = [], []  # (record, parsed labels, split)
+    for number, row in rows:
+        where = f"{csv_path.name} row {number}"
+        try:
+            paths = tuple(resolve_path(root, row[c], where) for c in (path_column, *extra_columns))
+            split = parse_split(row[split_column], where) if split_column else None
+            parsed = {side: parse_cells([row[c] for c in cols], cols, classes) for side, cols in per_side.items()}
+        except (UserError, ValueError) as exc:
+            message = str(exc)
+            problems.append(message if message.startswith(where) else f"{where}: {message}")
+            continue
+        patient = row[patient_column] if patient_column else row[path_column]
+        for side, values in parsed.items():
+            sample_id = row[path_column] if side is None else f"{row[path_column]}#{side}"
+            record = Record(id=sample_id, patient=patient, where=where, paths=paths, extra={"side": side})
+            entries.append((record, values, split))
+    records, spec, splits, label_problems = label_entries(entries, label_columns, cfg)
+    return records, spec, (splits if split_column else None), problems + label_problems
+
+
+def label_entries(entries: list[tuple[Record, list[float], str | None]], label_columns: list[str],
+                  cfg: dict) -> tuple[list[Record], LabelSpec, list[str | None], list[str]]:
+    """(record, parsed label cells, split) -> records with label tensors, the spec, their splits and the
+    problems of rows whose labels do not fit the task."""
+    task_type, classes, num_classes = label_options(cfg)
+    spec = infer_label_spec([e[1] for e in entries], label_columns, task_type, classes, num_classes)
+    records, splits, problems = [], [], []
+    for record, values, split in entries:
+        try:
+            record.label = spec.tensor(values)
+        except ValueError as exc:
+            problems.append(f"{record.where}: {exc}")
+            continue
+        records.append(record)
+        splits.append(split)
+    return records, spec, splits, problems
+
+
+def keep_valid(records: list[Record], column: list[str] | None, check: Callable[[Record], object] | None,
+               bad: BadSamples, what: str) -> tuple[list[Record], list[str] | None]:
+    """Drop the records failing ``check`` (reported to ``bad``), keeping the split column aligned."""
+    if check is not None:
+        passed = {id(r) for r in check_records(records, check, bad)}
+        if column is not None:
+            column = [c for r, c in zip(records, column) if id(r) in passed]
+        records = [r for r in records if id(r) in passed]
+    if not records:
+        raise UserError(f"{what}: no usable samples")
+    return records, column
 
 
 def problem(record: Record, exc: Exception) -> str:

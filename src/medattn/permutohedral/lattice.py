@@ -77,7 +77,8 @@ class _Simplices:
             rounded = torch.round(elevated / d1)  # nearest remainder-0 point, divided by d+1
             rem0 = (rounded * d1).to(torch.int64)
             shift = rounded.sum(dim=1, keepdim=True).to(torch.int64)  # (P, 1): off-plane excess
-            self.order = torch.sort(elevated - rem0.to(elevated.dtype), dim=1, descending=True, stable=True).indices
+            differential = elevated - rem0.to(elevated.dtype)
+            self.order = torch.sort(differential, dim=1, descending=True, stable=True).indices
             self.coord_low, self.coord_high = rem0.amin(dim=0), rem0.amax(dim=0)  # (d+1,) before wrap
             positions = torch.arange(d1, device=features.device)
             rank = positions + shift  # (P, d+1): rank of the coordinate at each position, off by a wrap
@@ -95,7 +96,8 @@ class _Simplices:
         remainder = torch.arange(d1, device=self.rem0.device).view(1, d1, 1)
         position_rank = torch.empty_like(self.to_rank).scatter_(
             1, self.to_rank, (self.dim - torch.arange(d1, device=self.rem0.device)).expand_as(self.to_rank))
-        sorted_coords = self.rem0[:, None, :] + remainder - d1 * (position_rank[:, None, :] > self.dim - remainder)
+        wrapped = position_rank[:, None, :] > self.dim - remainder
+        sorted_coords = self.rem0[:, None, :] + remainder - d1 * wrapped
         coords = torch.empty_like(sorted_coords).scatter_(2, self.order[:, None, :].expand_as(sorted_coords),
                                                           sorted_coords)
         return coords[:, :, : self.dim]
@@ -115,8 +117,10 @@ class _VertexIndex:
     """Exact map from (batch, lattice vertex) to dense ids, with neighbour lookup along lattice directions.
 
     Built from the simplices of P points and their batch indices (P,); ``ids`` (P (d+1),) are the dense
-    ids of the points' vertices (remainder-major within a point) and ``num`` the number of distinct
-    vertices. ``neighbours(direction)`` returns, for every vertex, the ids of the vertices one step along
+    ids of the points' vertices (remainder-minor: row p (d+1) + r is vertex r of point p), ``num`` the
+    number of distinct vertices, and ``perm`` / ``sorted_ids`` the order that sorts ``ids`` (a splat in
+    that order writes memory sequentially, about 3x faster on CPU than in point order).
+    ``neighbours(direction)`` returns, for every vertex, the ids of the vertices one step along
     +direction and -direction, or ``num`` when absent.
     """
 
@@ -136,19 +140,22 @@ class _VertexIndex:
                 strides[k] = strides[k + 1] * radix[k + 1]
             self.strides = torch.tensor(strides, dtype=torch.int64, device=batch.device)  # (d+1,), last 0
             keys = simplices.packed_keys(low, self.strides) + (batch * strides[0] * radix[0])[:, None]
-            self.keys, self.ids = torch.unique(keys.reshape(-1), sorted=True, return_inverse=True)
+            sorted_keys, self.perm = keys.reshape(-1).sort()
+            self.keys, self.sorted_ids = torch.unique_consecutive(sorted_keys, return_inverse=True)
+            self.ids = torch.empty_like(self.sorted_ids).scatter_(0, self.perm, self.sorted_ids)
             self.num = self.keys.numel()
         else:
             coords = simplices.vertex_coords().reshape(-1, dim)
             self._build_columns(coords, batch.repeat_interleave(dim + 1))
+            self.sorted_ids, self.perm = self.ids.sort()
 
     def _build_columns(self, coords: torch.Tensor, batch: torch.Tensor) -> None:
         """Column-by-column ids: prefix id of (prefix, c_k) via unique, exact for any coordinate range."""
         self.column_values, self.column_keys = [], []
         prefix = batch
-        for k in range(self.dim):
-            values = torch.unique(coords[:, k], sorted=True)
-            key = prefix * values.numel() + torch.searchsorted(values, coords[:, k])
+        for column in coords.t().contiguous():
+            values = torch.unique(column, sorted=True)
+            key = prefix * values.numel() + torch.searchsorted(values, column)
             keys, prefix = torch.unique(key, sorted=True, return_inverse=True)
             self.column_values.append(values)
             self.column_keys.append(keys)
@@ -167,14 +174,15 @@ class _VertexIndex:
     def _lookup_columns(self, coords: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         found = torch.ones_like(batch, dtype=torch.bool)
         prefix = batch
-        for values, keys, column in zip(self.column_values, self.column_keys, coords.unbind(1), strict=True):
+        columns = coords.t().contiguous()
+        for values, keys, column in zip(self.column_values, self.column_keys, columns, strict=True):
             rank, hit = self._find(values, column)
             prefix, hit_key = self._find(keys, prefix * values.numel() + rank.clamp_max(values.numel() - 1))
             found &= hit & hit_key
         return torch.where(found, prefix, torch.full_like(prefix, self.num))
 
     def neighbours(self, direction: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ids (U,) of the +/- neighbours along lattice direction ``direction`` in 0..d (``num`` if absent)."""
+        """Ids (U,) of the +/- neighbours along lattice direction ``direction`` (0..d); ``num`` if absent."""
         step = torch.ones(self.dim, dtype=torch.int64, device=self.ids.device)
         if direction < self.dim:
             step[direction] = -self.dim  # direction vector (1, ..., -d, ..., 1); last coordinate implied
@@ -191,14 +199,14 @@ class _VertexIndex:
 
 def _check(values: torch.Tensor, features: torch.Tensor) -> None:
     if not torch.is_floating_point(values) or not torch.is_floating_point(features):
-        raise ValueError(f"values and features must be floating point, got {values.dtype} and {features.dtype}")
+        raise ValueError(f"values and features must be floating point, got {values.dtype}, {features.dtype}")
     if values.dim() not in (2, 3) or features.dim() != values.dim():
         raise ValueError(
             "expected values (B, N, C) and features (B, N, d), or (N, C) and (N, d); "
             f"got shapes {tuple(values.shape)} and {tuple(features.shape)}"
         )
     if values.shape[:-1] != features.shape[:-1]:
-        raise ValueError(f"values {tuple(values.shape)} and features {tuple(features.shape)} differ in (B, N)")
+        raise ValueError(f"values {tuple(values.shape)} and features {tuple(features.shape)}: B, N differ")
     if features.shape[-1] < 1 or values.shape[-2] < 1:
         raise ValueError(f"need at least one point and one feature, got features {tuple(features.shape)}")
     if values.device != features.device:
@@ -242,14 +250,16 @@ def permutohedral_filter(values: torch.Tensor, features: torch.Tensor, normalize
     if normalize:
         payload = torch.cat([payload, payload.new_ones(payload.shape[0], 1)], dim=1)
     splat_in = (payload[:, None, :] * weights[:, :, None]).reshape(-1, payload.shape[1])  # (BN (d+1), C')
-    lattice = payload.new_zeros(index.num + 1, payload.shape[1]).index_add(0, ids, splat_in)  # row num: zero
+    lattice = payload.new_zeros(index.num + 1, payload.shape[1])  # (U + 1, C'): row U stays zero
+    lattice = lattice.index_add(0, index.sorted_ids, splat_in.index_select(0, index.perm))
 
     for direction in range(d1):
         plus, minus = index.neighbours(direction)
-        blurred = 0.5 * lattice[:-1] + 0.25 * (lattice[plus] + lattice[minus])
+        blurred = 0.5 * lattice[:-1] + 0.25 * (lattice.index_select(0, plus) + lattice.index_select(0, minus))
         lattice = torch.cat([blurred, lattice[-1:]], dim=0)
 
-    sliced = (lattice[ids].view(-1, d1, payload.shape[1]) * weights[:, :, None]).sum(dim=1)  # (BN, C')
+    gathered = lattice.index_select(0, ids).view(-1, d1, payload.shape[1])  # (BN, d+1, C')
+    sliced = (gathered * weights[:, :, None]).sum(dim=1)  # (BN, C')
     if normalize:
         out = sliced[:, :channels] / sliced[:, channels:].clamp_min(eps)
     else:

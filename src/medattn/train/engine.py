@@ -225,25 +225,30 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
     return result
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse a folder that holds a run unless resuming or overwriting (then remove only run files)."""
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a folder that holds a run unless resuming (then it must hold a checkpoint) or overwriting."""
     run_dir = Path(run_dir)
-    holds_run = any((run_dir / name).exists() for name in RUN_FILES)
     if resume:
         if not (run_dir / "checkpoints" / "last").exists() and not (run_dir / "checkpoints" / "last.old").exists():
             raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
-        return
-    if holds_run and not overwrite:
+    elif not overwrite and any((run_dir / name).exists() for name in RUN_FILES):
         raise UserError(f"output folder {run_dir} already holds a run; use --resume to continue it or "
                         f"--overwrite to replace it")
-    if holds_run and distributed.is_main():
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """:func:`check_run_dir`, then remove an overwritten run's files (only those) and create the folder."""
+    run_dir = Path(run_dir)
+    check_run_dir(run_dir, resume, overwrite)
+    if not resume and distributed.is_main():
         for name in RUN_FILES:
             target = run_dir / name
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
 
 
 def _config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[str]:
@@ -260,6 +265,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     interrupt a run). With ``init_from`` the model starts from another checkpoint's shared tensors.
     """
     run_dir = Path(run_dir)
+    train_cfg, task, seed = config["train"], bundle.task, config["seed"]
+    device = device or distributed.setup(train_cfg["device"])
     log = log if distributed.is_main() else (lambda message: None)
     prepare_run_dir(run_dir, resume, overwrite)
     if resume:
@@ -267,8 +274,6 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         changed = _config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
-    train_cfg, task, seed = config["train"], bundle.task, config["seed"]
-    device = device or distributed.setup(train_cfg["device"])
     seed_everything(seed)
     model = build_model(config["model"], task).to(device)
     n_params = sum(p.numel() for p in model.parameters())
