@@ -37,6 +37,10 @@ class Attention(nn.Module):
     supports_attn_drop = False
     #: True where backward uses a surrogate (e.g. straight-through) gradient, so gradcheck does not apply.
     surrogate_gradient = False
+    #: Passes over a sequence that chunked streaming inference needs; 0 = the mechanism cannot stream
+    #: (it needs all tokens at once). Mechanisms with passes > 0 implement ``stream_begin``,
+    #: ``stream_update``, ``stream_end`` and ``stream_forward`` (see :mod:`medattn.models.streaming`).
+    stream_passes = 0
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ Choices the paper leaves open (docs/decisions.md):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .base import Attention, at_least_float32, token_weights
@@ -87,6 +88,53 @@ class SeqNormAttention(Attention):
         with torch.autocast(q.device.type, enabled=False):
             out = SeqNormCore.apply(q, k, v, *params, weights, count, self.q_norm.eps)
         return out.to(dtype)
+
+    # Streaming inference over one very long sequence (B = 1), in chunks of tokens (n_c, dim):
+    # pass 0 sums q, k, v; pass 1 sums centred squares and the centred K^T V; both in float64.
+    stream_passes = 2
+
+    def stream_begin(self) -> dict:
+        return {"count": 0}
+
+    def _stream_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-2]
+        qkv = self.qkv(x.reshape(n, self.dim)).view(n, 3, self.num_heads, self.head_dim)
+        return qkv.permute(1, 2, 0, 3).double()  # (3, H, n_c, d)
+
+    def stream_update(self, state: dict, x: torch.Tensor, pass_index: int) -> None:
+        """Add a chunk x (1, n_c, dim) of the sequence to the statistics of pass ``pass_index``."""
+        qkv = self._stream_qkv(x)
+        if pass_index == 0:
+            state["count"] += x.shape[-2]
+            state["sum"] = state.get("sum", 0) + qkv.sum(dim=2, keepdim=True)  # (3, H, 1, d)
+            return
+        centred = qkv - state["mean"]
+        state["sum_sq"] = state.get("sum_sq", 0) + centred.square().sum(dim=2, keepdim=True)
+        state["ktv"] = state.get("ktv", 0) + centred[1].transpose(-2, -1) @ centred[2]  # (H, d, d)
+
+    def stream_end(self, state: dict, pass_index: int) -> None:
+        """Turn the sums of a pass into the mean (pass 0) or into ``out = q a_q + b`` (pass 1)."""
+        n = state["count"]
+        if pass_index == 0:
+            state["mean"] = state.pop("sum") / n
+            return
+        H, d = self.num_heads, self.head_dim
+        gamma = torch.stack([m.weight for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
+        beta = torch.stack([m.bias for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
+        scale = gamma * torch.rsqrt(state.pop("sum_sq") / n + self.q_norm.eps)  # (3, H, 1, d)
+        # K'^T V' = s_k^T s_v * (centred K^T V) + n beta_k^T beta_v; the centred sums vanish.
+        a = (scale[1].transpose(-2, -1) * state.pop("ktv") * scale[2]) / n + beta[1].transpose(-2, -1) * beta[2]
+        state["a_q"] = (scale[0].transpose(-2, -1) * a).float()  # (H, d, d)
+        state["b"] = ((beta[0] - state["mean"][0] * scale[0]) @ a).float()  # (H, 1, d)
+
+    def stream_forward(self, state: dict, x: torch.Tensor) -> torch.Tensor:
+        """Output (1, n_c, dim) for a chunk x (1, n_c, dim) once both passes have ended."""
+        n, inner = x.shape[-2], self.inner_dim
+        q = F.linear(x.reshape(n, self.dim), self.qkv.weight[:inner],
+                     None if self.qkv.bias is None else self.qkv.bias[:inner])
+        q = q.view(n, self.num_heads, self.head_dim).transpose(0, 1)  # (H, n_c, d)
+        out = torch.baddbmm(state["b"], q, state["a_q"]).transpose(0, 1).reshape(1, n, inner)
+        return self.proj(out)
 
     def attend_reference(self, q, k, v, mask):
         """Explicitly normalized Q', K', V', then Q' (K'^T V') / N; matmuls follow autocast."""

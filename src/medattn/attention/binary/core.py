@@ -1,0 +1,125 @@
+"""Shared machinery of the BinaryFormer mechanisms (Heinrich, MIDL 2025): value width, scores, paths.
+
+Every binary mechanism writes its scores as a sum over (query term, key term) pairs::
+
+    S = scale * sum_(a, b) (wq_a wk_b^T) * (yq_a yk_b^T),   P = softmax(S),   out = P V
+
+with ``yq_a`` (B, H, N, d) tensors of exact +1/-1 values and ``wq_a`` (B, H, N) per-token weights (or
+None for 1), likewise for keys; ``scale = 1 / sqrt(d)``. A subclass only implements
+:meth:`BinaryAttention.binarise`. The sum is computed two ways that share every parameter:
+
+* float emulation (:func:`emulated_attention`): differentiable, used whenever a gradient is needed;
+* bit kernel (:func:`medattn.attention.binary.bits.binary_attention`): packed signs, popcount,
+  key tiles with an online softmax; used when no gradient is needed (inference, ``torch.no_grad``).
+
+``value_dim`` (per head) narrows the values as in the paper's Fig. 1 (64 -> 16 per head): ``qkv``
+then has ``2 * inner_dim + num_heads * value_dim`` outputs ordered ``q | k | v`` and ``proj`` is
+``nn.Linear(num_heads * value_dim, dim)``. Without it the layout is exactly the base class's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import Attention, check_input
+from .bits import Term, binary_attention
+
+
+class BinaryAttention(Attention):
+    """Base of the binary mechanisms: y = proj(softmax(S) V) with S from :meth:`binarise`.
+
+    Args (besides :class:`~medattn.attention.base.Attention`'s):
+        value_dim: per-head value width D_v (default: the head dim, i.e. the standard layout).
+        tile_size: query/key tile of the bit kernel's online softmax.
+        bit_kernel: use the bit kernel when no gradient is needed (False: always the float emulation).
+
+    Shapes: x (B, N, dim), mask (B, N) bool (True = real token) -> (B, N, dim); padded rows are zero.
+    """
+
+    supports_attn_drop = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        inner_dim: int | None = None,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        value_dim: int | None = None,
+        tile_size: int = 1024,
+        bit_kernel: bool = True,
+    ) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+        if value_dim is not None and value_dim <= 0:
+            raise ValueError(f"value_dim must be positive, got {value_dim}")
+        if tile_size <= 0:
+            raise ValueError(f"tile_size must be positive, got {tile_size}")
+        self.value_dim = self.head_dim if value_dim is None else value_dim
+        self.tile_size = tile_size
+        self.bit_kernel = bit_kernel
+        if self.value_dim != self.head_dim:
+            self.qkv = nn.Linear(dim, 2 * self.inner_dim + num_heads * self.value_dim, bias=qkv_bias)
+            self.proj = nn.Linear(num_heads * self.value_dim, dim)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, value_dim={self.value_dim}"
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, dim), optional (B, N) bool mask -> (B, N, dim)."""
+        check_input(x, mask, self.dim)
+        B, N, _ = x.shape
+        H = self.num_heads
+        q, k, v = self.qkv(x).split([self.inner_dim, self.inner_dim, H * self.value_dim], dim=-1)
+        q = q.view(B, N, H, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        k = k.view(B, N, H, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        v = v.view(B, N, H, self.value_dim).transpose(1, 2)  # (B, H, N, D_v)
+        out = self.attend(q, k, v, mask)  # (B, H, N, D_v)
+        out = self.proj(out.transpose(1, 2).reshape(B, N, H * self.value_dim))  # (B, N, dim)
+        if mask is not None:
+            out = out * mask.unsqueeze(-1).to(out.dtype)
+        return self.proj_drop(out)
+
+    def binarise(self, q: torch.Tensor, k: torch.Tensor) -> tuple[list[Term], list[Term]]:
+        """Query and key terms ``[(signs (B, H, N, d), weights (B, H, N) or None), ...]``."""
+        raise NotImplementedError
+
+    def attend(self, q, k, v, mask):
+        """q, k (B, H, N, d), v (B, H, N, D_v), mask (B, N) or None -> (B, H, N, D_v)."""
+        q_terms, k_terms = self.binarise(q, k)
+        scale = self.head_dim**-0.5
+        tensors = [v] + [t for terms in (q_terms, k_terms) for pair in terms for t in pair if t is not None]
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        dropout = self.attn_drop if self.training else 0.0
+        if self.bit_kernel and not needs_grad and dropout == 0.0:
+            return binary_attention(q_terms, k_terms, v, scale, mask, self.tile_size)
+        return emulated_attention(q_terms, k_terms, v, scale, mask, dropout)
+
+
+def emulated_scores(q_terms: list[Term], k_terms: list[Term], scale: float) -> torch.Tensor:
+    """Float emulation of the binary scores: (B, H, N, N) ``scale * sum_(a,b) (wq_a wk_b^T) * (yq_a yk_b^T)``."""
+    total = None
+    for yq, wq in q_terms:
+        for yk, wk in k_terms:
+            s = yq @ yk.transpose(-2, -1)  # (B, H, N, N), exact integers
+            if wq is not None:
+                s = s * wq.unsqueeze(-1)
+            if wk is not None:
+                s = s * wk.unsqueeze(-2)
+            total = s if total is None else total + s
+    return total * scale
+
+
+def emulated_attention(
+    q_terms: list[Term], k_terms: list[Term], v: torch.Tensor, scale: float, mask: torch.Tensor | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """softmax(emulated scores, padded keys removed) V with optional dropout on P: -> (B, H, N, D_v)."""
+    s = emulated_scores(q_terms, k_terms, scale)
+    if mask is not None:
+        s = s.masked_fill(~mask[:, None, None, :], -torch.inf)
+    p = s.softmax(dim=-1)
+    if dropout > 0:
+        p = nn.functional.dropout(p, dropout)
+    return p @ v

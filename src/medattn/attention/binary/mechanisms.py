@@ -1,0 +1,114 @@
+"""The four BinaryFormer mechanisms (Heinrich, MIDL 2025, §2.1-2.2); registry names in brackets.
+
+All compute ``out = softmax(S) V`` with ``S = (1 / sqrt(d)) * sum_(a,b) (wq_a wk_b^T) * (yq_a yk_b^T)``
+(see :mod:`.core`); they differ in the binary operands ``y`` and the weights ``w``:
+
+* :class:`BinarySTEAttention` [binary-ste]: ``y = sgn(q)``, ``sgn(k)``, no weights; straight-through
+  gradient ``1{|x| <= 1}`` (eq. 3) into the Q/K projections.
+* :class:`BinarySGAttention` [binary-sg]: as above with the gradient stopped (the paper's baseline:
+  the Q/K projections receive no gradient from attention).
+* :class:`BinaryHammingAttention` [binary-hamming]: ``y = sgn(q)``, ``sgn(k)`` (no gradient) and
+  learned per-token, per-head scalars ``w = theta(sigma(x) || sgn(x))`` from a small MLP shared by the
+  heads, one for queries and one for keys, on the modified tanh ``sigma`` of eq. (4). Gradients reach
+  the Q/K projections only through ``w``.
+* :class:`BinaryBernoulliAttention` [binary-bernoulli]: two probabilistic signs ``y1, y2 = psgn(sigma(x))``
+  per operand with bilinear weights ``w1 = d2 / (d1 + d2)``, ``w2 = d1 / (d1 + d2)`` from the mean
+  binarisation distances ``d = mean_j |x_j - y_j|``: four binary dot products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .bits import Term
+from .core import BinaryAttention
+from .sign import bernoulli_sign, modified_tanh, sign, sign_ste
+
+
+class BinarySTEAttention(BinaryAttention):
+    """Sign of Q and K with the straight-through estimator; q, k (B, H, N, d) -> one +-1 term each."""
+
+    def binarise(self, q, k):
+        return [(sign_ste(q), None)], [(sign_ste(k), None)]
+
+
+class BinarySGAttention(BinaryAttention):
+    """Sign of Q and K with the gradient stopped (attention gives Q/K projections no gradient)."""
+
+    def binarise(self, q, k):
+        return [(sign(q), None)], [(sign(k), None)]
+
+
+class TokenWeight(nn.Module):
+    """Per-token scalar ``w = softplus(theta(sigma(x) || sgn(x)))``: (..., d) -> (...,), positive.
+
+    theta is Linear(2d, hidden) -> GELU -> Linear(hidden, 1) with default initialisation except the last
+    layer: weight scaled by 0.1 and bias ``log(e - 1)``, so the weights start near 1 (near binary-sg)
+    while gradients still flow from the first step.
+    """
+
+    def __init__(self, head_dim: int, hidden: int, beta: float) -> None:
+        super().__init__()
+        if hidden <= 0:
+            raise ValueError(f"weight_hidden must be positive, got {hidden}")
+        self.beta = beta
+        self.fc1 = nn.Linear(2 * head_dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, 1)
+        nn.init.constant_(self.fc2.bias, math.log(math.e - 1))
+        with torch.no_grad():
+            self.fc2.weight.mul_(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.cat([modified_tanh(x, self.beta), sign(x)], dim=-1)  # (..., 2d)
+        return nn.functional.softplus(self.fc2(self.act(self.fc1(features)))).squeeze(-1)
+
+
+class BinaryHammingAttention(BinaryAttention):
+    """Hamming attention with learned query/key weights: ``S = <sgn q, sgn k> w_q w_k / sqrt(d)``.
+
+    Extra args: ``beta`` of the modified tanh (eq. 4, default 0.5); ``weight_hidden``: hidden width of
+    the weight MLPs (default 16).
+    """
+
+    def __init__(self, *args, beta: float = 0.5, weight_hidden: int = 16, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if beta <= 0:
+            raise ValueError(f"beta must be positive, got {beta}")
+        self.q_weight = TokenWeight(self.head_dim, weight_hidden, beta)
+        self.k_weight = TokenWeight(self.head_dim, weight_hidden, beta)
+
+    def binarise(self, q, k):
+        return [(sign(q), self.q_weight(q))], [(sign(k), self.k_weight(k))]
+
+
+class BinaryBernoulliAttention(BinaryAttention):
+    """Bernoulli-sampled signs with bilinear weights (four binary dot products) in training.
+
+    In eval mode the sample is replaced by its mode ``sgn(sigma(x))`` (then both samples agree, both
+    weights are 1/2 and the four products collapse to one), so inference is deterministic.
+    Extra args: ``beta`` of the modified tanh (default 0.5); ``eps`` guarding ``d1 + d2 = 0``.
+    """
+
+    def __init__(self, *args, beta: float = 0.5, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if beta <= 0 or eps <= 0:
+            raise ValueError(f"beta and eps must be positive, got beta={beta}, eps={eps}")
+        self.beta = beta
+        self.eps = eps
+
+    def _terms(self, x0: torch.Tensor) -> list[Term]:
+        x = modified_tanh(x0, self.beta)  # (B, H, N, d)
+        if not self.training:
+            return [(sign(x), None)]
+        y1, y2 = bernoulli_sign(x), bernoulli_sign(x)
+        d1 = (x - y1).abs().mean(dim=-1)  # (B, H, N)
+        d2 = (x - y2).abs().mean(dim=-1)
+        total = (d1 + d2).clamp_min(self.eps)
+        return [(y1, d2 / total), (y2, d1 / total)]
+
+    def binarise(self, q, k):
+        return self._terms(q), self._terms(k)

@@ -1,0 +1,72 @@
+"""Inference over one gigantic bag in bounded memory, by streaming its tokens in chunks.
+
+A whole-slide bag of 10^6 patch features (F = 2048) takes 8 GB in float32 before the first layer;
+a mechanism whose attention reduces to global per-channel statistics (seqnorm) needs only those
+statistics, never all tokens at once. For layer l this function streams the bag ``passes`` times
+(the mechanism's ``stream_passes``), recomputing layers < l chunk by chunk from their finished
+statistics, and accumulates layer l's statistics. Memory is O(chunk_size); time is
+O(L^2 / 2 * passes * N) layer evaluations. The class token is token 0 and enters the statistics,
+as in the unchunked model; the result equals :meth:`WSITransformer.forward` up to float rounding.
+
+The features can be anything sliceable as ``features[start:stop]`` giving an (n, F) array: a
+torch tensor, a NumPy array or memory map, or an ``h5py`` dataset read straight from disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .wsi import WSITransformer, sincos_2d
+
+
+@torch.no_grad()
+def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_size: int = 32_768) -> torch.Tensor:
+    """Logits (1, num_classes) for a single bag ``features`` (N, F), streamed in chunks of tokens.
+
+    Raises ValueError if a mechanism of the model cannot stream (e.g. softmax, which needs every
+    token at once) or if the input has the wrong shape.
+    """
+    if len(features.shape) != 2 or features.shape[1] != model.feature_dim:
+        raise ValueError(f"expected a single bag of features (N, {model.feature_dim}), got {tuple(features.shape)}")
+    if features.shape[0] == 0:
+        raise ValueError("the bag is empty")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if model.pos_encoding == "sincos" and coords is None:
+        raise ValueError("pos_encoding='sincos' needs coords")
+    blocks = model.encoder.blocks
+    for block in blocks:
+        if block.attn.stream_passes == 0:
+            raise ValueError(f"{type(block.attn).__name__} cannot stream; use a mechanism with stream_passes > 0")
+    parameter = next(model.parameters())
+
+    def tokens() -> Iterator[torch.Tensor]:
+        """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
+        yield model.cls_token
+        for start in range(0, features.shape[0], chunk_size):
+            chunk = torch.as_tensor(np.asarray(features[start:start + chunk_size]), device=parameter.device)
+            x = model.feature_proj(chunk.to(parameter.dtype)).unsqueeze(0)
+            if model.pos_encoding == "sincos":
+                position = torch.as_tensor(np.asarray(coords[start:start + chunk_size]), device=parameter.device)
+                x = x + sincos_2d(position.unsqueeze(0) / model.coord_scale, x.shape[-1]).to(x.dtype)
+            yield x
+
+    def through(x: torch.Tensor, states: list[dict]) -> torch.Tensor:
+        for block, state in zip(blocks, states):
+            x = x + block.attn.stream_forward(state, block.norm1(x))
+            x = x + block.mlp(block.norm2(x))
+        return x
+
+    states: list[dict] = []
+    for block in blocks:
+        state = block.attn.stream_begin()
+        for pass_index in range(block.attn.stream_passes):
+            for x in tokens():
+                block.attn.stream_update(state, block.norm1(through(x, states)), pass_index)
+            block.attn.stream_end(state, pass_index)
+        states.append(state)
+    cls = through(model.cls_token, states)
+    return model.head(model.encoder.norm(cls)[:, 0])
