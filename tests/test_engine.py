@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-from engine_data import bag_bundle, image_bundle, tiny_config
 
+from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.train import build_model, fit
@@ -36,7 +36,7 @@ def test_fit_writes_the_run_folder(tmp_path):
 def test_same_seed_same_numbers(tmp_path):
     a = _run(tmp_path, image_bundle(), name="a")
     b = _run(tmp_path, image_bundle(), name="b")
-    c = _run(tmp_path, image_bundle(), "seed=1", name="c")
+    _run(tmp_path, image_bundle(), "seed=1", name="c")
     assert a["test"] == b["test"]
     assert (tmp_path / "a/predictions_test.csv").read_text() == (tmp_path / "b/predictions_test.csv").read_text()
     assert (tmp_path / "a/predictions_test.csv").read_text() != (tmp_path / "c/predictions_test.csv").read_text()

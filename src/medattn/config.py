@@ -1,10 +1,10 @@
 """Run configuration: defaults -> YAML file -> ``key.sub=value`` overrides -> one resolved dict.
 
-The YAML is read with a ``yaml.SafeLoader`` (plus YAML 1.2's ``1e-3`` floats) and override values are parsed the same way
-(``train.lr=3e-4`` is a float, ``model.attention=seqnorm`` a string); nothing is ever evaluated. Keys
-outside :data:`DEFAULTS` are refused, except inside the free-form sections ``data`` (read by
-:func:`medattn.data.build_datasets`) and ``model.kwargs`` (keyword arguments for
-:func:`medattn.models.create_model`). The resolved config is saved with every run and checkpoint.
+The YAML is read with a ``yaml.SafeLoader`` (plus YAML 1.2's ``1e-3`` floats) and override values
+are parsed the same way (``train.lr=3e-4`` is a float, ``model.attention=seqnorm`` a string);
+nothing is ever evaluated. Keys outside :data:`DEFAULTS` are refused, except inside the free-form
+sections ``data`` (read by :func:`medattn.data.build_datasets`) and ``model.kwargs`` (keyword
+arguments for :func:`medattn.models.create_model`). The resolved config is saved with every run and checkpoint.
 
 A config is named either by a path or by the name of a config shipped in ``medattn/configs``
 (e.g. ``synthetic_cxr``); :func:`packaged_configs` lists those.
@@ -44,6 +44,7 @@ DEFAULTS: dict = {
         "grad_accum": 1,  # micro-batches per optimizer step
         "precision": "fp32",  # fp32 | bf16 (autocast)
         "num_workers": 0,
+        "threads": None,  # torch intra-op threads; None -> torch's default (all cores)
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "skip_bad": False,
     },

@@ -22,6 +22,13 @@ import torch
 from .wsi import WSITransformer, sincos_2d
 
 
+def _rows(source, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a tensor, array, memory map or HDF5 dataset, as a float32 tensor."""
+    if torch.is_tensor(source):
+        return source[start:stop].float()
+    return torch.from_numpy(np.array(source[start:stop], dtype=np.float32))
+
+
 @torch.no_grad()
 def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_size: int = 32_768) -> torch.Tensor:
     """Logits (1, num_classes) for a single bag ``features`` (N, F), streamed in chunks of tokens.
@@ -47,10 +54,10 @@ def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_si
         """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
         yield model.cls_token
         for start in range(0, features.shape[0], chunk_size):
-            chunk = torch.as_tensor(np.asarray(features[start:start + chunk_size]), device=parameter.device)
-            x = model.feature_proj(chunk.to(parameter.dtype)).unsqueeze(0)
+            chunk = _rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
+            x = model.feature_proj(chunk).unsqueeze(0)
             if model.pos_encoding == "sincos":
-                position = torch.as_tensor(np.asarray(coords[start:start + chunk_size]), device=parameter.device)
+                position = _rows(coords, start, start + chunk_size).to(parameter.device)
                 x = x + sincos_2d(position.unsqueeze(0) / model.coord_scale, x.shape[-1]).to(x.dtype)
             yield x
 

@@ -131,8 +131,7 @@ class _VertexIndex:
         low = simplices.coord_low - margin
         low[dim] = 0
         radix = (simplices.coord_high[:dim] + margin - low[:dim] + 1).tolist()
-        bits = math.log2(num_batches) + sum(math.log2(r) for r in radix)
-        self.packed = bits <= _MAX_BITS
+        self.packed = num_batches * math.prod(radix) <= 2**_MAX_BITS
         if self.packed:
             strides = [0] * (dim + 1)
             strides[dim - 1] = 1

@@ -274,6 +274,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         changed = _config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
+    if train_cfg["threads"]:
+        torch.set_num_threads(train_cfg["threads"])
     seed_everything(seed)
     model = build_model(config["model"], task).to(device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -402,7 +404,7 @@ def summary(results: dict) -> str:
         f"best epoch     {results['best_epoch']} of {results['epochs']}  (val AUROC {results['val_auroc']:.4f})",
         test_line,
         f"time           {results['train_seconds']:.1f} s",
-        f"files          config.yaml metrics.csv checkpoints/best predictions_test.csv roc_test.png results.json",
+        "files          config.yaml metrics.csv checkpoints/best predictions_test.csv roc_test.png results.json",
         "=" * 72,
     ]
     return "\n".join(lines)
