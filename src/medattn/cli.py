@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import platform
 import sys
 
 from medattn import __version__
@@ -68,6 +70,25 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ValueError) as error:
         print(f"medattn: error: {error}", file=sys.stderr)
         return 2
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def entry() -> None:
+    """Console entry point: restart once with glibc's huge-page malloc, then run :func:`main`.
+
+    PyTorch's CPU tensors of 32 MiB and more are mmap-ed fresh by glibc at every allocation and
+    page-faulted back in, which dominated time on large sequences (docs/performance.md). With
+    ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc backs them with transparent huge pages. The tunable
+    is read only at process start, hence the single re-exec. ``MEDATTN_MALLOC=default`` turns it off.
+    """
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if (os.environ.get("MEDATTN_MALLOC", "hugepages") != "default" and platform.libc_ver()[0] == "glibc"
+            and "glibc.malloc.hugetlb" not in tunables):
+        os.environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE
+        os.execv(sys.executable, [sys.executable, "-m", "medattn", *sys.argv[1:]])
+    sys.exit(main())
 
 
 if __name__ == "__main__":

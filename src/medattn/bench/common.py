@@ -28,7 +28,9 @@ import torch
 def environment(precision: str = "fp32") -> dict:
     """Machine, threads, allocator, precision and versions, for the header of every result file."""
     preload = os.environ.get("LD_PRELOAD", "")
-    allocator = "tcmalloc" if "tcmalloc" in preload else "jemalloc" if "jemalloc" in preload else "default (glibc)"
+    allocator = "tcmalloc" if "tcmalloc" in preload else "jemalloc" if "jemalloc" in preload else "glibc"
+    if allocator == "glibc" and "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
+        allocator = "glibc with transparent huge pages (glibc.malloc.hugetlb=1)"
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
