@@ -89,41 +89,43 @@ class SeqNormAttention(Attention):
             out = SeqNormCore.apply(q, k, v, *params, weights, count, self.q_norm.eps)
         return out.to(dtype)
 
-    # Streaming inference over one very long sequence (B = 1), in chunks of tokens (n_c, dim):
-    # pass 0 sums q, k, v; pass 1 sums centred squares and the centred K^T V; both in float64.
-    stream_passes = 2
+    # Streaming inference over one very long sequence (B = 1), in chunks of tokens (n_c, dim), in one
+    # pass: each chunk's mean, centred sums of squares and centred K^T V are merged into the running
+    # ones with Chan et al.'s pairwise update, in float64, so no moment about zero is ever formed.
+    stream_passes = 1
 
     def stream_begin(self) -> dict:
         return {"count": 0}
 
-    def _stream_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[-2]
-        qkv = self.qkv(x.reshape(n, self.dim)).view(n, 3, self.num_heads, self.head_dim)
-        return qkv.permute(1, 2, 0, 3).double()  # (3, H, n_c, d)
-
     def stream_update(self, state: dict, x: torch.Tensor, pass_index: int) -> None:
-        """Add a chunk x (1, n_c, dim) of the sequence to the statistics of pass ``pass_index``."""
-        qkv = self._stream_qkv(x)
-        if pass_index == 0:
-            state["count"] += x.shape[-2]
-            state["sum"] = state.get("sum", 0) + qkv.sum(dim=2, keepdim=True)  # (3, H, 1, d)
+        """Merge the statistics of a chunk x (1, n_c, dim) into ``state``."""
+        n_b = x.shape[-2]
+        qkv = self.qkv(x.reshape(n_b, self.dim)).view(n_b, 3, self.num_heads, self.head_dim)
+        qkv = at_least_float32(qkv).permute(1, 2, 0, 3)  # (3, H, n_c, d), a view
+        mean_b = qkv.mean(dim=2, keepdim=True)  # (3, H, 1, d)
+        centred = qkv - mean_b
+        m2_b = centred.square().sum(dim=2, keepdim=True).double()
+        ckv_b = (centred[1].transpose(-2, -1) @ centred[2]).double()  # (H, d, d)
+        mean_b, n_a = mean_b.double(), state["count"]
+        if n_a == 0:
+            state.update(count=n_b, mean=mean_b, m2=m2_b, ckv=ckv_b)
             return
-        centred = qkv - state["mean"]
-        state["sum_sq"] = state.get("sum_sq", 0) + centred.square().sum(dim=2, keepdim=True)
-        state["ktv"] = state.get("ktv", 0) + centred[1].transpose(-2, -1) @ centred[2]  # (H, d, d)
+        n = n_a + n_b
+        delta = mean_b - state["mean"]
+        state["count"] = n
+        state["mean"] = state["mean"] + delta * (n_b / n)
+        state["m2"] = state["m2"] + m2_b + delta.square() * (n_a * n_b / n)
+        state["ckv"] = state["ckv"] + ckv_b + delta[1].transpose(-2, -1) * delta[2] * (n_a * n_b / n)
 
     def stream_end(self, state: dict, pass_index: int) -> None:
-        """Turn the sums of a pass into the mean (pass 0) or into ``out = q a_q + b`` (pass 1)."""
+        """Turn the merged statistics into ``out = q a_q + b`` for :meth:`stream_forward`."""
         n = state["count"]
-        if pass_index == 0:
-            state["mean"] = state.pop("sum") / n
-            return
         H, d = self.num_heads, self.head_dim
         gamma = torch.stack([m.weight for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
         beta = torch.stack([m.bias for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
-        scale = gamma * torch.rsqrt(state.pop("sum_sq") / n + self.q_norm.eps)  # (3, H, 1, d)
+        scale = gamma * torch.rsqrt(state.pop("m2") / n + self.q_norm.eps)  # (3, H, 1, d)
         # K'^T V' = s_k^T s_v * (centred K^T V) + n beta_k^T beta_v; the centred sums vanish.
-        a = (scale[1].transpose(-2, -1) * state.pop("ktv") * scale[2]) / n + beta[1].transpose(-2, -1) * beta[2]
+        a = (scale[1].transpose(-2, -1) * state.pop("ckv") * scale[2]) / n + beta[1].transpose(-2, -1) * beta[2]
         state["a_q"] = (scale[0].transpose(-2, -1) * a).float()  # (H, d, d)
         state["b"] = ((beta[0] - state["mean"][0] * scale[0]) @ a).float()  # (H, 1, d)
 
