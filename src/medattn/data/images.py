@@ -1,0 +1,193 @@
+"""2D image tables: a CSV of image paths and labels; PNG, JPEG, TIFF (Pillow) and DICOM (pydicom).
+
+Reading an image gives a float tensor (C, H, W) in [0, 1]:
+
+* 8-bit images are divided by 255; 16-bit, integer and float images (TIFF, DICOM) are min-max scaled
+  per image.
+* DICOM: pixel values are mapped through RescaleSlope/RescaleIntercept first; MONOCHROME1 images
+  (bright = low values) are inverted so that bright is always high. Multi-frame files are rejected
+  (wrong dimensionality).
+* Palette, gray+alpha, RGBA and CMYK images become gray or RGB; alpha is dropped.
+
+Then channels are matched to ``in_chans`` (gray repeated to RGB; RGB to gray with ITU-R 601 luma
+weights), the image is resized to ``image_size`` (bilinear, antialiased), training augmentation is
+applied (in [0, 1], so rotated-in corners are black), and finally ``(x - mean) / std`` per channel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from .base import DataBundle, TaskInfo
+from .options import check_keys, int_tuple, require
+from .splits import SPLIT_KEYS, split_records
+from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
+from .transforms import RandomRotateFlip2d
+
+DICOM_SUFFIXES = (".dcm", ".dicom", "")
+LUMA = torch.tensor([0.299, 0.587, 0.114])
+KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
+                  "task_type", "classes", "num_classes", "image_size", "in_chans", "mean", "std", "augment",
+                  "check_files"}) | SPLIT_KEYS
+
+
+def is_dicom(path: Path) -> bool:
+    """DICOM by suffix (.dcm, .dicom, none) or by the "DICM" marker after the 128-byte preamble."""
+    if path.suffix.lower() in DICOM_SUFFIXES:
+        return True
+    with path.open("rb") as f:
+        return f.read(132)[128:] == b"DICM"
+
+
+def _unit_range(array) -> torch.Tensor:
+    """uint8 -> /255; anything else -> min-max scaled to [0, 1] (a constant image becomes 0)."""
+    import numpy as np
+
+    if array.dtype == np.uint8:
+        return torch.from_numpy(array.astype(np.float32) / 255.0)
+    x = torch.from_numpy(np.asarray(array, dtype=np.float32))
+    if not torch.isfinite(x).all():
+        raise ValueError("the image holds NaN or Inf values")
+    low, high = x.min(), x.max()
+    return (x - low) / (high - low) if high > low else torch.zeros_like(x)
+
+
+def _read_dicom(path: Path) -> torch.Tensor:
+    import numpy as np
+    import pydicom
+
+    ds = pydicom.dcmread(path)
+    if int(getattr(ds, "NumberOfFrames", 1) or 1) > 1:
+        raise ValueError(f"a 2D image is expected, the DICOM file has {ds.NumberOfFrames} frames")
+    pixels = ds.pixel_array
+    if pixels.ndim == 2:
+        slope, intercept = float(getattr(ds, "RescaleSlope", 1) or 1), float(getattr(ds, "RescaleIntercept", 0) or 0)
+        pixels = pixels.astype(np.float64) * slope + intercept
+    image = _unit_range(pixels)
+    if str(getattr(ds, "PhotometricInterpretation", "")).upper() == "MONOCHROME1":
+        image = 1.0 - image
+    return image
+
+
+def _read_pillow(path: Path) -> torch.Tensor:
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        if img.mode in ("P", "PA", "RGBA", "CMYK", "YCbCr", "LAB", "HSV"):
+            img = img.convert("RGB")
+        elif img.mode in ("1", "LA"):
+            img = img.convert("L")
+        array = np.array(img)
+    return _unit_range(array)
+
+
+def read_image(path: Path) -> torch.Tensor:
+    """-> (C, H, W) float in [0, 1], C = 1 (gray) or 3 (RGB); ValueError for other shapes."""
+    image = _read_dicom(path) if is_dicom(path) else _read_pillow(path)
+    if image.ndim == 2:
+        image = image[None]
+    elif image.ndim == 3 and image.shape[-1] in (1, 3):
+        image = image.permute(2, 0, 1)
+    else:
+        raise ValueError(f"expected a 2D gray or RGB image, got an array of shape {tuple(image.shape)}")
+    return image
+
+
+def check_image_header(path: Path) -> None:
+    """Cheap check at build time: the file exists and its header is readable."""
+    if not path.is_file():
+        raise FileNotFoundError("file not found")
+    if is_dicom(path):
+        import pydicom
+
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        if "Rows" not in ds or "Columns" not in ds:
+            raise ValueError("the DICOM file has no image (no Rows/Columns)")
+    else:
+        from PIL import Image
+
+        with Image.open(path):
+            pass
+
+
+def match_channels(image: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """(C, H, W) with C in {1, 3} -> (in_chans, H, W): gray repeated to RGB, RGB to luma."""
+    if image.shape[0] == in_chans:
+        return image
+    if in_chans == 3:
+        return image.expand(3, -1, -1).contiguous()
+    return (image * LUMA[:, None, None]).sum(0, keepdim=True)
+
+
+class ImageLoader:
+    """record -> {"input": (in_chans, H, W)}: read, channels, resize, augment, normalise."""
+
+    def __init__(self, size: tuple[int, int], in_chans: int, mean: list[float], std: list[float],
+                 augment: RandomRotateFlip2d | None = None) -> None:
+        self.size, self.in_chans, self.augment = size, in_chans, augment
+        self.mean = torch.tensor(mean, dtype=torch.float32)[:, None, None]
+        self.std = torch.tensor(std, dtype=torch.float32)[:, None, None]
+
+    def __call__(self, record: Record) -> dict:
+        image = match_channels(read_image(record.paths[0]), self.in_chans)
+        if tuple(image.shape[1:]) != self.size:
+            image = F.interpolate(image[None], size=self.size, mode="bilinear", antialias=True,
+                                  align_corners=False)[0].clamp(0, 1)
+        if self.augment is not None:
+            image = self.augment(image)
+        return {"input": (image - self.mean) / self.std}
+
+
+def _per_channel(value, in_chans: int, name: str) -> list[float]:
+    values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(values) != in_chans or (name == "std" and min(values) <= 0):
+        raise UserError(f"{name} must be a number or {in_chans} numbers (std > 0), got {value!r}")
+    return values
+
+
+def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """2D images listed in a CSV.
+
+    Keys: ``csv`` (required), ``data_root`` (default: the CSV's folder; paths must stay inside it),
+    ``path_column`` (default "path"), ``label_columns`` (required; one or several),
+    ``patient_column``, ``split_column`` (values train/val/test), ``task_type``
+    (binary/multiclass/multilabel; inferred when absent), ``classes`` (class names, when the label
+    cells hold names), ``num_classes``, ``image_size`` (int or [H, W], default 224), ``in_chans``
+    (1 or 3, default 3), ``mean``/``std`` (after scaling to [0, 1]; default 0.5/0.5), ``augment``
+    (default true: rotation +-45 degrees and vertical flip p = 0.5, training split only),
+    ``check_files`` (default true: check at build time that every file exists and its header reads),
+    ``val_fraction``, ``test_fraction``, ``folds``, ``fold`` (see :mod:`medattn.data.splits`).
+
+    Validation: unparsable labels and paths outside the root are found while reading the CSV; missing
+    files and unreadable headers at build time (``check_files``); with ``skip_bad`` every image is also
+    decoded once at build time, so corrupt content is dropped then. Without ``skip_bad`` corrupt
+    content raises when the sample is loaded.
+    """
+    kind = "image_table"
+    check_keys(cfg, KEYS, kind)
+    require(cfg, "csv", kind)
+    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    in_chans = int(cfg.get("in_chans", 3))
+    if in_chans not in (1, 3):
+        raise UserError(f"image_table: in_chans must be 1 or 3, got {in_chans}")
+    size = int_tuple(cfg.get("image_size", 224), 2, "image_size")
+    mean, std = _per_channel(cfg.get("mean", 0.5), in_chans, "mean"), _per_channel(cfg.get("std", 0.5), in_chans, "std")
+    bad = BadSamples(skip_bad)
+    records, spec, column, problems = table_records(cfg, kind, label_columns)
+    for message in problems:
+        bad.report(message)
+    plain = ImageLoader(size, in_chans, mean, std)
+    check = plain if skip_bad else (lambda r: check_image_header(r.paths[0])) if cfg.get("check_files", True) else None
+    records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
+    parts = split_records(records, cfg, seed, column)
+    augment = RandomRotateFlip2d() if cfg.get("augment", True) else None
+    train_loader = ImageLoader(size, in_chans, mean, std, augment)
+    task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)
+    return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count)

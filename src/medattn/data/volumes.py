@@ -1,0 +1,259 @@
+"""3D volume tables: NIfTI files (nibabel) or DICOM series folders (pydicom), listed in a CSV.
+
+Loading one sample (in this order):
+
+1. read the volume and its voxel-to-world affine and reorient it to RAS+ (nibabel's closest canonical
+   orientation), so that axis 0 (H) runs from the patient's left to right, axis 1 (W) from posterior to
+   anterior and axis 2 (D) from inferior to superior. DICOM series: slices are ordered by their position
+   along the slice normal, RescaleSlope/RescaleIntercept are applied, LPS is converted to RAS.
+2. subtraction (optional): the volume in ``subtract_column`` (same grid) is subtracted:
+   ``input = volume(path_column) - volume(subtract_column)``. For the paper's DUKE images, "subtracting
+   the post-contrast scans from the pre-contrast scans", put the pre-contrast series in ``path_column``
+   and the post-contrast series in ``subtract_column``; swap them for the usual post minus pre.
+3. resampling (optional) to ``target_spacing`` in mm (trilinear, ``F.interpolate``).
+4. left/right split (optional, ``split_sides``): at the median plane of axis 0 into two samples;
+   ``left`` = the lower half of axis 0 (the patient's left in RAS+), ``right`` = the upper half (with
+   an odd size the middle plane goes to the right half). Their labels come from the columns
+   ``<label column>_left`` and ``<label column>_right``.
+5. centre crop or pad (with the volume's minimum) to ``target_size`` (per side when split).
+6. intensity normalisation: ``zscore`` (mean 0, std 1 over the sample), ``percentile`` (clip to the
+   0.5 and 99.5 percentiles, scale to [0, 1]) or ``none``.
+7. training augmentation: flips along every axis with p = 0.5.
+
+The sample is (1, H, W, D).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from .base import DataBundle, TaskInfo
+from .options import check_keys, float_tuple, int_tuple, require
+from .splits import SPLIT_KEYS, split_records
+from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
+from .transforms import RandomFlip3d
+
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+NORMALISATIONS = ("zscore", "percentile", "none")
+SIDES = ("left", "right")
+KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
+                  "subtract_column", "task_type", "classes", "num_classes", "target_spacing", "target_size",
+                  "normalize", "split_sides", "augment", "check_files"}) | SPLIT_KEYS
+
+
+def is_nifti(path: Path) -> bool:
+    return path.name.lower().endswith(NIFTI_SUFFIXES)
+
+
+def _dicom_files(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise ValueError("the DICOM series folder is empty")
+    return files
+
+
+def _read_dicom_series(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """-> (array (columns, rows, slices), affine in RAS)."""
+    import pydicom
+
+    slices = [pydicom.dcmread(p) for p in _dicom_files(folder)]
+    first = slices[0]
+    orientation = np.array(first.get("ImageOrientationPatient", [1, 0, 0, 0, 1, 0]), dtype=float)
+    row_dir, col_dir = orientation[:3], orientation[3:]
+    normal = np.cross(row_dir, col_dir)
+    positions = [np.array(s.get("ImagePositionPatient", [0, 0, i]), dtype=float) for i, s in enumerate(slices)]
+    order = np.argsort([p @ normal for p in positions])
+    slices, positions = [slices[i] for i in order], [positions[i] for i in order]
+    planes = []
+    for s in slices:
+        pixels = s.pixel_array
+        if pixels.ndim != 2:
+            raise ValueError(f"every file of a DICOM series must hold one 2D slice, got shape {pixels.shape}")
+        slope, intercept = float(s.get("RescaleSlope", 1) or 1), float(s.get("RescaleIntercept", 0) or 0)
+        planes.append(pixels.astype(np.float32) * slope + intercept)
+    if len({p.shape for p in planes}) != 1:
+        raise ValueError("the slices of the DICOM series differ in size")
+    array = np.stack(planes, axis=-1).transpose(1, 0, 2)  # (rows, cols, k) -> (cols, rows, k)
+    row_spacing, col_spacing = (float(v) for v in first.get("PixelSpacing", [1, 1]))
+    if len(positions) > 1:
+        slice_spacing = float(np.median(np.diff([p @ normal for p in positions])))
+    else:
+        slice_spacing = float(first.get("SliceThickness", 1) or 1)
+    if slice_spacing <= 0:
+        raise ValueError("two slices of the DICOM series share one position")
+    affine = np.eye(4)
+    affine[:3, 0] = row_dir * col_spacing  # column index runs along the row direction
+    affine[:3, 1] = col_dir * row_spacing
+    affine[:3, 2] = normal * slice_spacing
+    affine[:3, 3] = positions[0]
+    affine[:2] *= -1  # LPS (DICOM) -> RAS (NIfTI)
+    return array, affine
+
+
+def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    import nibabel as nib
+
+    image = nib.load(path)
+    array = np.asarray(image.dataobj, dtype=np.float32)  # applies scl_slope / scl_inter
+    if array.ndim == 4 and array.shape[-1] == 1:
+        array = array[..., 0]
+    return array, image.affine
+
+
+def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
+    """-> (volume (H, W, D) float32 in RAS+ orientation, voxel spacing in mm along H, W, D)."""
+    from nibabel import orientations as ornt
+
+    if path.is_dir():
+        array, affine = _read_dicom_series(path)
+    elif is_nifti(path):
+        array, affine = _read_nifti(path)
+    else:
+        raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
+    if array.ndim != 3:
+        raise ValueError(f"expected a 3D volume, got an array of shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError("the volume holds NaN or Inf values")
+    transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
+    spacing = np.linalg.norm(affine[:3, :3], axis=0)
+    reordered = [0.0, 0.0, 0.0]
+    for axis, (target, _) in enumerate(transform):
+        reordered[int(target)] = float(spacing[axis])
+    array = ornt.apply_orientation(array, transform)
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)), tuple(reordered)
+
+
+def check_volume_header(path: Path) -> None:
+    """Cheap check at build time: the file or folder exists and its header reads as a 3D volume."""
+    if path.is_dir():
+        import pydicom
+
+        ds = pydicom.dcmread(_dicom_files(path)[0], stop_before_pixels=True)
+        if "Rows" not in ds or "Columns" not in ds:
+            raise ValueError("the first DICOM file has no image (no Rows/Columns)")
+    elif path.is_file():
+        if not is_nifti(path):
+            raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
+        import nibabel as nib
+
+        shape = nib.load(path).shape
+        if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
+            raise ValueError(f"expected a 3D volume, the header says shape {shape}")
+    else:
+        raise FileNotFoundError("file or folder not found")
+
+
+def resample(volume: torch.Tensor, spacing: tuple[float, ...], target: tuple[float, ...]) -> torch.Tensor:
+    """(H, W, D) with voxel ``spacing`` -> the grid with voxel ``target`` (trilinear, same extent)."""
+    size = [max(1, round(n * s / t)) for n, s, t in zip(volume.shape, spacing, target)]
+    if list(volume.shape) == size:
+        return volume
+    return F.interpolate(volume[None, None], size=size, mode="trilinear", align_corners=False)[0, 0]
+
+
+def crop_or_pad(volume: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """Centre crop or pad (with the minimum value) (H, W, D) to ``size``."""
+    fill = float(volume.min()) if volume.numel() else 0.0
+    out = volume.new_full(size, fill)
+    src, dst = [], []
+    for n, m in zip(volume.shape, size):
+        if n >= m:
+            start = (n - m) // 2
+            src.append(slice(start, start + m))
+            dst.append(slice(0, m))
+        else:
+            start = (m - n) // 2
+            src.append(slice(0, n))
+            dst.append(slice(start, start + n))
+    out[tuple(dst)] = volume[tuple(src)]
+    return out
+
+
+def normalise(volume: torch.Tensor, method: str) -> torch.Tensor:
+    """``zscore``, ``percentile`` (0.5-99.5 clipped to [0, 1]) or ``none``."""
+    if method == "zscore":
+        return (volume - volume.mean()) / volume.std().clamp_min(1e-6)
+    if method == "percentile":
+        low, high = torch.quantile(volume.flatten()[:: max(1, volume.numel() // 1_000_000)],
+                                   torch.tensor([0.005, 0.995])).tolist()
+        return ((volume - low) / max(high - low, 1e-6)).clamp(0, 1)
+    return volume
+
+
+class VolumeLoader:
+    """record -> {"input": (1, H, W, D)}: the steps of the module docstring."""
+
+    def __init__(self, spacing: tuple[float, ...] | None, size: tuple[int, ...], method: str,
+                 augment: RandomFlip3d | None = None) -> None:
+        self.spacing, self.size, self.method, self.augment = spacing, size, method, augment
+
+    def __call__(self, record: Record) -> dict:
+        volume, spacing = read_volume(record.paths[0])
+        if len(record.paths) > 1:
+            other, _ = read_volume(record.paths[1])
+            if other.shape != volume.shape:
+                raise ValueError(f"cannot subtract volumes of shapes {tuple(volume.shape)} and {tuple(other.shape)}")
+            volume = volume - other
+        if self.spacing is not None:
+            volume = resample(volume, spacing, self.spacing)
+        side = record.extra.get("side")
+        if side is not None:
+            middle = volume.shape[0] // 2
+            volume = volume[:middle] if side == "left" else volume[middle:]
+        volume = normalise(crop_or_pad(volume, self.size), self.method)[None]
+        if self.augment is not None:
+            volume = self.augment(volume)
+        return {"input": volume.contiguous()}
+
+
+def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """3D volumes listed in a CSV (one NIfTI file or DICOM series folder per row).
+
+    Keys: ``csv`` (required), ``data_root`` (default: the CSV's folder; paths must stay inside it),
+    ``path_column`` (default "path"), ``label_columns`` (required), ``patient_column``,
+    ``split_column``, ``subtract_column`` (a second volume subtracted from the first),
+    ``task_type``, ``classes``, ``num_classes`` (as for ``image_table``), ``target_spacing`` (mm along
+    H, W, D, e.g. [0.7, 0.7, 3.0]; default: no resampling), ``target_size`` (H, W, D, default
+    [256, 256, 32]), ``normalize`` (zscore (default), percentile, none), ``split_sides`` (default
+    false; see the module docstring), ``augment`` (default true: flips along every axis, training
+    split only), ``check_files`` (default true), ``val_fraction``, ``test_fraction``, ``folds``,
+    ``fold``.
+
+    Validation: labels, split values and paths while reading the CSV; existence and headers at build
+    time (``check_files``); with ``skip_bad`` every volume is also loaded once at build time, so
+    corrupt content is dropped then. Without ``skip_bad`` corrupt content raises at load time.
+    """
+    kind = "volume_table"
+    check_keys(cfg, KEYS, kind)
+    require(cfg, "csv", kind)
+    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    spacing = cfg.get("target_spacing")
+    spacing = None if spacing is None else float_tuple(spacing, 3, "target_spacing")
+    size = int_tuple(cfg.get("target_size", (256, 256, 32)), 3, "target_size")
+    method = cfg.get("normalize", "zscore")
+    if method not in NORMALISATIONS:
+        raise UserError(f"normalize must be one of {NORMALISATIONS}, got {method!r}")
+    subtract = [cfg["subtract_column"]] if cfg.get("subtract_column") else []
+    sides = SIDES if cfg.get("split_sides", False) else ()
+    bad = BadSamples(skip_bad)
+    records, spec, column, problems = table_records(cfg, kind, label_columns, subtract, sides)
+    for message in problems:
+        bad.report(message)
+    plain = VolumeLoader(spacing, size, method)
+
+    def check_headers(record: Record) -> None:
+        for path in record.paths:
+            check_volume_header(path)
+
+    check = plain if skip_bad else check_headers if cfg.get("check_files", True) else None
+    records, column = keep_valid(records, column, check, bad, f"volume_table {cfg['csv']}")
+    parts = split_records(records, cfg, seed, column)
+    train_loader = VolumeLoader(spacing, size, method, RandomFlip3d() if cfg.get("augment", True) else None)
+    task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
+    return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count)
