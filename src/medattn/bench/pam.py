@@ -1,0 +1,163 @@
+"""Permutohedral lattice filter: time and peak memory versus number of points, against brute force.
+
+Each configuration (method, number of points, pass) runs in a fresh Python subprocess, so its peak resident
+set size belongs to that configuration alone: the worker resets the kernel's peak mark
+(``/proc/self/clear_refs``, falling back to ``ru_maxrss``) once its inputs exist, and ``peak_mem_mb`` is the
+peak (VmHWM) minus the resident size at that moment, i.e. the filter's working memory. Features are uniform
+in a d-cube whose volume grows with N (one point per unit volume, in units of the Gaussian's standard
+deviation), as voxel coordinates of a growing volume would; values are standard normal. ``brute`` is the
+exact O(N^2) filter, computed in row blocks of 1024 to bound memory. Timings are medians over repeats after
+one warm-up (see ``medattn.bench.common.median_time``); from 10^6 points on, a single cold run. Besides
+wall time, ``cpu_seconds`` is the worker's CPU time per call (``time.process_time``), which is less
+disturbed when other processes share the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+from .common import environment, median_time, peak_rss_bytes, write_results
+
+FULL_SIZES = [10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000]
+QUICK_SIZES = [1_000, 3_000, 10_000]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help=f"numbers of points (default {FULL_SIZES}; --quick: {QUICK_SIZES})")
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--dim", type=int, default=5, help="feature dimension d (default 5)")
+    parser.add_argument("--channels", type=int, default=8, help="value channels (default 8)")
+    parser.add_argument("--normalize", action="store_true", help="time the normalised form")
+    parser.add_argument("--brute-max", type=int, default=None,
+                        help="largest N for the brute-force filter (default 10000; --quick: 3000)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in each worker")
+    parser.add_argument("--out", default="reports/bench-pam", help="output folder (CSV + JSON)")
+
+
+def _inputs(num_points: int, dim: int, channels: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    side = num_points ** (1.0 / dim)  # one point per unit volume
+    features = torch.rand(num_points, dim, generator=gen) * side
+    values = torch.randn(num_points, channels, generator=gen)
+    return values, features
+
+
+def _brute(values: torch.Tensor, features: torch.Tensor, normalize: bool, block: int = 1024) -> torch.Tensor:
+    rows = []
+    for start in range(0, features.shape[0], block):
+        weights = torch.exp(-torch.cdist(features[start:start + block], features).square() / 2)  # (b, N)
+        out = weights @ values
+        rows.append(out / weights.sum(1, keepdim=True) if normalize else out)
+    return torch.cat(rows)
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS; False where not supported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(config: dict) -> dict:
+    """Time one configuration in this process; returns a result row (run inside a fresh worker)."""
+    from medattn.permutohedral import permutohedral_filter
+
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
+    values, features = _inputs(config["num_points"], config["dim"], config["channels"])
+    backward = config["pass"] == "forward+backward"
+    values.requires_grad_(backward)
+    features.requires_grad_(backward)
+    normalize = config["normalize"]
+
+    def call():
+        if config["method"] == "lattice":
+            out = permutohedral_filter(values, features, normalize=normalize)
+        else:
+            out = _brute(values, features, normalize)
+        if backward:
+            out.sum().backward()
+            values.grad = features.grad = None
+
+    reset = _reset_peak()
+    baseline = _status_bytes("VmRSS")
+    big = config["num_points"] >= 1_000_000
+    repeats, warmup = (1, 0) if big else (config["repeats"], 1)
+    cpu_started = time.process_time()
+    with torch.set_grad_enabled(backward):
+        seconds = median_time(call, repeats=repeats, warmup=warmup)
+    cpu_seconds = (time.process_time() - cpu_started) / (repeats + warmup)
+    peak = _status_bytes("VmHWM") if reset else peak_rss_bytes()
+    return {**config, "seconds": seconds, "us_per_point": seconds / config["num_points"] * 1e6,
+            "cpu_seconds": cpu_seconds, "cpu_us_per_point": cpu_seconds / config["num_points"] * 1e6,
+            "peak_mem_mb": (peak - baseline) / 2**20, "threads_used": torch.get_num_threads()}
+
+
+def _run_worker(config: dict) -> dict:
+    code = ("import json, sys; from medattn.bench.pam import measure; "
+            "print(json.dumps(measure(json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"benchmark worker failed for {config}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def scaling_ratio(rows: list[dict], method: str, pass_name: str, low: int = 100_000,
+                  key: str = "us_per_point") -> float | None:
+    """max / min of ``key`` (a cost per point) over the sizes >= ``low`` (1.0 = perfectly linear)."""
+    costs = [r[key] for r in rows
+             if r["method"] == method and r["pass"] == pass_name and r["num_points"] >= low]
+    return max(costs) / min(costs) if len(costs) >= 2 else None
+
+
+def run(args) -> int:
+    if args.dim < 1 or args.channels < 1 or args.repeats < 1:
+        raise ValueError("--dim, --channels and --repeats must be positive")
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    if min(sizes) < 1:
+        raise ValueError(f"--sizes must be positive, got {sizes}")
+    brute_max = args.brute_max if args.brute_max is not None else 3_000 if args.quick else 10_000
+    rows = []
+    for num_points in sizes:
+        for method in ("lattice", "brute"):
+            if method == "brute" and num_points > brute_max:
+                continue
+            for pass_name in ("forward", "forward+backward"):
+                config = {"method": method, "num_points": num_points, "pass": pass_name, "dim": args.dim,
+                          "channels": args.channels, "normalize": args.normalize, "repeats": args.repeats,
+                          "threads": args.threads}
+                row = _run_worker(config)
+                rows.append(row)
+                print(f"{method:8s} N={num_points:>9,d} {pass_name:17s} {row['seconds']:9.4f} s "
+                      f"{row['us_per_point']:8.3f} us/point (CPU {row['cpu_us_per_point']:8.3f})  "
+                      f"peak +{row['peak_mem_mb']:8.1f} MiB", flush=True)
+    env = environment("fp32")
+    env["threads_per_worker"] = rows[0]["threads_used"] if rows else None
+    env["peak_memory"] = ("VmHWM of a fresh subprocess per configuration, reset via /proc/self/clear_refs "
+                          "after the inputs exist, minus VmRSS at that moment")
+    csv_path, json_path = write_results(rows, args.out, "pam", env)
+    for pass_name in ("forward", "forward+backward"):
+        for key in ("us_per_point", "cpu_us_per_point"):
+            ratio = scaling_ratio(rows, "lattice", pass_name, key=key)
+            if ratio is not None:
+                print(f"lattice {pass_name}: {key} max/min over N >= 1e5 = {ratio:.2f}")
+    print(f"wrote {csv_path} and {json_path}")
+    return 0
