@@ -17,6 +17,7 @@ Any keyword given to :func:`medattn.models.create_model` overrides the preset's 
 
 from __future__ import annotations
 
+from .pixel import PixelTransformer
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -28,7 +29,10 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                       embed_dim=1024, attn_dim=512, depth=8, num_heads=8, mlp_dim=1024)),
     "vitwsi": (WSITransformer, dict(feature_dim=2048, embed_dim=512, attn_dim=512, depth=2, num_heads=8,
                                     mlp_dim=512)),
+    # BinaryFormer's pixel-wise transformer (Heinrich, Appendix B): every pixel a token, any H x W.
+    "pixel": (PixelTransformer, dict(in_chans=3, num_classes=10, embed_dim=384, depth=8, num_heads=4, mlp_dim=1536)),
     # Small presets for tests and CPU demos (not from the paper).
+    "pixel_tiny": (PixelTransformer, dict(in_chans=1, num_classes=2, embed_dim=32, depth=2, num_heads=4, mlp_dim=128)),
     "vit2d_small": (VisionTransformer, dict(spatial_dims=2, img_size=64, patch_size=8, in_chans=1, embed_dim=128,
                                             attn_dim=128, depth=4, num_heads=4, mlp_dim=256)),
     "vit3d_small": (VisionTransformer, dict(spatial_dims=3, img_size=(32, 32, 16), patch_size=(8, 8, 4), in_chans=1,

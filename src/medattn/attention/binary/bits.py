@@ -11,9 +11,9 @@ The integers are exact, so the scores equal the float emulation ``sgn(q) @ sgn(k
 
 :func:`binary_attention` is the whole forward ``softmax(S) V`` with
 ``S_ij = sum_(a,b) s * wq_a[i] * wk_b[j] * <qa_i, kb_j>`` over the (query term, key term) pairs of a
-mechanism, fused in one Numba kernel: each query row walks the key tiles with the online softmax of
-Milakov & Gimelshein (2018), so no N x N matrix exists: besides the inputs (O(B H N (d / 64 + D_v)))
-each thread holds O(T + D_v) floats for tile size T.
+mechanism, fused in one Numba kernel: each block of 8 query rows walks the key tiles with the online
+softmax of Milakov & Gimelshein (2018), so no N x N matrix exists: besides the inputs
+(O(B H N (d / 64 + D_v))) each thread holds O(8 (T + D_v)) floats for tile size T.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def _dot_kernel(a, bT, c, out):  # pragma: no cover - compiled
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2 = np.float32(0.6931471805599453)
-
-
 _ROWS = 8  # query rows per parallel iteration: each loaded key/value row serves all of them
 
 

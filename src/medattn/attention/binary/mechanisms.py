@@ -31,6 +31,8 @@ from .sign import bernoulli_sign, modified_tanh, sign, sign_ste
 class BinarySTEAttention(BinaryAttention):
     """Sign of Q and K with the straight-through estimator; q, k (B, H, N, d) -> one +-1 term each."""
 
+    surrogate_gradient = True
+
     def binarise(self, q, k):
         return [(sign_ste(q), None)], [(sign_ste(k), None)]
 

@@ -1,0 +1,182 @@
+"""BinaryFormer bit kernel vs fp32/bf16: Q K^T scores and whole attention forward, time and memory.
+
+For every sequence length N and head dim d (one head, batch 1) it times, in one process:
+
+* scores: all N x N dot products, in blocks of ``--block`` query rows (the same blocks for every
+  method, so no N x N matrix is held): fp32 ``torch.matmul``, bf16 ``torch.matmul`` and the packed-bit
+  popcount kernel (exact integers, int8 for d < 128, else int16; packing timed separately);
+* attention: the whole forward ``softmax(S) V``: fp32 and bf16 ``scaled_dot_product_attention`` and
+  the bit kernel's tiled online softmax (binary-sg scores; with ``w_q w_k`` weights as binary-hamming).
+
+Peak memory of the attention forward is measured in a fresh subprocess per method (peak RSS over the
+input's own size, N ascending). Results: ``binary_scores`` and ``binary_attention`` CSV/JSON (and a
+PNG when matplotlib is installed) in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
+from medattn.bench.common import environment, median_time, peak_rss_bytes, write_results
+
+ATTENTION_METHODS = ("fp32-sdpa", "bf16-sdpa", "bits-sg", "bits-hamming")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths N")
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 256], help="head dims d")
+    parser.add_argument("--value-dim", type=int, default=None, help="value width D_v (default: d)")
+    parser.add_argument("--block", type=int, default=2048, help="query rows per block in the scores benchmark")
+    parser.add_argument("--tile-size", type=int, default=1024, help="tile of the bit kernel's online softmax")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a case after this long")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["scores", "attention", "memory", "bf16"],
+                        help="parts to leave out")
+    parser.add_argument("--out", default="reports/bench-binary", help="output directory")
+
+
+def _check(args) -> None:
+    if any(n <= 0 for n in args.sizes) or any(d <= 0 for d in args.dims):
+        raise ValueError("--sizes and --dims must be positive")
+    if args.block <= 0 or args.tile_size <= 0 or args.repeats <= 0:
+        raise ValueError("--block, --tile-size and --repeats must be positive")
+    if args.value_dim is not None and args.value_dim <= 0:
+        raise ValueError("--value-dim must be positive")
+
+
+def _time(fn, args) -> float:
+    return median_time(fn, repeats=args.repeats, warmup=1, budget_s=args.budget_s)
+
+
+def bench_scores(n: int, d: int, args) -> list[dict]:
+    """Time the N x N scores in query blocks for fp32, bf16 and bits; one row per method."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    block = min(args.block, n)
+    rows = []
+
+    def blocks(a, b, out):
+        for i in range(0, n, block):
+            torch.matmul(a[i : i + block], b.T, out=out[: min(block, n - i)])
+
+    out32 = torch.empty(block, n)
+    rows.append(("fp32-matmul", _time(lambda: blocks(q, k, out32), args), 0.0))
+    if "bf16" not in args.skip:
+        qb, kb, outb = q.bfloat16(), k.bfloat16(), torch.empty(block, n, dtype=torch.bfloat16)
+        rows.append(("bf16-matmul", _time(lambda: blocks(qb, kb, outb), args), 0.0))
+    pack_s = _time(lambda: (pack_signs(q), pack_signs(k)), args)
+    qp, kp = pack_signs(q)[None], pack_signs(k)[None]  # (1, N, W)
+    outi = np.empty((1, block, n), dtype=smallest_exact_int(d))
+
+    def bit_blocks():
+        for i in range(0, n, block):
+            m = min(block, n - i)
+            binary_dot(qp[:, i : i + m], kp, d, out=outi[:, :m])
+
+    rows.append(("bits-popcount", _time(bit_blocks, args), pack_s))
+    fp32 = rows[0][1]
+    return [dict(N=n, d=d, method=m, seconds=t, pack_seconds=p, gmacs_per_s=n * n * d / t / 1e9,
+                 speedup_vs_fp32=fp32 / t) for m, t, p in rows]
+
+
+def _attention_inputs(n: int, d: int, dv: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, w, generator=g) for w in (d, d, dv))
+    w = torch.rand(1, 1, n, generator=g) + 0.5
+    return q.to(dtype), k.to(dtype), v.to(dtype), w
+
+
+def run_attention(method: str, n: int, d: int, dv: int, tile: int):
+    """A zero-argument callable doing one whole-attention forward of ``method`` (1 batch, 1 head)."""
+    dtype = torch.bfloat16 if method == "bf16-sdpa" else torch.float32
+    q, k, v, w = _attention_inputs(n, d, dv, dtype)
+    if method.endswith("sdpa"):
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+    weights = (w, w) if method == "bits-hamming" else (None, None)
+    return lambda: binary_attention([(q, weights[0])], [(k, weights[1])], v, d**-0.5, None, tile)
+
+
+def bench_attention(n: int, d: int, args) -> list[dict]:
+    dv = args.value_dim or d
+    methods = [m for m in ATTENTION_METHODS if not (m.startswith("bf16") and "bf16" in args.skip)]
+    times = {m: _time(run_attention(m, n, d, dv, args.tile_size), args) for m in methods}
+    return [dict(N=n, d=d, value_dim=dv, method=m, seconds=t, speedup_vs_fp32=times["fp32-sdpa"] / t)
+            for m, t in times.items()]
+
+
+def probe_memory(method: str, sizes: list[int], d: int, dv: int, tile: int) -> None:
+    """Print JSON {N: peak RSS growth in bytes} of one forward per N (N ascending), for a subprocess."""
+    run_attention(method, 64, d, dv, tile)()  # compile and load everything first
+    result = {}
+    for n in sorted(sizes):
+        fn = run_attention(method, n, d, dv, tile)
+        base = peak_rss_bytes()
+        fn()
+        result[n] = max(peak_rss_bytes() - base, 0)
+    print(json.dumps(result))
+
+
+def bench_memory(d: int, args) -> dict[tuple[str, int], int]:
+    dv = args.value_dim or d
+    peaks = {}
+    for method in ("fp32-sdpa", "bits-sg"):
+        code = (f"from medattn.bench.binary import probe_memory; "
+                f"probe_memory({method!r}, {list(args.sizes)!r}, {d}, {dv}, {args.tile_size})")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        for n, b in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            peaks[(method, int(n))] = b
+    return peaks
+
+
+def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, rows, title in ((axes[0], scores, "Q K^T scores"), (axes[1], attention, "attention forward")):
+        for key in sorted({(r["method"], r["d"]) for r in rows}):
+            pts = sorted((r["N"], r["seconds"]) for r in rows if (r["method"], r["d"]) == key)
+            ax.loglog(*zip(*pts), marker="o", label=f"{key[0]} d={key[1]}")
+        ax.set(xlabel="N", ylabel="seconds (median)", title=title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/binary.png", dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    _check(args)
+    env = environment("fp32/bf16/int1")
+    scores, attention = [], []
+    for d in args.dims:
+        peaks = {} if "memory" in args.skip or "attention" in args.skip else bench_memory(d, args)
+        for n in args.sizes:
+            if "scores" not in args.skip:
+                rows = bench_scores(n, d, args)
+                scores += rows
+                print(*(f"{r['method']}: {r['seconds']:.4f}s" for r in rows), sep="  ", flush=True)
+            if "attention" not in args.skip:
+                rows = bench_attention(n, d, args)
+                for r in rows:
+                    if (r["method"], n) in peaks:
+                        r["peak_rss_growth_mb"] = peaks[(r["method"], n)] / 2**20
+                attention += rows
+                print(*(f"{r['method']}: {r['seconds']:.4f}s" for r in rows), sep="  ", flush=True)
+            print(f"done N={n} d={d}", flush=True)
+    for stem, rows in (("binary_scores", scores), ("binary_attention", attention)):
+        if rows:
+            print(*write_results(rows, args.out, stem, env), sep="\n")
+    _plot(scores, attention, args.out)
+    return 0

@@ -1,0 +1,223 @@
+"""BinaryFormer mechanisms: gradients, bit-kernel exactness, tiling, masks, value width, training, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from medattn.attention import build_attention
+from medattn.attention.binary import binary_attention, binary_dot, pack_signs
+from medattn.attention.binary.core import emulated_attention
+from medattn.attention.binary.sign import bernoulli_sign, modified_tanh, sign, sign_ste
+
+MECHANISMS = ["binary-ste", "binary-sg", "binary-hamming", "binary-bernoulli"]
+
+
+def make(name: str, dim: int = 32, num_heads: int = 4, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_attention(name, dim=dim, num_heads=num_heads, **kwargs)
+
+
+def pm1(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+
+
+# --- binarisation ---------------------------------------------------------------------------------
+
+def test_sign_of_zero_is_plus_one_and_ste_gradient_is_clipped_identity():
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0], requires_grad=True)
+    y = sign_ste(x)
+    assert y.tolist() == [-1, -1, -1, 1, 1, 1, 1]
+    y.sum().backward()
+    assert x.grad.tolist() == [0, 1, 1, 1, 1, 1, 0]
+    assert not sign(x).requires_grad
+
+
+def test_modified_tanh_and_bernoulli_sign():
+    x = torch.linspace(-50, 50, 101)
+    assert torch.allclose(modified_tanh(x), 4 * torch.tanh(x / 2))
+    # |x| >= 1 is deterministic; x = 0 gives +1 half the time
+    assert torch.equal(bernoulli_sign(torch.tensor([-3.0, -1.0, 1.0, 3.0])), torch.tensor([-1.0, -1.0, 1.0, 1.0]))
+    g = torch.Generator().manual_seed(0)
+    frac = (bernoulli_sign(torch.zeros(20000), generator=g) > 0).float().mean()
+    assert abs(float(frac) - 0.5) < 0.02
+    with pytest.raises(ValueError):
+        modified_tanh(x, beta=0)
+
+
+# --- bit kernel -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("c", [1, 63, 64, 65, 256])
+def test_packed_popcount_equals_float_dot_product_exactly(c):
+    torch.manual_seed(c)
+    a, b = torch.randn(2, 9, c), torch.randn(2, 13, c)
+    a[0, 0, 0] = 0.0  # sign(0) = +1 in both
+    expected = (pm1(a).double() @ pm1(b).double().transpose(1, 2)).numpy()
+    got = binary_dot(pack_signs(a), pack_signs(b), c)
+    assert np.issubdtype(got.dtype, np.integer)
+    np.testing.assert_array_equal(got.astype(np.float64), expected)
+
+
+def test_tiled_online_softmax_equals_untiled_and_emulation():
+    torch.manual_seed(1)
+    B, H, N, c = 2, 3, 37, 20
+    q, k, v = torch.randn(B, H, N, c), torch.randn(B, H, N, c), torch.randn(B, H, N, 5)
+    wq, wk = torch.rand(B, H, N) + 0.5, torch.rand(B, H, N) + 0.5
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[1, 20:] = False
+    args = ([(q, wq)], [(k, wk)], v, 0.4, mask)
+    untiled = binary_attention(*args, tile_size=N)
+    for tile in (1, 8, 16):
+        torch.testing.assert_close(binary_attention(*args, tile_size=tile), untiled, rtol=1e-5, atol=1e-6)
+    reference = emulated_attention([(pm1(q), wq)], [(pm1(k), wk)], v, 0.4, mask)
+    torch.testing.assert_close(untiled, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("value_dim", [None, 3])
+def test_bit_kernel_path_equals_float_emulation(name, value_dim):
+    attn = make(name, value_dim=value_dim, tile_size=7).eval()
+    x = torch.randn(2, 19, 32)
+    mask = torch.ones(2, 19, dtype=torch.bool)
+    mask[0, 11:] = False
+    with torch.no_grad():
+        fast = attn(x, mask)
+        attn.bit_kernel = False
+        slow = attn(x, mask)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+def test_bernoulli_training_samples_are_shared_by_both_paths():
+    attn = make("binary-bernoulli").train()
+    x = torch.randn(2, 10, 32)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        fast = attn(x)
+        attn.bit_kernel = False
+        torch.manual_seed(3)
+        slow = attn(x)
+        torch.manual_seed(4)
+        other = attn(x)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(slow, other)  # training really samples
+
+
+def test_bit_kernel_runs_only_without_gradient(monkeypatch):
+    import medattn.attention.binary.core as core
+
+    calls = []
+    real = core.binary_attention
+    monkeypatch.setattr(core, "binary_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    attn = make("binary-hamming")
+    x = torch.randn(1, 6, 32)
+    attn(x).sum().backward()
+    assert not calls
+    with torch.no_grad():
+        attn(x)
+    assert calls
+
+
+# --- gradients ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, reaches", [("binary-ste", True), ("binary-sg", False),
+                                           ("binary-hamming", True), ("binary-bernoulli", True)])
+def test_gradient_reaches_qk_projections(name, reaches):
+    attn = make(name).train()
+    x = torch.randn(2, 12, 32)
+    torch.manual_seed(5)
+    (attn(x) * torch.randn(2, 12, 32)).sum().backward()
+    grad = attn.qkv.weight.grad
+    qk, v = grad[: 2 * attn.inner_dim], grad[2 * attn.inner_dim:]
+    assert v.abs().sum() > 0
+    assert (qk.abs().sum() > 0) == reaches
+    if name == "binary-hamming":
+        assert attn.q_weight.fc2.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["binary-hamming", "binary-bernoulli"])
+def test_gradcheck_float64(name):
+    attn = make(name, dim=8, num_heads=2).double().train()
+    x = torch.randn(1, 5, 8, dtype=torch.float64, requires_grad=True)
+
+    def fn(inp):
+        torch.manual_seed(7)  # the same Bernoulli samples on every evaluation
+        return attn(inp)
+
+    assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-5)
+
+
+def test_hamming_weights_start_near_one_and_are_positive():
+    attn = make("binary-hamming")
+    with torch.no_grad():
+        w = attn.q_weight(torch.randn(2, 4, 9, attn.head_dim) * 10)
+    assert w.shape == (2, 4, 9)
+    assert bool((w > 0).all()) and float((w - 1).abs().max()) < 0.5
+
+
+# --- masks and layout -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("grad", [False, True])
+def test_padded_batch_equals_each_sequence_alone(name, grad):
+    attn = make(name, tile_size=4).eval()
+    lengths = [7, 4]
+    x = torch.randn(2, 7, 32)
+    mask = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]
+    with torch.set_grad_enabled(grad):
+        out = attn(x, mask)
+        assert torch.all(out[1, 4:] == 0)
+        for i, n in enumerate(lengths):
+            torch.testing.assert_close(out[i, :n], attn(x[i : i + 1, :n])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_value_dim_layout():
+    attn = make("binary-ste", dim=32, num_heads=4, value_dim=5)
+    assert attn.qkv.out_features == 2 * 32 + 4 * 5
+    assert attn.proj.in_features == 4 * 5
+    assert make("binary-ste").qkv.out_features == 3 * 32  # the standard layout when value_dim is unset
+    assert attn(torch.randn(3, 6, 32)).shape == (3, 6, 32)
+
+
+# --- training -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_short_training_run_decreases_loss(name):
+    torch.manual_seed(0)
+    attn = build_attention(name, dim=16, num_heads=2)
+    head = torch.nn.Linear(16, 1)
+    opt = torch.optim.Adam([*attn.parameters(), *head.parameters()], lr=1e-2)
+    x = torch.randn(16, 8, 16)
+    y = x[:, :, :4].mean(dim=(1, 2))  # a target that needs mixing tokens
+    losses = []
+    for _ in range(40):
+        loss = torch.nn.functional.mse_loss(head(attn(x).mean(1)).squeeze(-1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+def test_bad_arguments_raise_value_error():
+    with pytest.raises(ValueError, match="value_dim"):
+        make("binary-ste", value_dim=0)
+    with pytest.raises(ValueError, match="tile_size"):
+        make("binary-sg", tile_size=0)
+    with pytest.raises(ValueError, match="weight_hidden"):
+        make("binary-hamming", weight_hidden=0)
+    with pytest.raises(ValueError, match="beta"):
+        make("binary-bernoulli", beta=-1.0)
+    attn = make("binary-ste")
+    with pytest.raises(ValueError):
+        attn(torch.randn(2, 5, 31))
+    with pytest.raises(ValueError):
+        attn(torch.randn(2, 5, 32), torch.ones(2, 5))
+    with pytest.raises(ValueError):
+        pack_signs(torch.randn(3, 0))
+    with pytest.raises(ValueError):
+        binary_dot(pack_signs(torch.randn(1, 2, 64)), pack_signs(torch.randn(1, 2, 128)), 64)
+    with pytest.raises(ValueError):
+        binary_dot(pack_signs(torch.randn(1, 2, 64)), pack_signs(torch.randn(1, 2, 64)), 65)
