@@ -67,5 +67,5 @@ def bag_bundle(n: int = 16) -> DataBundle:
 
 def tiny_config(*overrides: str) -> dict:
     base = ["data.kind=test_images", "model.name=vit2d_tiny", "train.epochs=2", "train.batch_size=4",
-            "train.lr=1e-3", "train.warmup_epochs=0.5", "eval.bootstrap=50"]
+            "train.lr=1e-3", "train.warmup_epochs=0.5", "eval.bootstrap=50", "train.threads=1"]
     return load_config(None, [*base, *overrides])

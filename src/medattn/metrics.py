@@ -122,7 +122,8 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
         label = names[k] if k < len(names) else f"output {k}"
         ax.plot(fpr, tpr, label=f"{label} (AUROC {score:.3f})")
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1), ylim=(0, 1.01), title=title)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1), ylim=(0, 1.01))
+    ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -107,10 +107,13 @@ def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
     return model(batch["input"])
 
 
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.Tensor:
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_sample: bool = False) -> torch.Tensor:
+    """Cross-entropy (multi-class) or binary cross-entropy; the batch mean, or (B,) with ``per_sample``."""
     if task_type == "multiclass":
-        return F.cross_entropy(logits.float(), labels.long())
-    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        loss = F.cross_entropy(logits.float(), labels.long(), reduction="none")
+    else:
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").mean(-1)
+    return loss if per_sample else loss.mean()
 
 
 def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
@@ -169,13 +172,12 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
             desc: str = "eval", progress: bool = True) -> Predictions:
     """Run the model over a loader (every rank its share) and gather all predictions in dataset order."""
     model.eval()
-    indices, probs, labels, ids, patients = [], [], [], [], []
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    indices, probs, labels, losses, ids, patients = [], [], [], [], [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
         batch = _to(batch, device)
         with _autocast(device, precision):
             logits = forward(model, batch, task.input_kind)
-        loss_sum += loss_fn(logits, batch["label"], task.task_type).double().cpu() * len(batch["id"])
+        losses.append(loss_fn(logits, batch["label"], task.task_type, per_sample=True).cpu())
         indices.append(batch["index"].cpu())
         probs.append(probabilities(logits, task.task_type).cpu())
         labels.append(batch["label"].cpu())
@@ -186,12 +188,12 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
     label = distributed.all_gather_rows(torch.cat(labels))
     ids = distributed.all_gather_strings(ids)
     patients = distributed.all_gather_strings(patients)
-    loss_total = float(distributed.all_gather_rows(loss_sum.reshape(1, 1)).sum())
+    loss = distributed.all_gather_rows(torch.cat(losses))
     # DistributedSampler pads the last ranks with repeats: keep each sample once, in dataset order.
-    order = [i for i in np.argsort(index.numpy(), kind="stable")]
+    order = np.argsort(index.numpy(), kind="stable").tolist()
     first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
     return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
-                       probs=prob[first].numpy(), labels=label[first].numpy(), loss=loss_total / len(index))
+                       probs=prob[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()))
 
 
 def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
@@ -207,7 +209,8 @@ def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
             writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.probs[i]]])
 
 
-def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int) -> dict:
+def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
+                label: str = "") -> dict:
     """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
     out_dir = Path(out_dir)
     write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
@@ -217,7 +220,8 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
         if eval_cfg["bootstrap"]:
             result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
                 pred.probs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
-        title = f"{split}: AUROC {result['auroc']:.3f}" + (" (SYNTHETIC data)" if task.synthetic else "")
+        title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
+        title += " (SYNTHETIC data)" if task.synthetic else ""
         metrics.plot_roc(pred.probs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
                          task.class_names)
     except metrics.UndefinedMetricError as error:
@@ -378,7 +382,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report,
     }
     if distributed.is_main():
-        results["test"] = score_split(test, task, "test", run_dir, config["eval"], seed)
+        label = f"{config['model']['name']} {config['model']['attention']}"
+        results["test"] = score_split(test, task, "test", run_dir, config["eval"], seed, label)
         (run_dir / "results.json").write_text(json.dumps(results, indent=1))
         log(summary(results))
     distributed.barrier()

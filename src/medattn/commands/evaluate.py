@@ -1,0 +1,75 @@
+"""Evaluate a checkpoint on a data config: medattn eval CHECKPOINT DATA_CONFIG [key=value ...].
+
+CHECKPOINT is a run folder (its best checkpoint), a checkpoint folder or its model.safetensors.
+DATA_CONFIG is a run config (file or packaged name) whose `data` section is used; key=value pairs
+override it (e.g. data.csv=/data/external.csv). Writes predictions_<split>.csv, roc_<split>.png and
+eval.json to --out (default: eval_<config name>_<split> in the checkpoint's run folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from medattn.config import load_config
+from medattn.data import build_datasets
+from medattn.errors import UserError
+from medattn.train import checkpoint, distributed
+from medattn.train.engine import build_model, make_loader, predict, score_split
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
+    parser.add_argument("data_config", help="config file or packaged config name; its data section is used")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the data config")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test")
+    parser.add_argument("--out", help="output folder (default: eval_<name>_<split> in the checkpoint's run folder)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the run's eval batch size")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def load_trained(path: str | Path):
+    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode."""
+    folder = checkpoint.resolve(path)
+    meta = checkpoint.load_meta(folder)
+    task = checkpoint.task_from_dict(meta["task"])
+    model = build_model(meta["config"]["model"], task)
+    checkpoint.load_model(folder, model)
+    return model.eval(), meta["config"], task, folder
+
+
+def run(args: argparse.Namespace) -> int:
+    model, run_config, task, folder = load_trained(args.checkpoint)
+    config = load_config(args.data_config, args.overrides)
+    bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=args.skip_bad)
+    data_task = bundle.task
+    if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
+            (task.task_type, task.input_kind, task.num_outputs) or data_task.input_shape[0] != task.input_shape[0]:
+        raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
+                        f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
+                        f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
+    default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
+    out = Path(args.out or default_root / f"eval_{config['name']}_{args.split}")
+    out.mkdir(parents=True, exist_ok=True)
+    device = distributed.setup(run_config["train"]["device"])
+    batch_size = args.batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
+    loader = make_loader(getattr(bundle, args.split), batch_size, False, config["seed"])
+    pred = predict(model.to(device), loader, data_task, device, run_config["train"]["precision"], args.split,
+                   not args.no_progress)
+    if distributed.is_main():
+        result = score_split(pred, data_task, args.split, out, config["eval"], config["seed"])
+        result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
+                      synthetic=data_task.synthetic)
+        (out / "eval.json").write_text(json.dumps(result, indent=1))
+        if bundle.skipped:
+            print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
+        tag = " [SYNTHETIC data]" if data_task.synthetic else ""
+        if result["auroc"] is None:
+            print(f"{args.split}: n={result['n']}  AUROC undefined: {result['note']}{tag}")
+        else:
+            ci = "" if result["ci_low"] is None else f" (95% CI {result['ci_low']:.3f}-{result['ci_high']:.3f})"
+            print(f"{args.split}: n={result['n']}  AUROC {result['auroc']:.4f}{ci}{tag}  -> {out}")
+    distributed.cleanup()
+    return 0

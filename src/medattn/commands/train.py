@@ -1,0 +1,55 @@
+"""Train a model from a YAML config: medattn train CONFIG [key=value ...].
+
+CONFIG is a YAML file or the name of a packaged config (see `medattn models --configs`); key=value
+pairs override it (e.g. model.attention=seqnorm train.epochs=10 data.csv=/data/labels.csv). The run
+folder (--out, else the config's `out`, else runs/<name>) receives the resolved config, per-epoch
+metrics, checkpoints, test predictions, the ROC curve and results.json.
+
+Multi-process data parallel: torchrun --nproc_per_node N -m medattn train CONFIG ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from medattn.config import load_config
+from medattn.data import build_datasets
+from medattn.train import distributed
+from medattn.train.engine import check_run_dir, fit
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config file or packaged config name")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=3e-4")
+    parser.add_argument("--out", help="run folder (default: the config's out, else runs/<name>)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in the output folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run already in the output folder")
+    parser.add_argument("--init-from", metavar="CHECKPOINT",
+                        help="start from another run's checkpoint (any mechanism); new tensors are reported")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_dir_of(config: dict, out: str | None) -> Path:
+    return Path(out or config["out"] or Path("runs") / config["name"])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    config = load_config(args.config, args.overrides)
+    if args.skip_bad:
+        config["train"]["skip_bad"] = True
+    run_dir = run_dir_of(config, args.out)
+    config["out"] = str(run_dir)
+    check_run_dir(run_dir, args.resume, args.overwrite)
+    try:
+        bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
+        if bundle.skipped and distributed.is_main():
+            print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
+        fit(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
+            progress=not args.no_progress)
+    finally:
+        distributed.cleanup()
+    return 0

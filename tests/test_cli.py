@@ -1,0 +1,123 @@
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from medattn.cli import main
+from medattn.data import build_datasets
+
+TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
+        "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
+
+
+def _error(capsys, argv) -> str:
+    """Run the CLI, expect exit status 2 and one error line without a traceback; return that line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("medattn: error: ") and "Traceback" not in err[0]
+    return err[0]
+
+
+def test_train_eval_predict(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run_dir), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "test AUROC" in out and "SYNTHETIC" in out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert main(["eval", str(run_dir), "synthetic_cxr", *TINY, "--no-progress"]) == 0
+    evaluated = json.loads((run_dir / "eval_synthetic_cxr_test/eval.json").read_text())
+    assert evaluated["auroc"] == results["test"]["auroc"]
+    bundle = build_datasets({"kind": "synthetic_cxr", "image_size": 32, "num_samples": [16, 8, 8]})
+    files = []
+    for i in range(3):
+        image = (bundle.test[i]["input"][0] * 0.5 + 0.5).clamp(0, 1).numpy()
+        files.append(tmp_path / f"x{i}.png")
+        Image.fromarray(np.round(image * 255).astype(np.uint8)).save(files[-1])
+    assert main(["predict", str(run_dir), *map(str, files), "--out", str(tmp_path / "p.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    assert [r["file"] for r in rows] == list(map(str, files))
+    test_rows = list(csv.DictReader(open(run_dir / "predictions_test.csv")))
+    for row, test_row in zip(rows, test_rows):  # 8-bit PNG round trip: close to the in-memory prediction
+        assert abs(float(row["prob_cardiomegaly"]) - float(test_row["prob_cardiomegaly"])) < 0.02
+    assert "missing.png: no such file" in _error(capsys, ["predict", str(run_dir), "missing.png", "--out", "x.csv"])
+
+
+def test_user_errors_are_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run_dir), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert "already holds a run; use --resume" in _error(capsys, ["train", "synthetic_cxr", *TINY, "--out",
+                                                                  str(run_dir)])
+    assert "unknown config key 'train.lrr'" in _error(capsys, ["train", "synthetic_cxr", "train.lrr=1"])
+    assert "config file not found: nope.yaml" in _error(capsys, ["train", "nope.yaml"])
+    assert "unknown model 'vit9d'" in _error(capsys, ["train", "synthetic_cxr", *TINY, "model.name=vit9d",
+                                                      "--out", str(tmp_path / "a")])
+    assert "nope" in _error(capsys, ["train", "synthetic_cxr", *TINY, "model.attention=nope",
+                                     "--out", str(tmp_path / "b")])
+    assert "unknown data kind" in _error(capsys, ["train", "synthetic_cxr", "data.kind=nope",
+                                                  "--out", str(tmp_path / "c")])
+    assert "no checkpoint found" in _error(capsys, ["eval", str(tmp_path / "none"), "synthetic_cxr"])
+    assert "does not fit the checkpoint's task" in _error(capsys, ["eval", str(run_dir), "synthetic_wsi"])
+
+
+def test_skip_bad_reports_the_count(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "labels.csv", "w") as f:
+        f.write("path,label,patient\n")
+        for i in range(40):
+            Image.fromarray(rng.integers(0, 255, (32, 32), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+            f.write(f"{i}.png,{i % 2},p{i}\n")
+        f.write("gone.png,1,p99\n")
+    (tmp_path / "c.yaml").write_text(
+        f"data: {{kind: image_table, csv: {tmp_path / 'labels.csv'}, label_columns: [label], patient_column: patient,"
+        " image_size: 32, in_chans: 1, val_fraction: 0.25, test_fraction: 0.25}\n"
+        "model: {name: vit2d_tiny}\ntrain: {epochs: 1, batch_size: 8, threads: 1}\neval: {bootstrap: 20}\n")
+    config = str(tmp_path / "c.yaml")
+    assert "gone.png" in _error(capsys, ["train", config, "--out", str(tmp_path / "a")])
+    assert main(["train", config, "--out", str(tmp_path / "b"), "--skip-bad", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 bad sample(s)" in out and "skipped 1)" in out
+
+
+def test_demo_quick(tmp_path, capsys):
+    assert main(["demo", "--quick", "--tasks", "synthetic_wsi", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "SYNTHETIC DATA" in out and "SeqNorm (ours)" in out
+    rows = list(csv.DictReader(open(tmp_path / "demo/table.csv")))
+    assert [r["mechanism"] for r in rows] == ["softmax", "sima", "seqnorm"]
+    assert json.loads((tmp_path / "demo/table.json").read_text())["data"].startswith("SYNTHETIC")
+    assert (tmp_path / "demo/roc_synthetic_wsi_seqnorm.png").exists()
+
+
+@pytest.mark.slow
+def test_killed_process_resumes_to_the_same_metrics(tmp_path):
+    """A real SIGKILL after the first epoch's checkpoint, then --resume, against an uninterrupted run."""
+    args = ["synthetic_cxr", *TINY, "train.epochs=3", "--no-progress"]
+    assert main(["train", *args, "--out", str(tmp_path / "full")]) == 0
+    run_dir = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "medattn", "train", *args, "--out", str(run_dir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    meta = run_dir / "checkpoints/last/checkpoint.json"
+    deadline = time.time() + 120
+    while not (meta.exists() and json.loads(meta.read_text())["epoch"] >= 1) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert json.loads(meta.read_text())["epoch"] < 3, "the run finished before it could be killed"
+    assert main(["train", *args, "--out", str(run_dir), "--resume"]) == 0
+    full = json.loads((tmp_path / "full/results.json").read_text())
+    resumed = json.loads((run_dir / "results.json").read_text())
+    assert resumed["test"] == full["test"] and resumed["best_epoch"] == full["best_epoch"]
+    assert (run_dir / "predictions_test.csv").read_text() == (tmp_path / "full/predictions_test.csv").read_text()
+    rows = [[{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(folder / "metrics.csv"))]
+            for folder in (tmp_path / "full", run_dir)]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]
+    last = [(folder / "checkpoints/last/model.safetensors").read_bytes() for folder in (tmp_path / "full", run_dir)]
+    assert last[0] == last[1]
