@@ -121,3 +121,12 @@ def test_killed_process_resumes_to_the_same_metrics(tmp_path):
     assert len(rows[0]) == 3 and rows[0] == rows[1]
     last = [(folder / "checkpoints/last/model.safetensors").read_bytes() for folder in (tmp_path / "full", run_dir)]
     assert last[0] == last[1]
+
+
+def test_overrides_after_options_join_the_command_overrides(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("medattn.commands.train.run", lambda args: seen.update(vars(args)) or 0)
+    assert main(["train", "synthetic_cxr", "train.epochs=1", "--overwrite", "train.lr=0.1"]) == 0
+    assert seen["overrides"] == ["train.epochs=1", "train.lr=0.1"]
+    with pytest.raises(SystemExit):
+        main(["train", "synthetic_cxr", "--overwrite", "--no-such-option"])

@@ -64,7 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops collecting positionals once an option has been seen, so `key=value` overrides
+    # given after options arrive here; they join the command's overrides wherever they stood.
+    overrides = [token for token in extra if "=" in token and not token.startswith("-")]
+    if len(overrides) != len(extra) or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
     try:
         return int(args.run(args) or 0)
     except (UserError, ValueError) as error:

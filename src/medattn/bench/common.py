@@ -78,7 +78,19 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, bud
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes (Linux reports KiB)."""
+    """Peak resident set size of this process so far, in bytes.
+
+    Read from ``VmHWM`` in ``/proc/self/status`` where it exists: that is this process's own peak and
+    :func:`reset_peak_rss` can lower it. ``getrusage``'s ``ru_maxrss`` (the fallback, KiB on Linux) also
+    keeps the RSS of the parent a process was forked from before it exec-ed, so a small benchmark
+    process started by a large one would report the parent's size.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -181,19 +181,22 @@ class _VertexIndex:
         return torch.where(found, prefix, torch.full_like(prefix, self.num))
 
     def neighbours(self, direction: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ids (U,) of the +/- neighbours along lattice direction ``direction`` (0..d); ``num`` if absent."""
+        """Ids (U,) of the +/- neighbours along lattice direction ``direction`` (0..d); ``num`` if absent.
+
+        Only the + neighbours are searched: the - neighbour of vertex k is the vertex whose + neighbour is k.
+        """
         step = torch.ones(self.dim, dtype=torch.int64, device=self.ids.device)
         if direction < self.dim:
             step[direction] = -self.dim  # direction vector (1, ..., -d, ..., 1); last coordinate implied
-        result = []
-        for sign in (1, -1):
-            if self.packed:
-                offset = sign * int((step * self.strides[: self.dim]).sum())
-                pos, found = self._find(self.keys, self.keys + offset)
-                result.append(torch.where(found, pos, torch.full_like(pos, self.num)))
-            else:
-                result.append(self._lookup_columns(self.vertex_coords + sign * step, self.vertex_batch))
-        return result[0], result[1]
+        if self.packed:
+            offset = int((step * self.strides[: self.dim]).sum())
+            pos, found = self._find(self.keys, self.keys + offset)
+            plus = torch.where(found, pos, torch.full_like(pos, self.num))
+        else:
+            plus = self._lookup_columns(self.vertex_coords + step, self.vertex_batch)
+        minus = torch.full((self.num + 1,), self.num, dtype=plus.dtype, device=plus.device)
+        minus.scatter_(0, plus, torch.arange(self.num, dtype=plus.dtype, device=plus.device))
+        return plus, minus[: self.num]
 
 
 def _check(values: torch.Tensor, features: torch.Tensor) -> None:

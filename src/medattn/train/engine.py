@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import inspect
 import json
 import math
 import random
@@ -96,7 +97,8 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
         kwargs.setdefault("feature_dim", task.input_shape[0])
     else:
         kwargs.setdefault("in_chans", task.input_shape[0])
-        kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
+        if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the pixel model takes any size
+            kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
     return create_model(name, attention=model_cfg["attention"], **kwargs)
 
 

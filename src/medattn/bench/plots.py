@@ -1,0 +1,45 @@
+"""Figures of benchmark results (matplotlib with the Agg backend, imported only when a figure is drawn)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+
+def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
+    """Two panels, epoch time (h) and peak memory (GiB) versus resolution, one line per mechanism.
+
+    Log scale on both axes; configurations that were skipped are listed in the legend label.
+    Returns the PNG path, or None where matplotlib is not installed.
+    """
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
+    for mechanism in dict.fromkeys(row["mechanism"] for row in rows):
+        done = [row for row in rows if row["mechanism"] == mechanism and row["status"] == "ok"]
+        skipped = [str(row["resolution"]) for row in rows if row["mechanism"] == mechanism and row["status"] != "ok"]
+        label = mechanism + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+        resolutions = [row["resolution"] for row in done]
+        ax_time.plot(resolutions, [row["epoch_h"] for row in done], marker="o", label=label)
+        ax_mem.plot(resolutions, [row["peak_mem_mb"] / 1024 for row in done], marker="o", label=label)
+    for ax, ylabel in ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("image size (px)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    first = rows[0] if rows else {}
+    fig.suptitle(f"{first.get('model', '')} training step, batch {first.get('batch_size', '')}, "
+                 f"{first.get('precision', '')}, {first.get('processor', '')}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,195 @@
+"""Roofline: this machine's measured matmul rate and memory bandwidth, and cost models to compare with.
+
+Measured rates (:func:`measure_rates`):
+
+* matmul rate: median GFLOP/s of a square ``(n x n) @ (n x n)`` product (``2 n^3`` FLOPs), in
+  float32 for ``fp32`` and in bfloat16 tensors for ``bf16``;
+* memory bandwidth: median GB/s of ``b.copy_(a)`` between two preallocated buffers much larger than
+  the caches, counting ``2 * size`` bytes (one read, one write; write-allocate traffic not counted).
+
+Cost model (:class:`Cost`): a piece of work costs ``flops`` matmul FLOPs and moves ``bytes`` bytes; its
+roofline time is ``flops / matmul rate + bytes / bandwidth`` (the sum, not the max: the two are not
+assumed to overlap). Both terms are lower bounds:
+
+* FLOPs count only matrix products (``2 m k n`` per ``(m x k) @ (k x n)``); elementwise work
+  (normalisation statistics, exp, elu) is left to the bytes term. The backward of a product
+  ``C = A B`` is two products of the same size (``dA = dC B^T``, ``dB = A^T dC``), so a backward
+  costs twice the forward FLOPs, or once where the input needs no gradient (an image).
+* Bytes are compulsory traffic only: every input read once and every output written once, in the
+  element size of the precision (4 bytes fp32, 2 bytes bf16). Attention core (q, k, v given, each
+  (B, H, N, d)): forward reads q, k, v and writes the output, ``4 B H N d`` elements; backward reads
+  q, k, v and the output gradient and writes three input gradients, ``7 B H N d``. Temporaries that
+  a real kernel stores and re-reads are extra, so an implementation can approach but never beat it.
+
+Forward matmul FLOPs of the attention cores (batch B, H heads of width d, N tokens):
+
+* ``softmax``: ``Q K^T`` and ``P V``: ``4 B H N^2 d``.
+* ``seqnorm``: ``K'^T V`` and ``Q' C``: ``4 B H N d^2``.
+* ``sima``: the cheaper order of ``(Q K^T) V`` or ``Q (K^T V)``: ``4 B H N d min(N, d)``.
+* ``linear``: as seqnorm plus the normaliser ``phi(Q) sum_n phi(k_n)``: ``4 B H N d^2 + 2 B H N d``.
+
+A mechanism without an entry in :data:`CORE_FORWARD_FLOPS` has no model (its roofline is blank). The
+full layer adds its projections, ``qkv`` (dim -> 3 inner_dim) and ``proj`` (inner_dim -> dim), as
+:func:`linear_cost`. :func:`matmul_flops` counts a whole model's ``nn.Linear`` and convolution FLOPs
+from shapes alone (a forward on the meta device), for the training step's matmul floor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from medattn.attention import Attention
+
+from .common import median_time
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
+
+CORE_FORWARD_FLOPS: dict[str, Callable[[int, int, int, int], float]] = {
+    "softmax": lambda b, h, n, d: 4 * b * h * n * n * d,
+    "seqnorm": lambda b, h, n, d: 4 * b * h * n * d * d,
+    "sima": lambda b, h, n, d: 4 * b * h * n * d * min(n, d),
+    "linear": lambda b, h, n, d: 4 * b * h * n * d * d + 2 * b * h * n * d,
+}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Matmul FLOPs and compulsory bytes of a piece of work."""
+
+    flops: float
+    bytes: float
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """Measured matmul GFLOP/s per precision and memory bandwidth in GB/s."""
+
+    matmul_gflops: dict[str, float]
+    bandwidth_gbs: float
+
+    def time_s(self, cost: Cost, precision: str) -> float:
+        """Roofline time of ``cost``: ``flops / matmul rate + bytes / bandwidth``."""
+        if precision not in self.matmul_gflops:
+            raise ValueError(f"no matmul rate measured for {precision!r}; have {sorted(self.matmul_gflops)}")
+        return cost.flops / (self.matmul_gflops[precision] * 1e9) + cost.bytes / (self.bandwidth_gbs * 1e9)
+
+    def as_dict(self) -> dict:
+        return {"matmul_gflops": dict(self.matmul_gflops), "bandwidth_gbs": self.bandwidth_gbs}
+
+
+def measure_matmul_gflops(precision: str = "fp32", size: int = 2048, repeats: int = 5, device: str = "cpu",
+                          target_s: float = 0.2) -> float:
+    """Median GFLOP/s of a square matmul in ``precision`` (``2 n^3`` FLOPs per ``n x n`` product).
+
+    A 256 x 256 product first estimates the rate; ``n`` is then the size whose product takes about
+    ``target_s`` seconds at that rate, at most ``size``, so a slow path (bf16 without hardware support)
+    is measured in seconds rather than minutes.
+    """
+    if precision not in DTYPES:
+        raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
+
+    def rate(n: int, repeats: int) -> float:
+        a, b = (torch.randn(n, n, device=device, dtype=DTYPES[precision]) for _ in range(2))
+        out = torch.empty_like(a)
+        return 2 * n**3 / median_time(lambda: torch.matmul(a, b, out=out), repeats=repeats, warmup=1) / 1e9
+
+    estimate = rate(256, 3)
+    n = int(min(size, max(256, (target_s * estimate * 1e9 / 2) ** (1 / 3))) // 64 * 64)
+    return rate(n, repeats)
+
+
+def measure_bandwidth_gbs(megabytes: int = 256, repeats: int = 5, device: str = "cpu") -> float:
+    """Median GB/s of copying a ``megabytes`` MiB buffer into another (read + write counted)."""
+    a = torch.ones(megabytes * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    seconds = median_time(lambda: b.copy_(a), repeats=repeats, warmup=1)
+    return 2 * a.numel() * 4 / seconds / 1e9
+
+
+def measure_rates(precisions: tuple[str, ...] = ("fp32", "bf16"), matmul_size: int = 2048,
+                  bandwidth_megabytes: int = 256, repeats: int = 5, device: str = "cpu") -> MachineRates:
+    """Measure the matmul rate for each precision and the memory bandwidth (a few seconds on a CPU)."""
+    return MachineRates(
+        {p: measure_matmul_gflops(p, matmul_size, repeats, device) for p in precisions},
+        measure_bandwidth_gbs(bandwidth_megabytes, repeats, device),
+    )
+
+
+def linear_cost(rows: int, fan_in: int, fan_out: int, backward: bool = False, input_grad: bool = True,
+                element_bytes: int = 4) -> Cost:
+    """A dense layer ``(rows x fan_in) @ (fan_in x fan_out)``; with ``backward``, forward plus backward.
+
+    Forward reads X and W and writes Y. Backward reads dY, X and W and writes dW, and dX when
+    ``input_grad``; each gradient is one product of the forward's size.
+    """
+    weight, x, y = fan_in * fan_out, rows * fan_in, rows * fan_out
+    flops = 2 * rows * fan_in * fan_out
+    cost = Cost(flops, (x + weight + y) * element_bytes)
+    if backward:
+        grads = 2 if input_grad else 1
+        cost += Cost(grads * flops, (y + x + weight + weight + (x if input_grad else 0)) * element_bytes)
+    return cost
+
+
+def attention_cost(mechanism: str, seq_len: int, heads: int = 8, head_dim: int = 64, dim: int = 512,
+                   batch: int = 1, backward: bool = False, layer: bool = False,
+                   precision: str = "fp32") -> Cost | None:
+    """Cost of one attention core (``layer=False``) or layer (with its projections), see the module doc.
+
+    None where ``mechanism`` has no FLOP model in :data:`CORE_FORWARD_FLOPS`.
+    """
+    if mechanism not in CORE_FORWARD_FLOPS:
+        return None
+    size = ELEMENT_BYTES[precision]
+    flops = CORE_FORWARD_FLOPS[mechanism](batch, heads, seq_len, head_dim)
+    elements = batch * heads * seq_len * head_dim
+    cost = Cost(flops, 4 * elements * size)
+    if backward:
+        cost += Cost(2 * flops, 7 * elements * size)
+    if layer:
+        inner, rows = heads * head_dim, batch * seq_len
+        cost += linear_cost(rows, dim, 3 * inner, backward, True, size)
+        cost += linear_cost(rows, inner, dim, backward, True, size)
+    return cost
+
+
+def matmul_flops(build: Callable[[], nn.Module], input_shape: tuple[int, ...], backward: bool = True) -> float:
+    """FLOPs of every ``nn.Linear`` and convolution of ``build()`` on an input of ``input_shape``.
+
+    The model is built and run on the meta device, so nothing is computed or allocated; every
+    attention core (:meth:`Attention.attend`) is replaced by "return q" for that run, since cores are
+    not counted and need not support the meta device. With ``backward``, each layer also counts its
+    weight gradient and, unless its input needs no gradient (the image into the patch embedding), its
+    input gradient.
+    """
+    total = 0.0
+
+    def count(module, inputs, output):
+        nonlocal total
+        if isinstance(module, nn.Linear):
+            flops = 2 * math.prod(inputs[0].shape[:-1]) * module.in_features * module.out_features
+        else:  # convolution: each output element is a dot product over in/groups * kernel
+            flops = 2 * output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
+        grads = 1 + inputs[0].requires_grad if backward else 0
+        total += flops * (1 + grads)
+
+    with torch.device("meta"):
+        model = build()
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.attend = lambda q, k, v, mask: q
+        handles = [m.register_forward_hook(count) for m in model.modules()
+                   if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+        model(torch.empty(input_shape))
+    for handle in handles:
+        handle.remove()
+    return total

@@ -1,0 +1,176 @@
+"""Smoke runs of ``medattn bench attention`` / ``bench scaling`` at tiny sizes, and the roofline arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from medattn.bench import attention, roofline, scaling
+from medattn.bench.common import extrapolate
+from medattn.cli import main
+from medattn.models import create_model
+
+RATES = roofline.MachineRates({"fp32": 100.0, "bf16": 400.0}, 10.0)  # fixed, so no measuring in tests
+
+
+def test_attention_cost_by_hand():
+    # seqnorm core, B=1, H=2, N=8, d=4, fp32: K'^T V and Q' C are 2 * H * N * d^2 = 512 FLOPs each, 1024 in
+    # all; compulsory bytes: q, k, v read and the output written, 4 tensors of H N d = 64 floats = 1024 bytes.
+    forward = roofline.attention_cost("seqnorm", seq_len=8, heads=2, head_dim=4, dim=8)
+    assert forward == roofline.Cost(1024, 1024)
+    # Backward: twice the FLOPs and 7 tensors of 64 floats.
+    both = roofline.attention_cost("seqnorm", seq_len=8, heads=2, head_dim=4, dim=8, backward=True)
+    assert both == roofline.Cost(3 * 1024, 1024 + 7 * 64 * 4)
+    # Softmax: 4 H N^2 d = 4 * 2 * 64 * 4 = 2048. SimA takes the cheaper order: N=2 < d=4 gives 4 H N d N.
+    assert roofline.attention_cost("softmax", 8, 2, 4, 8).flops == 2048
+    assert roofline.attention_cost("sima", 2, 2, 4, 8).flops == 4 * 2 * 2 * 4 * 2
+    # bf16 halves the bytes, not the FLOPs; unknown mechanisms have no model.
+    assert roofline.attention_cost("seqnorm", 8, 2, 4, 8, precision="bf16") == roofline.Cost(1024, 512)
+    assert roofline.attention_cost("no-such-mechanism", 8, 2, 4, 8) is None
+    # Roofline time: 1024 FLOPs at 100 GFLOP/s plus 1024 bytes at 10 GB/s.
+    assert RATES.time_s(forward, "fp32") == pytest.approx(1024 / 100e9 + 1024 / 10e9)
+
+
+def test_layer_cost_adds_the_projections():
+    # qkv: 8 rows x (8 -> 24): 2*8*8*24 = 3072 FLOPs; proj: 8 x (8 -> 8): 1024; the core 1024.
+    layer = roofline.attention_cost("seqnorm", seq_len=8, heads=2, head_dim=4, dim=8, layer=True)
+    assert layer.flops == 1024 + 3072 + 1024
+    # Bytes of the qkv forward: X (64) + W (192) + Y (192) floats.
+    assert roofline.linear_cost(8, 8, 24).bytes == (64 + 192 + 192) * 4
+    # Backward without input gradient counts one extra product; with it, two.
+    assert roofline.linear_cost(8, 8, 24, backward=True, input_grad=False).flops == 2 * 3072
+    assert roofline.linear_cost(8, 8, 24, backward=True).flops == 3 * 3072
+
+
+def test_matmul_flops_of_a_model_by_hand():
+    # vit2d_tiny at 32 px: patch 8 -> 16 patches + cls = 17 tokens, D' = D = 32, MLP 64, depth 2, 1 class.
+    tokens, dim, mlp = 17, 32, 64
+    block = 2 * tokens * (dim * 3 * dim + dim * dim + 2 * dim * mlp)
+    patch = 2 * 16 * (1 * 8 * 8) * dim
+    head = 2 * 1 * dim * 1
+    forward = 2 * block + patch + head
+    assert roofline.matmul_flops(lambda: create_model("vit2d_tiny", img_size=32), (1, 1, 32, 32),
+                                 backward=False) == forward
+    # Backward: every layer twice more, except the patch embedding whose input (the image) needs no grad.
+    assert roofline.matmul_flops(lambda: create_model("vit2d_tiny", attention="seqnorm", img_size=32),
+                                 (1, 1, 32, 32)) == 3 * forward - patch
+
+
+def test_extrapolate_power_law():
+    assert extrapolate([], 10) is None
+    assert extrapolate([(1, 2.0)], 4) == pytest.approx(32.0)  # default exponent 2
+    assert extrapolate([(1, 1.0), (2, 8.0)], 4) == pytest.approx(64.0)  # fitted exponent 3
+    assert extrapolate([(1, 1.0), (2, 1.0)], 4) == pytest.approx(2.0)  # clamped to at least 1
+
+
+def test_attention_bench_rows_in_process():
+    rows = attention.run_attention_bench(["softmax", "seqnorm"], [16, 64], heads=2, head_dim=8, dim=16,
+                                         repeats=1, warmup=0, rates=RATES, isolate=False, include_peers=False)
+    ok = [row for row in rows if row["status"] == "ok"]
+    assert len(ok) == 2 * 2 * 2 * 2  # mechanisms x N x parts x passes
+    for row in ok:
+        assert row["median_s"] > 0 and row["peak_mem_mb"] >= 0
+        assert row["roofline_s"] == pytest.approx(row["roofline_fraction"] * row["median_s"])
+        assert {"machine", "torch_threads", "allocator", "torch", "precision"} <= set(row)
+    seqnorm_core = next(r for r in ok if r["mechanism"] == "seqnorm" and r["part"] == "core" and r["n"] == 64
+                        and r["pass"] == "fwd")
+    cost = roofline.attention_cost("seqnorm", 64, 2, 8, 16)
+    assert seqnorm_core["roofline_s"] == pytest.approx(RATES.time_s(cost, "fp32"))
+
+
+def test_attention_bench_skips_over_budget():
+    # A budget no real call meets: the smallest N runs, the next ones are skipped and recorded.
+    rows = attention.run_attention_bench(["linear"], [16, 32, 64], heads=2, head_dim=8, dim=16, parts=("core",),
+                                         repeats=1, warmup=0, budget_s=1e-9, rates=RATES, isolate=False,
+                                         include_peers=False)
+    by_n = {row["n"]: row["status"] for row in rows if row["pass"] == "fwd"}
+    assert by_n[16] == "ok"
+    assert by_n[32].startswith("skipped: over time budget") and by_n[64].startswith("skipped: over time budget")
+
+
+def test_attention_bench_records_missing_peer():
+    name = next(iter(attention.PEERS))
+    if name in attention.installed_peers():
+        pytest.skip(f"{name} is installed")
+    rows = attention.run_attention_bench([name], [16], rates=RATES, isolate=False)
+    assert len(rows) == 1 and rows[0]["status"].endswith("not installed")
+
+
+def test_attention_bench_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown attention"):
+        attention.run_attention_bench(["nope"], [16], rates=RATES)
+    with pytest.raises(ValueError, match="positive"):
+        attention.run_attention_bench(["softmax"], [0], rates=RATES)
+    with pytest.raises(ValueError, match="precision"):
+        attention.run_attention_bench(["softmax"], [16], precision="fp8", rates=RATES)
+
+
+def test_attention_bench_isolated_memory_grows_and_budget_skips():
+    # Fresh processes: q, k, v are 8 MiB each at N=32768 (2 heads of 32), so the peak of the seqnorm
+    # core's backward there exceeds that at N=64 (kilobytes) by at least them and their gradients. From
+    # these two points N=65536 is predicted over a 51 MiB budget and skipped without running.
+    rows = attention.run_attention_bench(["seqnorm"], [64, 32768, 65536], heads=2, head_dim=32, dim=64,
+                                         parts=("core",), passes=("fwd+bwd",), repeats=1, warmup=0, budget_s=1e6,
+                                         memory_budget_gb=0.05, rates=RATES, isolate=True, include_peers=False)
+    assert [row["status"] for row in rows][:2] == ["ok", "ok"]
+    assert rows[1]["peak_mem_mb"] - rows[0]["peak_mem_mb"] > 6 * 8
+    assert rows[2]["status"].startswith("skipped: over memory budget")
+
+
+def test_scaling_bench_rows_in_process():
+    rows = scaling.run_scaling_bench(["softmax", "seqnorm"], [32, 64], model="vit2d_tiny", repeats=1, warmup=0,
+                                     rates=RATES, isolate=False, images_per_epoch=100)
+    assert [(r["mechanism"], r["resolution"], r["tokens"]) for r in rows] == [
+        ("softmax", 32, 17), ("softmax", 64, 65), ("seqnorm", 32, 17), ("seqnorm", 64, 65)]
+    for row in rows:
+        assert row["status"] == "ok"
+        assert row["epoch_s"] == pytest.approx(100 * row["step_s"])
+        assert row["floor_ratio"] == pytest.approx(row["step_s"] / row["matmul_floor_s"])
+        assert row["matmul_floor_s"] == pytest.approx(row["matmul_gflop"] / 100.0)
+
+
+def test_scaling_bench_skips_over_time_budget():
+    rows = scaling.run_scaling_bench(["seqnorm"], [32, 64], model="vit2d_tiny", repeats=1, warmup=0, rates=RATES,
+                                     isolate=False, time_budget_s=1e-9)
+    assert rows[0]["status"] == "ok"
+    assert rows[1]["status"].startswith("skipped: over time budget")
+    assert "step_s" not in rows[1] and rows[1]["matmul_floor_s"] > 0
+
+
+def test_cli_attention_writes_csv_and_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(attention, "measure_rates", lambda device="cpu": RATES)
+    code = main(["bench", "attention", "--mechanisms", "sima", "--seq-lens", "16", "--heads", "2", "--head-dim", "8",
+                 "--dim", "16", "--repeats", "1", "--no-isolate", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "attention.json").read_text())
+    assert data["environment"]["rates"] == RATES.as_dict()
+    assert {(r["part"], r["pass"]) for r in data["results"]} == {(p, q) for p in attention.PARTS
+                                                                  for q in attention.PASSES}
+    assert (tmp_path / "attention.csv").read_text().startswith("mechanism,part,n,")
+
+
+def test_cli_scaling_writes_csv_json_png(tmp_path, monkeypatch):
+    monkeypatch.setattr(scaling, "measure_rates", lambda device="cpu": RATES)
+    code = main(["bench", "scaling", "--model", "vit2d_tiny", "--resolutions", "32", "--mechanisms", "seqnorm",
+                 "--repeats", "1", "--warmup", "0", "--no-isolate", "--out", str(tmp_path)])
+    assert code == 0
+    rows = json.loads((tmp_path / "scaling.json").read_text())["results"]
+    assert len(rows) == 1 and rows[0]["status"] == "ok"
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_cli_reports_bad_mechanism(capsys):
+    assert main(["bench", "scaling", "--mechanisms", "nope", "--model", "vit2d_tiny"]) == 2
+    assert "unknown attention" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16"])
+def test_attention_bench_bf16_runs(precision):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN for bf16 on this CPU build")
+    rows = attention.run_attention_bench(["seqnorm"], [16], heads=2, head_dim=8, dim=16, precision=precision,
+                                         repeats=1, warmup=0, rates=RATES, isolate=False, include_peers=False)
+    assert all(row["status"] == "ok" and row["precision"] == "bf16" for row in rows)
