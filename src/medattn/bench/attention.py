@@ -45,6 +45,7 @@ from .common import (
     peak_memory_bytes,
     reset_peak_memory,
     row_environment,
+    run_in_process,
     run_isolated,
     write_results,
 )
@@ -186,7 +187,7 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
                         measured = run_isolated("medattn.bench.attention:measure_one", kwargs, timeout,
                                                 memory_budget + RUNTIME_ALLOWANCE_BYTES)
                     else:
-                        measured = measure_one(**kwargs)
+                        measured = run_in_process(measure_one, kwargs)
                     if verbose:
                         print(f"  {mechanism} {part} N={n}: {time.perf_counter() - started:.1f} s wall", flush=True)
                     status = measured.get("status")

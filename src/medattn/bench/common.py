@@ -197,6 +197,15 @@ def run_isolated(target: str, kwargs: dict, timeout_s: float, memory_limit_bytes
         return json.loads(out_path.read_text())
 
 
+def run_in_process(measure: Callable[..., dict], kwargs: dict) -> dict:
+    """``measure(**kwargs)`` in this process; an exception becomes ``{"status": "failed: ..."}``, as a
+    crash does in :func:`run_isolated`, so one broken configuration does not stop a benchmark."""
+    try:
+        return measure(**kwargs)
+    except Exception as error:
+        return {"status": f"failed: {type(error).__name__}: {error}"}
+
+
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """Plain-text table of ``rows``; ``columns`` are ``(key, header, format spec)``, missing values blank."""
     cells = [[header for _, header, _ in columns]]

@@ -28,9 +28,12 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
         resolutions = [row["resolution"] for row in done]
         ax_time.plot(resolutions, [row["epoch_h"] for row in done], marker="o", label=label)
         ax_mem.plot(resolutions, [row["peak_mem_mb"] / 1024 for row in done], marker="o", label=label)
+    ticks = sorted({row["resolution"] for row in rows})
     for ax, ylabel in ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
         ax.set_xlabel("image size (px)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)

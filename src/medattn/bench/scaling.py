@@ -42,6 +42,7 @@ from .common import (
     peak_memory_bytes,
     reset_peak_memory,
     row_environment,
+    run_in_process,
     run_isolated,
     write_results,
 )
@@ -126,7 +127,7 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                     measured = run_isolated("medattn.bench.scaling:measure_step", kwargs, timeout,
                                             memory_budget + RUNTIME_ALLOWANCE_BYTES)
                 else:
-                    measured = measure_step(**kwargs)
+                    measured = run_in_process(measure_step, kwargs)
                 if verbose:
                     print(f"  {mechanism} {resolution}px: {time.perf_counter() - started:.1f} s wall", flush=True)
                 status = measured.get("status")
