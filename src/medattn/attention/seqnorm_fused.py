@@ -26,14 +26,25 @@ import torch
 CONDITION_LIMIT = 1e3
 
 
+#: Tokens per block when summing squares: small blocks keep temporaries out of fresh page-faulted memory.
+SQUARE_BLOCK = 512
+
+
 def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d)."""
-    if weights is None:
-        gram = x.transpose(-2, -1) @ x  # (B, H, d, d); its diagonal is sum x^2
-        return x.sum(dim=2, keepdim=True), gram.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
-    xw = x * weights
-    gram = xw.transpose(-2, -1) @ x
-    return xw.sum(dim=2, keepdim=True), gram.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
+    """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d).
+
+    The squares are summed block by block of tokens, which measured faster than either one Gram
+    product or one full-size square on this project's CPU (docs/performance.md).
+    """
+    total = x.sum(dim=2, keepdim=True) if weights is None else 0
+    total_sq = 0
+    for start in range(0, x.shape[2], SQUARE_BLOCK):
+        block = x[:, :, start:start + SQUARE_BLOCK]
+        weighted = block if weights is None else block * weights[:, :, start:start + SQUARE_BLOCK]
+        if weights is not None:
+            total = total + weighted.sum(dim=2, keepdim=True)
+        total_sq = total_sq + torch.linalg.vecdot(weighted, block, dim=2).unsqueeze(-2)
+    return total, total_sq
 
 
 def _scale_shift(total, total_sq, count, gamma, beta, eps):
