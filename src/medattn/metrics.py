@@ -1,9 +1,15 @@
-"""AUROC for binary, multi-class and multi-label tasks, its bootstrap confidence interval, ROC plots.
+"""AUROC for binary, multi-class and multi-label tasks, its bootstrap confidence interval, ROC plots;
+mean Dice for segmentation and its bootstrap confidence interval.
 
 Shapes: ``probs`` is (N, K) with K = the model's outputs (K = 1 for binary: the positive class's
 probability). ``labels`` is (N, K) of 0/1 for binary and multi-label tasks, or (N,) class indices for
 multi-class tasks. Multi-class AUROC is one-vs-rest, macro-averaged; multi-label AUROC is the macro
 average over outputs (scikit-learn's definitions).
+
+Segmentation: ``dice`` is (N, K), one row of per-class Dice per case (class 0 = background), NaN where
+a class is absent from both the case's prediction and its label (see
+:func:`medattn.models.segmentation.dice_per_class`). A class's Dice is the mean over the cases where it
+is defined; the mean Dice is the mean of the foreground classes' Dice (classes 1..K-1).
 
 AUROC is undefined when a split lacks a class; :class:`UndefinedMetricError` (a
 :class:`~medattn.errors.UserError`) then names the split, the output and the class present, instead of
@@ -129,3 +135,50 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def class_dice(dice) -> np.ndarray:
+    """(N, K) per-case Dice -> (K,) per-class Dice: the mean over the cases where the class is defined."""
+    dice = np.asarray(dice, dtype=np.float64)
+    if dice.ndim != 2 or dice.shape[0] == 0 or dice.shape[1] < 2:
+        raise ValueError(f"dice must be (N, K) with N > 0 cases and K >= 2 classes, got {dice.shape}")
+    defined = ~np.isnan(dice)
+    totals = np.where(defined, dice, 0.0).sum(0)
+    counts = defined.sum(0)
+    return np.divide(totals, counts, out=np.full(dice.shape[1], np.nan), where=counts > 0)
+
+
+def mean_dice(dice, split: str = "") -> float:
+    """Mean foreground Dice: the mean of :func:`class_dice` over classes 1..K-1 present in the split.
+
+    Raises :class:`UndefinedMetricError` when no foreground class occurs in the split (in any label
+    or prediction).
+    """
+    per_class = class_dice(dice)[1:]
+    if np.isnan(per_class).all():
+        where = f" on the {split} split" if split else ""
+        raise UndefinedMetricError(f"Dice is undefined{where}: no foreground class in any of the "
+                                   f"{len(dice)} cases' labels or predictions")
+    return float(np.nanmean(per_class))
+
+
+def dice_bootstrap_ci(dice, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of :func:`mean_dice` over ``n_boot`` resamples of the cases (with replacement);
+    resamples without any foreground are drawn again; ``numpy.random.default_rng(seed)``."""
+    dice = np.asarray(dice, dtype=np.float64)
+    mean_dice(dice)  # defined on the full set, or raise
+    rng = np.random.default_rng(seed)
+    n = len(dice)
+    scores: list[float] = []
+    attempts = 0
+    while len(scores) < n_boot:
+        attempts += 1
+        if attempts > 20 * n_boot:
+            raise UndefinedMetricError(f"bootstrap: too few resamples contain a foreground class ({len(scores)} "
+                                       f"of {n_boot})")
+        sample = dice[rng.integers(0, n, n)]
+        if not np.isnan(sample[:, 1:]).all():
+            scores.append(mean_dice(sample))
+    alpha = (1 - ci) / 2
+    low, high = np.quantile(scores, [alpha, 1 - alpha])
+    return float(low), float(high)

@@ -16,7 +16,7 @@ from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.errors import UserError
 from medattn.train import checkpoint, distributed
-from medattn.train.engine import build_model, make_loader, predict, score_split
+from medattn.train.engine import build_model, make_loader, objective_for, predict, score_split
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,10 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if bundle.skipped:
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
         tag = " [SYNTHETIC data]" if data_task.synthetic else ""
-        if result["auroc"] is None:
-            print(f"{args.split}: n={result['n']}  AUROC undefined: {result['note']}{tag}")
-        else:
-            ci = "" if result["ci_low"] is None else f" (95% CI {result['ci_low']:.3f}-{result['ci_high']:.3f})"
-            print(f"{args.split}: n={result['n']}  AUROC {result['auroc']:.4f}{ci}{tag}  -> {out}")
+        line = objective_for(data_task).test_line(result).replace("test ", f"{args.split} ", 1)
+        print(f"{line}{tag}  -> {out}")
     distributed.cleanup()
     return 0

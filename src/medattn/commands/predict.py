@@ -66,6 +66,8 @@ def file_loader(data_cfg: dict, task):
 
 def run(args: argparse.Namespace) -> int:
     model, config, task, _ = load_trained(args.checkpoint)
+    if task.task_type == "segmentation":
+        raise UserError("predict writes class probabilities; for a segmentation checkpoint use medattn eval")
     if task.input_kind == "volume3d" and config["data"].get("split_sides"):
         raise UserError("this checkpoint was trained on left/right halves; give one half-volume per file")
     paths = [Path(f) for f in args.files]

@@ -4,7 +4,8 @@ A sample is a dict:
 
 * ``"input"``: float32 tensor: image (C, H, W), volume (C, H, W, D) or feature bag (N, F).
 * ``"label"``: float32 tensor (num_outputs,) for binary and multi-label tasks (0/1 per output),
-  or an int64 scalar for multi-class tasks.
+  an int64 scalar for multi-class tasks, or an int64 label map (H, W, D) with values in
+  [0, num_outputs) for segmentation (class 0 = background).
 * ``"id"``: str, the sample's identifier (file name, slide or patient id), used in predictions.
 * ``"patient"``: str, the patient id (splits never put one patient in two splits).
 * bags only: ``"coords"``: float32 (N, 2) patch coordinates (zeros when the file has none).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
-TASK_TYPES = ("binary", "multiclass", "multilabel")
+TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation")
 INPUT_KINDS = ("image2d", "volume3d", "bag")
 
 
@@ -29,7 +30,8 @@ class TaskInfo:
     """What the engine needs to know about a task.
 
     ``num_outputs`` is the model's number of logits: 1 for binary, the class count for multi-class,
-    the label count for multi-label. ``class_names`` names the outputs (or the classes).
+    the label count for multi-label, the class count including background for segmentation (logits
+    per voxel). ``class_names`` names the outputs (or the classes).
     ``input_shape`` is one sample's input shape without the bag length: (C, H, W), (C, H, W, D) or
     (F,) for bags; the engine sets the model's ``in_chans``/``img_size`` or ``feature_dim`` from it.
     """

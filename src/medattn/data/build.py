@@ -13,10 +13,12 @@ BUILDERS: dict[str, tuple[str, str]] = {
     "synthetic_cxr": ("synthetic_cxr", "build_synthetic_cxr"),
     "synthetic_breast_mri": ("synthetic_breast_mri", "build_synthetic_breast_mri"),
     "synthetic_wsi": ("synthetic_wsi", "build_synthetic_wsi"),
+    "synthetic_vertebrae": ("synthetic_vertebrae", "build_synthetic_vertebrae"),
     "image_table": ("images", "build_image_table"),
     "volume_table": ("volumes", "build_volume_table"),
     "wsi_bags": ("bags", "build_wsi_bags"),
     "medmnist": ("medmnist", "build_medmnist"),
+    "nifti_segmentation": ("segmentation", "build_nifti_segmentation"),
 }
 
 

@@ -5,20 +5,31 @@ at a random start, with random spacing and small jitter of centre, radii and bri
 noise. Voxels of the k-th blob from the top (smallest D) are labelled k (1..num_blobs), background 0.
 Since the blobs look alike and the column's start varies by more than one spacing, a voxel's label is
 fixed only by how many blobs lie above it: the task needs context along the whole column.
-Samples are deterministic functions of ``(seed, index)``.
+Samples are deterministic functions of ``(seed, index)``. :func:`build_synthetic_vertebrae` is the data
+kind ``synthetic_vertebrae`` (a segmentation task for ``medattn train``).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch.utils.data import Dataset
 
-from .synthetic_base import item_seed
+from ..errors import UserError
+from .base import DataBundle, TaskInfo
+from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .synthetic_base import SyntheticDataset, item_seed
+
+NAME = "synthetic_vertebrae"
+KEYS = frozenset({"volume_size", "num_blobs", "num_samples", "noise", "seed", "cache"})
+DEFAULT_SIZES = {"train": 64, "val": 16, "test": 16}
+SPACING = (8.0, 10.0)  # range of the distance between blob centres along D, voxels
+RADIUS = (4.0, 4.0, 2.8)  # blob radii along H, W, D before a +-10 % jitter, voxels
 
 
 def make_vertebrae(seed: int, size: tuple[int, int, int] = (16, 16, 64), num_blobs: int = 4,
-                   spacing: tuple[float, float] = (8.0, 10.0),
-                   radius: tuple[float, float, float] = (4.0, 4.0, 2.8),
+                   spacing: tuple[float, float] = SPACING, radius: tuple[float, float, float] = RADIUS,
                    noise: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
     """One sample: image (1, H, W, D) float32 and label (H, W, D) int64 in [0, num_blobs]."""
     height, width, depth = size
@@ -67,4 +78,42 @@ class SyntheticVertebrae(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < self.length:
             raise IndexError(index)
-        return make_vertebrae(item_seed("synthetic_vertebrae", self.seed, self.split, index), **self.kwargs)
+        return make_vertebrae(item_seed(NAME, self.seed, self.split, index), **self.kwargs)
+
+
+def make_sample(seed: int, split: str, index: int, **kwargs) -> dict:
+    """Sample ``index`` of ``split`` in the sample-dict contract (:mod:`medattn.data.base`)."""
+    image, label = make_vertebrae(item_seed(NAME, seed, split, index), **kwargs)
+    sample_id = f"{NAME}-{split}-{index:06d}"
+    return {"input": image, "label": label, "id": sample_id, "patient": sample_id}
+
+
+def build_synthetic_vertebrae(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """Synthetic vertebra-labelling segmentation benchmark (SYNTHETIC, not real data).
+
+    Keys: ``volume_size`` (H, W, D; default [16, 16, 64]), ``num_blobs`` (default 4; classes are
+    background + one per blob), ``num_samples`` (per split; default 64/16/16), ``noise`` (default
+    0.15), ``seed`` (data seed, default: the run seed), ``cache`` (default true). No augmentation: a
+    flip along D would reverse the labelling order. ``skip_bad`` has nothing to skip. Item i of a
+    split is the same as ``SyntheticVertebrae(n, seed, split)[i]``.
+    """
+    check_keys(cfg, KEYS, NAME)
+    size = int_tuple(cfg.get("volume_size", (16, 16, 64)), 3, f"{NAME}.volume_size")
+    num_blobs = cfg.get("num_blobs", 4)
+    if not isinstance(num_blobs, int) or isinstance(num_blobs, bool) or num_blobs < 1:
+        raise UserError(f"{NAME}.num_blobs must be a positive int, got {num_blobs!r}")
+    noise = cfg.get("noise", 0.15)
+    if not isinstance(noise, (int, float)) or noise < 0:
+        raise UserError(f"{NAME}.noise must be a non-negative number, got {noise!r}")
+    longest = SPACING[1] * (num_blobs - 1) + 2 * RADIUS[2] + 2  # as make_vertebrae's check, widest spacing
+    if longest > size[2]:
+        raise UserError(f"{NAME}: a column of {num_blobs} blobs needs a depth (volume_size[2]) of at least "
+                        f"{longest:.0f}, got {size[2]}")
+    kwargs = dict(size=size, num_blobs=num_blobs, noise=float(noise))
+    data_seed = int(cfg.get("seed", seed))
+    sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
+    datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, data_seed, s, **kwargs),
+                                    cache=bool(cfg.get("cache", True))) for s in SPLITS}
+    names = ["background", *[f"blob{k}" for k in range(1, num_blobs + 1)]]
+    task = TaskInfo("segmentation", "volume3d", num_blobs + 1, (1, *size), names, synthetic=True)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)

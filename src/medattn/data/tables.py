@@ -20,6 +20,9 @@ from torch.utils.data import Dataset
 from ..errors import UserError
 from .base import TASK_TYPES
 
+#: Task types a label table can describe (segmentation labels come as label maps, not columns).
+CLASSIFICATION_TASKS = tuple(t for t in TASK_TYPES if t != "segmentation")
+
 log = logging.getLogger("medattn.data")
 
 
@@ -149,8 +152,8 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
     two ``classes``), multi-class otherwise (classes 0..K-1, K = ``num_classes``, the number of
     ``classes`` or the largest label + 1). Rows that do not fit are rejected by :meth:`LabelSpec.tensor`.
     """
-    if task_type is not None and task_type not in TASK_TYPES:
-        raise UserError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
+    if task_type is not None and task_type not in CLASSIFICATION_TASKS:
+        raise UserError(f"task_type must be one of {CLASSIFICATION_TASKS}, got {task_type!r}")
     seen = {v for row in values for v in row}
     if task_type is None:
         if len(columns) > 1:

@@ -9,6 +9,8 @@ plus ``*_small`` and ``*_tiny`` ones for CPU demos and tests.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from .convert import convert_attention
@@ -22,12 +24,26 @@ def available_models() -> list[str]:
     return sorted(PRESETS)
 
 
-def create_model(name: str, attention: str = "softmax", **kwargs) -> nn.Module:
-    """Build preset ``name`` with mechanism ``attention``; keyword arguments override the preset."""
+def takes_attention(name: str) -> bool:
+    """Whether preset ``name``'s class takes an attention mechanism (an ``attention`` argument)."""
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    return "attention" in inspect.signature(PRESETS[name][0]).parameters
+
+
+def create_model(name: str, attention: str | None = None, **kwargs) -> nn.Module:
+    """Build preset ``name`` with mechanism ``attention``; keyword arguments override the preset.
+
+    ``attention=None`` keeps the model's default mechanism (softmax). Models without attention (the 3D
+    segmentation networks) take no mechanism: naming one for them is an error, not silently ignored.
+    """
+    accepts = takes_attention(name)
+    if attention is not None and not accepts:
+        raise ValueError(f"model {name!r} has no attention mechanism; got attention={attention!r} "
+                         f"(set model.attention=null)")
     cls, preset = PRESETS[name]
-    return cls(**{**preset, "attention": attention, **kwargs})
+    return cls(**{**preset, **({"attention": attention} if attention is not None else {}), **kwargs})
 
 
-__all__ = ["VisionTransformer", "WSITransformer", "available_models", "convert_attention", "create_model"]
+__all__ = ["VisionTransformer", "WSITransformer", "available_models", "convert_attention", "create_model",
+           "takes_attention"]

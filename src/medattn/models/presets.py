@@ -12,12 +12,25 @@ heads             8          8         8
 MLP dim           1024       1024      512
 ================  =========  ========  ==========  =====
 
+3D segmentation (Joutard et al., MICCAI 2019), CPU-sized defaults; ``num_classes`` counts the background:
+
+==================  ===================================================================
+``unet3d``          3D U-Net, base 8 channels, one down-sampling, parameter-matched to ``upamnet``
+``upamnet``         the same U-Net with the PAM at half resolution (U-PAM-Net)
+``dilated_fcn``     shallow dilated FCN (width 18, 4 blocks, dilations 1/2/4), matched to its PAM twin
+``dilated_fcn_pam`` the same with the Permutohedral block before the prediction layer
+==================  ===================================================================
+
+The U-Nets default to ``depth=1`` (receptive field about 18 voxels), small enough that the synthetic
+vertebra task needs the PAM's non-local context; the paper's U-Net is deeper (``model.kwargs.depth``).
+
 Any keyword given to :func:`medattn.models.create_model` overrides the preset's value.
 """
 
 from __future__ import annotations
 
 from .pixel import PixelTransformer
+from .segmentation import DilatedFCN3D, UNet3D
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -45,4 +58,11 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                            embed_dim=32, attn_dim=32, depth=2, num_heads=2, mlp_dim=64)),
     "vitwsi_tiny": (WSITransformer, dict(feature_dim=16, embed_dim=32, attn_dim=32, depth=2, num_heads=2,
                                          mlp_dim=64)),
+    # 3D segmentation without and with the Permutohedral Attention Module (no attention argument).
+    "unet3d": (UNet3D, dict(in_chans=1, num_classes=2, base_channels=8, depth=1, use_pam=False)),
+    "upamnet": (UNet3D, dict(in_chans=1, num_classes=2, base_channels=8, depth=1, use_pam=True)),
+    "dilated_fcn": (DilatedFCN3D, dict(in_chans=1, num_classes=2, width=18, num_blocks=4, dilations=(1, 2, 4),
+                                       use_pam=False)),
+    "dilated_fcn_pam": (DilatedFCN3D, dict(in_chans=1, num_classes=2, width=18, num_blocks=4,
+                                           dilations=(1, 2, 4), use_pam=True)),
 }

@@ -2,17 +2,22 @@
 
 :func:`fit` trains with AdamW, a linear warm-up then cosine decay of the learning rate (per optimizer
 step), gradient clipping, gradient accumulation and optional bf16 autocast. After every epoch it
-scores the validation split (AUROC), writes a checkpoint atomically (``checkpoints/last``) and keeps
-the one with the best validation AUROC (``checkpoints/best``, first epoch wins ties); that one is
-tested at the end: AUROC with a bootstrap CI, ROC PNG and per-sample predictions.
+scores the validation split, writes a checkpoint atomically (``checkpoints/last``) and keeps the one
+with the best validation score (``checkpoints/best``, first epoch wins ties); that one is tested at
+the end. What is optimised and scored comes from the task type, in one place (:func:`objective_for`):
+
+* classification (binary, multi-class, multi-label; :class:`Classification`): cross-entropy; AUROC,
+  with a bootstrap CI, a ROC PNG and per-sample probabilities on the test split;
+* segmentation (:class:`Segmentation`): soft Dice over the foreground classes + voxel cross-entropy;
+  mean foreground Dice, with a bootstrap CI over test cases, per-class Dice and per-case Dice.
 
 Run folder::
 
     config.yaml             resolved config
-    metrics.csv             one row per epoch (lr, train/val loss, val AUROC, seconds)
+    metrics.csv             one row per epoch (lr, train/val loss, val AUROC or val Dice, seconds)
     checkpoints/last|best   see medattn.train.checkpoint
-    predictions_test.csv    id, patient, label(s), probability per output
-    roc_test.png            ROC curve(s) on the test split
+    predictions_test.csv    id, patient, label(s), probability per output (segmentation: Dice per class)
+    roc_test.png            ROC curve(s) on the test split (classification only)
     results.json            the summary (also printed)
 
 Reproducibility: the seed sets torch/numpy/random; the training order comes from a sampler seeded
@@ -51,21 +56,25 @@ from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.errors import UserError
 from medattn.models import create_model
 from medattn.models.presets import PRESETS
+from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.models.wsi import WSITransformer
 
 from . import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "checkpoints", "predictions_test.csv", "roc_test.png", "results.json")
-METRIC_FIELDS = ("epoch", "lr", "train_loss", "val_loss", "val_auroc", "seconds")
 
 
 @dataclass
 class Predictions:
-    """One split's model outputs in dataset order: probs (N, K), labels (N, K) or (N,) class indices."""
+    """One split's per-sample results in dataset order (see the objective's :meth:`outputs`).
+
+    Classification: ``outputs`` = probabilities (N, K), ``labels`` (N, K) or (N,) class indices.
+    Segmentation: ``outputs`` = per-class Dice (N, K), ``labels`` = label voxels per class (N, K).
+    """
 
     ids: list[str]
     patients: list[str]
-    probs: np.ndarray
+    outputs: np.ndarray
     labels: np.ndarray
     loss: float
 
@@ -99,11 +108,12 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
         kwargs.setdefault("in_chans", task.input_shape[0])
         if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the pixel model takes any size
             kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
-    return create_model(name, attention=model_cfg["attention"], **kwargs)
+    return create_model(name, attention=model_cfg.get("attention"), **kwargs)
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
-    """Logits (B, K): ``model(x)`` for images/volumes, ``model(features, mask, coords)`` for bags."""
+    """Logits (B, K) (segmentation: (B, K, H, W, D)): ``model(x)`` for images/volumes,
+    ``model(features, mask, coords)`` for bags."""
     if input_kind == "bag":
         return model(batch["input"], mask=batch.get("mask"), coords=batch.get("coords"))
     return model(batch["input"])
@@ -120,6 +130,135 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_samp
 
 def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
     return logits.float().softmax(-1) if task_type == "multiclass" else logits.float().sigmoid()
+
+
+def _output_names(task: TaskInfo, k: int) -> list[str]:
+    return task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+
+
+class Classification:
+    """Binary, multi-class and multi-label tasks: logits (B, K); cross-entropy; AUROC."""
+
+    metric, metric_label = "auroc", "AUROC"
+    files = "predictions_test.csv roc_test.png"
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.task = task
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        return loss_fn(logits, labels, self.task.task_type, per_sample)
+
+    def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (probabilities (B, K), labels): the per-sample rows gathered for scoring."""
+        return probabilities(logits, self.task.task_type), labels
+
+    def val_score(self, pred: Predictions) -> float:
+        return metrics.auroc(pred.outputs, pred.labels, self.task.task_type, "validation", self.task.class_names)
+
+    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
+        """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
+        task = self.task
+        write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
+        result: dict = {"n": len(pred.ids), "loss": pred.loss, "auroc": None, "ci_low": None, "ci_high": None}
+        try:
+            result["auroc"] = metrics.auroc(pred.outputs, pred.labels, task.task_type, split, task.class_names)
+            if eval_cfg["bootstrap"]:
+                result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
+                    pred.outputs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
+            title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
+            title += " (SYNTHETIC data)" if task.synthetic else ""
+            metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
+                             task.class_names)
+        except metrics.UndefinedMetricError as error:
+            result["note"] = str(error)
+        return result
+
+    def test_line(self, test: dict) -> str:
+        if test["auroc"] is None:
+            return f"test AUROC     undefined: {test['note']}"
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        return f"test AUROC     {test['auroc']:.4f}{ci}  n={test['n']}"
+
+
+class Segmentation:
+    """Voxel labelling: logits (B, K, H, W, D), labels (B, H, W, D) in [0, K) with 0 = background.
+
+    Loss: soft Dice over the foreground classes (batch Dice, :func:`soft_dice_loss` without background)
+    plus the voxel-wise cross-entropy, which gives useful gradients while the Dice of small structures
+    is still near 0. Score: mean foreground Dice of the hard (argmax) prediction (:func:`metrics.mean_dice`).
+    """
+
+    metric, metric_label = "dice", "Dice"
+    files = "predictions_test.csv"
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.task = task
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        if per_sample:
+            return torch.stack([self.loss(x[None], y[None]) for x, y in zip(logits, labels)])
+        return soft_dice_loss(logits, labels, include_background=False) + F.cross_entropy(logits.float(), labels)
+
+    def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (Dice per class (B, K), NaN where a class is in neither; label voxels per class (B, K))."""
+        k = logits.shape[1]
+        hard = logits.argmax(1)
+        dice = torch.stack([dice_per_class(p, t, k) for p, t in zip(hard, labels)])
+        voxels = torch.stack([torch.bincount(t.flatten(), minlength=k) for t in labels])
+        return dice, voxels
+
+    def val_score(self, pred: Predictions) -> float:
+        return metrics.mean_dice(pred.outputs, "validation")
+
+    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
+        """Mean foreground Dice with a bootstrap CI over cases, per-class Dice, per-case Dice CSV."""
+        names = _output_names(self.task, pred.outputs.shape[1])
+        self.write_cases(pred, names, out_dir / f"predictions_{split}.csv")
+        per_class = metrics.class_dice(pred.outputs)
+        result: dict = {"n": len(pred.ids), "loss": pred.loss, "dice": None, "ci_low": None, "ci_high": None,
+                        "dice_per_class": {n: None if np.isnan(v) else float(v) for n, v in zip(names, per_class)}}
+        try:
+            result["dice"] = metrics.mean_dice(pred.outputs, split)
+            if eval_cfg["bootstrap"]:
+                result["ci_low"], result["ci_high"] = metrics.dice_bootstrap_ci(
+                    pred.outputs, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
+        except metrics.UndefinedMetricError as error:
+            result["note"] = str(error)
+        return result
+
+    @staticmethod
+    def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
+        """CSV: id, patient, mean foreground Dice, Dice per class (empty where undefined), label voxels per class."""
+        def cell(value: float) -> str:
+            return "" if np.isnan(value) else f"{value:.6f}"
+
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["id", "patient", "mean_dice", *[f"dice_{n}" for n in names],
+                             *[f"voxels_{n}" for n in names]])
+            for i, sample_id in enumerate(pred.ids):
+                foreground = pred.outputs[i, 1:]
+                mean = float(np.nanmean(foreground)) if not np.isnan(foreground).all() else float("nan")
+                writer.writerow([sample_id, pred.patients[i], cell(mean), *[cell(v) for v in pred.outputs[i]],
+                                 *[int(v) for v in pred.labels[i]]])
+
+    def test_line(self, test: dict) -> str:
+        if test["dice"] is None:
+            return f"test Dice      undefined: {test['note']}"
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        classes = ", ".join(f"{n} {'-' if v is None else f'{v:.3f}'}"
+                            for n, v in list(test["dice_per_class"].items())[1:])
+        return f"test Dice      {test['dice']:.4f}{ci}  n={test['n']}\nper class      {classes}"
+
+
+def objective_for(task: TaskInfo) -> Classification | Segmentation:
+    """The loss, the validation score and the test report of a task type: the one place they are chosen."""
+    return Segmentation(task) if task.task_type == "segmentation" else Classification(task)
+
+
+def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:
+    """The columns of metrics.csv."""
+    return ("epoch", "lr", "train_loss", "val_loss", f"val_{objective.metric}", "seconds")
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
@@ -174,19 +313,21 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
             desc: str = "eval", progress: bool = True) -> Predictions:
     """Run the model over a loader (every rank its share) and gather all predictions in dataset order."""
     model.eval()
-    indices, probs, labels, losses, ids, patients = [], [], [], [], [], []
+    objective = objective_for(task)
+    indices, outputs, labels, losses, ids, patients = [], [], [], [], [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
         batch = _to(batch, device)
         with _autocast(device, precision):
             logits = forward(model, batch, task.input_kind)
-        losses.append(loss_fn(logits, batch["label"], task.task_type, per_sample=True).cpu())
+        losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
         indices.append(batch["index"].cpu())
-        probs.append(probabilities(logits, task.task_type).cpu())
-        labels.append(batch["label"].cpu())
+        output, label = objective.outputs(logits, batch["label"])
+        outputs.append(output.cpu())
+        labels.append(label.cpu())
         ids += batch["id"]
         patients += batch["patient"]
     index = distributed.all_gather_rows(torch.cat(indices))
-    prob = distributed.all_gather_rows(torch.cat(probs))
+    output = distributed.all_gather_rows(torch.cat(outputs))
     label = distributed.all_gather_rows(torch.cat(labels))
     ids = distributed.all_gather_strings(ids)
     patients = distributed.all_gather_strings(patients)
@@ -195,40 +336,25 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
     order = np.argsort(index.numpy(), kind="stable").tolist()
     first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
     return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
-                       probs=prob[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()))
+                       outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()))
 
 
 def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
-    """CSV: id, patient, the label(s) and one probability column per output."""
-    k = pred.probs.shape[1]
-    names = task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+    """Classification CSV: id, patient, the label(s) and one probability column per output."""
+    names = _output_names(task, pred.outputs.shape[1])
     label_cols = ["label"] if task.task_type == "multiclass" else [f"label_{n}" for n in names]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["id", "patient", *label_cols, *[f"prob_{n}" for n in names]])
         for i, sample_id in enumerate(pred.ids):
             label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
-            writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.probs[i]]])
+            writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
 
 
 def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
                 label: str = "") -> dict:
-    """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
-    out_dir = Path(out_dir)
-    write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
-    result: dict = {"n": len(pred.ids), "loss": pred.loss, "auroc": None, "ci_low": None, "ci_high": None}
-    try:
-        result["auroc"] = metrics.auroc(pred.probs, pred.labels, task.task_type, split, task.class_names)
-        if eval_cfg["bootstrap"]:
-            result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
-                pred.probs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
-        title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
-        title += " (SYNTHETIC data)" if task.synthetic else ""
-        metrics.plot_roc(pred.probs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
-                         task.class_names)
-    except metrics.UndefinedMetricError as error:
-        result["note"] = str(error)
-    return result
+    """Score one split and write its files, as the task's objective does (see :func:`objective_for`)."""
+    return objective_for(task).score(pred, split, Path(out_dir), eval_cfg, seed, label)
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -265,7 +391,8 @@ def _config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[s
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
         init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
         on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print) -> dict:
-    """Train, select the best epoch by validation AUROC, test it; returns the results (also results.json).
+    """Train, select the best epoch by the validation score (AUROC, or Dice for segmentation), test it;
+    returns the results (also results.json).
 
     ``on_epoch_end(epoch, row)`` is called after each epoch's checkpoint is written (tests use it to
     interrupt a run). With ``init_from`` the model starts from another checkpoint's shared tensors.
@@ -283,6 +410,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     if train_cfg["threads"]:
         torch.set_num_threads(train_cfg["threads"])
     seed_everything(seed)
+    objective = objective_for(task)
+    fields, score_key = metric_fields(objective), f"val_{objective.metric}"
     model = build_model(config["model"], task).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     init_report = None
@@ -305,13 +434,13 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     steps_per_epoch = math.ceil(len(train_loader) / accum)
     total_steps = train_cfg["epochs"] * steps_per_epoch
     warmup_steps = round(train_cfg["warmup_epochs"] * steps_per_epoch)
-    state = {"epoch": 0, "step": 0, "best_auroc": None, "best_epoch": None}
+    state = {"epoch": 0, "step": 0, "best_score": None, "best_epoch": None}
     if resume:
         last = checkpoint.resolve(run_dir / "checkpoints" / "last")
         checkpoint.load_model(last, model)
         state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
-        _truncate_metrics(run_dir / "metrics.csv", state["epoch"])
+        _truncate_metrics(run_dir / "metrics.csv", state["epoch"], fields)
     elif distributed.is_main():
         save_config(config, run_dir / "config.yaml")
     meta = {"config": config, "task": checkpoint.task_to_dict(task)}
@@ -334,7 +463,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
             with sync:
                 with _autocast(device, train_cfg["precision"]):
                     logits = forward(ddp_model, batch, task.input_kind)
-                loss = loss_fn(logits, batch["label"], task.task_type)
+                loss = objective.loss(logits, batch["label"])
                 (loss / group_size).backward()
             loss_sum += loss.item() * len(batch["id"])
             seen += len(batch["id"])
@@ -351,25 +480,25 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         if not math.isfinite(loss_sum):
             raise UserError(f"training diverged in epoch {epoch} (loss is {loss_sum}); lower train.lr or use fp32")
         val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress)
-        val_auroc = metrics.auroc(val.probs, val.labels, task.task_type, "validation", task.class_names)
+        val_score = objective.val_score(val)
         totals = distributed.all_gather_rows(torch.tensor([[loss_sum, seen]], dtype=torch.float64)).sum(0)
         train_loss = float(totals[0] / max(1.0, float(totals[1])))
         row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
-               "val_loss": val.loss, "val_auroc": val_auroc, "seconds": time.time() - epoch_start}
+               "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
         state["epoch"] = epoch
-        is_best = state["best_auroc"] is None or val_auroc > state["best_auroc"]
+        is_best = state["best_score"] is None or val_score > state["best_score"]
         if is_best:
-            state["best_auroc"], state["best_epoch"] = val_auroc, epoch
+            state["best_score"], state["best_epoch"] = val_score, epoch
         if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
-            _append_metrics(run_dir / "metrics.csv", row)
+            _append_metrics(run_dir / "metrics.csv", row, fields)
             if is_best:
                 checkpoint.save(run_dir / "checkpoints" / "best", model,
-                                {**meta, "epoch": epoch, "val_auroc": val_auroc})
-            checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, "val_auroc": val_auroc},
+                                {**meta, "epoch": epoch, score_key: val_score})
+            checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, score_key: val_score},
                             optimizer, state)
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
-            f"val AUROC {val_auroc:.4f}" + ("  (best)" if is_best else ""))
+            f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
     best = checkpoint.resolve(run_dir / "checkpoints" / "best")
@@ -379,60 +508,57 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     results = {
         "run_dir": str(run_dir), "synthetic": task.synthetic, "data": config["data"].get("kind"),
         "model": config["model"]["name"], "attention": config["model"]["attention"], "parameters": n_params,
-        "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "val_auroc": state["best_auroc"],
+        "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "metric": objective.metric,
+        score_key: state["best_score"],
         "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
         "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report,
     }
     if distributed.is_main():
-        label = f"{config['model']['name']} {config['model']['attention']}"
-        results["test"] = score_split(test, task, "test", run_dir, config["eval"], seed, label)
+        label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
+        results["test"] = objective.score(test, "test", run_dir, config["eval"], seed, label)
         (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-        log(summary(results))
+        log(summary(results, objective))
     distributed.barrier()
     return results
 
 
-def summary(results: dict) -> str:
+def summary(results: dict, objective: Classification | Segmentation) -> str:
     """The one-screen summary printed at the end of a run."""
     test = results["test"]
     tag = "  [SYNTHETIC data]" if results["synthetic"] else ""
-    if test["auroc"] is None:
-        test_line = f"test AUROC     undefined: {test['note']}"
-    else:
-        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
-        test_line = f"test AUROC     {test['auroc']:.4f}{ci}  n={test['n']}"
+    mechanism = f" with {results['attention']} attention" if results["attention"] else ""
     lines = [
         "=" * 72,
         f"run            {results['run_dir']}{tag}",
         f"data           {results['data']}  (train {results['n_train']}, val {results['n_val']}, "
         f"test {test['n']}; skipped {results['skipped_samples']})",
-        f"model          {results['model']} with {results['attention']} attention "
-        f"({results['parameters'] / 1e6:.2f} M parameters)",
-        f"best epoch     {results['best_epoch']} of {results['epochs']}  (val AUROC {results['val_auroc']:.4f})",
-        test_line,
+        f"model          {results['model']}{mechanism} ({results['parameters'] / 1e6:.2f} M parameters)",
+        f"best epoch     {results['best_epoch']} of {results['epochs']}  "
+        f"(val {objective.metric_label} {results[f'val_{objective.metric}']:.4f})",
+        objective.test_line(test),
         f"time           {results['train_seconds']:.1f} s",
-        "files          config.yaml metrics.csv checkpoints/best predictions_test.csv roc_test.png results.json",
+        f"files          config.yaml metrics.csv checkpoints/best {objective.files} results.json",
         "=" * 72,
     ]
     return "\n".join(lines)
 
 
-def _append_metrics(path: Path, row: dict) -> None:
+def _append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
     new = not path.exists()
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         if new:
             writer.writeheader()
         writer.writerow(row)
 
 
-def _truncate_metrics(path: Path, last_epoch: int) -> None:
+def _truncate_metrics(path: Path, last_epoch: int, fields: tuple[str, ...]) -> None:
     """Drop rows written after the checkpoint a run resumes from."""
     if not path.exists() or not distributed.is_main():
         return
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= last_epoch]
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
