@@ -174,3 +174,14 @@ def test_attention_bench_bf16_runs(precision):
     rows = attention.run_attention_bench(["seqnorm"], [16], heads=2, head_dim=8, dim=16, precision=precision,
                                          repeats=1, warmup=0, rates=RATES, isolate=False, include_peers=False)
     assert all(row["status"] == "ok" and row["precision"] == "bf16" for row in rows)
+
+
+def test_cli_binary_and_pam_smoke_runs_write_results(tmp_path):
+    """The two other benches run end to end from the CLI at tiny sizes and write their CSV/JSON."""
+    assert main(["bench", "binary", "--sizes", "64", "--dims", "8", "--repeats", "1", "--skip", "bf16", "memory",
+                 "--out", str(tmp_path / "binary")]) == 0
+    assert main(["bench", "pam", "--sizes", "500", "--brute-max", "500", "--repeats", "1",
+                 "--out", str(tmp_path / "pam")]) == 0
+    for folder in ("binary", "pam"):
+        written = {p.suffix for p in (tmp_path / folder).iterdir()}
+        assert {".csv", ".json"} <= written
