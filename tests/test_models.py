@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medattn.attention import available_attentions, get_attention_class
+from medattn.attention import available_attentions, build_attention, get_attention_class
 from medattn.models import VisionTransformer, available_models, convert_attention, create_model
 
 ATTENTIONS = available_attentions()
+
+
+def convert_attention_module(old, name):
+    """Our mechanism with timm's qkv/proj weights copied in (timm uses the same names and layout)."""
+    new = build_attention(name, dim=old.qkv.in_features, num_heads=old.num_heads, qkv_bias=old.qkv.bias is not None)
+    missing, _ = new.load_state_dict(old.state_dict(), strict=False)
+    assert not [k for k in missing if k.startswith(("qkv", "proj"))]
+    return new
 
 
 def block_shapes(model):
@@ -163,19 +171,7 @@ def test_monai_vit_accepts_our_attention():
     nets = pytest.importorskip("monai.networks.nets")
     model = nets.ViT(in_channels=1, img_size=(32, 32), patch_size=(8, 8), hidden_size=64, mlp_dim=128,
                      num_layers=2, num_heads=4, spatial_dims=2, classification=True, num_classes=2)
-    from medattn.attention import build_attention
-
     for block in model.blocks:
         block.attn = build_attention("seqnorm", dim=64, num_heads=4)
     logits, _ = model(torch.randn(2, 1, 32, 32))
     assert logits.shape == (2, 2) and torch.isfinite(logits).all()
-
-
-def convert_attention_module(old, name):
-    """Our mechanism with timm's qkv/proj weights copied in (timm uses the same names and layout)."""
-    from medattn.attention import build_attention
-
-    new = build_attention(name, dim=old.qkv.in_features, num_heads=old.num_heads, qkv_bias=old.qkv.bias is not None)
-    missing, _ = new.load_state_dict(old.state_dict(), strict=False)
-    assert not [k for k in missing if k.startswith(("qkv", "proj"))]
-    return new

@@ -5,7 +5,8 @@ import torch
 
 from medattn.permutohedral import gaussian_scale, permutohedral_filter
 from medattn.permutohedral import lattice as lattice_module
-from medattn.permutohedral.lattice import _elevation_matrix, _Simplices
+from medattn.permutohedral.lattice import _elevation_matrix, _Simplices, _VertexIndex
+from medattn.permutohedral.operators import LatticeStructure
 
 
 def brute_force(values, features, normalize=False):
@@ -158,3 +159,63 @@ def test_bench_measure_smoke(method):
     assert row["seconds"] > 0 and row["peak_mem_mb"] >= 0 and row["us_per_point"] > 0
     rows = [dict(row, num_points=n, us_per_point=c) for n, c in [(10**5, 2.0), (10**6, 3.0), (10**4, 9.0)]]
     assert scaling_ratio(rows, method, "forward+backward") == pytest.approx(1.5)
+
+
+def _lattice_index(features):
+    simplices = _Simplices(features)
+    return _VertexIndex(simplices, torch.zeros(features.shape[0], dtype=torch.int64), 1)
+
+
+@pytest.mark.parametrize("max_bits", [62, 0])  # packed keys (with point reordering) and column-by-column ids
+def test_blur_matrices_are_symmetric_with_half_diagonal(monkeypatch, max_bits):
+    # the blur's backward applies B_j itself: B_j must equal its transpose
+    monkeypatch.setattr(lattice_module, "_MAX_BITS", max_bits)
+    _, features = cloud(150, 3, 1.0, seed=13)
+    index = _lattice_index(features)
+    structure = LatticeStructure(index.ids, index.perm, index.counts, [index.neighbours(j) for j in range(4)])
+    for cols in structure.blur_cols:  # sorted columns in every row (lexicographic vertex ids), as cuSPARSE wants
+        assert (cols.view(-1, 3).diff(dim=1) >= 0).all()
+    for matrix in structure.blur_matrices(torch.float64):
+        dense = matrix.to_dense()
+        torch.testing.assert_close(dense, dense.t())
+        torch.testing.assert_close(dense.diagonal(), torch.full((index.num,), 0.5, dtype=torch.float64))
+        assert ((dense > 0).sum(1) <= 3).all() and (dense.sum(1) > 0.5).any()
+
+
+def test_minus_neighbours_equal_direct_search():
+    _, features = cloud(300, 4, 1.5, seed=14)
+    index = _lattice_index(features)
+    assert index.packed
+    for direction in range(5):
+        step = torch.ones(4, dtype=torch.int64)
+        if direction < 4:
+            step[direction] = -4
+        offset = int((step * index.strides[:4]).sum())
+        pos, found = index._find(index.keys, index.keys - offset)
+        _, minus = index.neighbours(direction)
+        torch.testing.assert_close(minus, torch.where(found, pos, torch.full_like(pos, index.num)))
+        assert found.any()
+
+
+@pytest.mark.parametrize("max_bits", [62, 0])
+def test_gradcheck_batched_and_values_only(monkeypatch, max_bits):
+    monkeypatch.setattr(lattice_module, "_MAX_BITS", max_bits)
+    gen = torch.Generator().manual_seed(15)
+    features = torch.randn(2, 6, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(2, 6, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v, f: permutohedral_filter(v, f, normalize=True), (values, features),
+                                    eps=1e-6, atol=1e-5)
+    fixed = features.detach()
+    assert torch.autograd.gradcheck(lambda v: permutohedral_filter(v, fixed), (values,), eps=1e-6, atol=1e-5)
+
+
+def test_chunked_simplices_equal_single_chunk(monkeypatch):
+    values, features = cloud(300, 4, 1.5, seed=16)
+    features.requires_grad_(True)
+    whole = permutohedral_filter(values, features, normalize=True)
+    (grad_whole,) = torch.autograd.grad(whole.square().sum(), features)
+    monkeypatch.setattr(lattice_module, "_CHUNK", 7)  # 43 chunks, the last one partial
+    chunked = permutohedral_filter(values, features, normalize=True)
+    (grad_chunked,) = torch.autograd.grad(chunked.square().sum(), features)
+    torch.testing.assert_close(chunked, whole)
+    torch.testing.assert_close(grad_chunked, grad_whole)

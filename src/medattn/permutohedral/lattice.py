@@ -11,22 +11,26 @@ with features f (N, d) and values v (N, C), in four steps:
    scaled by ``sqrt(2/3) (d+1)`` so that the total blur (splat + blur + slice) has unit standard deviation
    in feature units. The nearest remainder-0 lattice point is found by rounding, the enclosing simplex by
    ranking the differential, and the d+1 barycentric weights follow.
-2. Splat: each point adds its weighted value to the d+1 vertices of its simplex (``index_add``).
+2. Splat: each point adds its weighted value to the d+1 vertices of its simplex.
 3. Blur: the [1 2 1] / 4 kernel is applied along each of the d+1 lattice directions in turn.
 4. Slice: each point reads back the barycentric-weighted sum of its vertices' blurred values.
 
 Vertices are identified exactly, without hashing: their d integer coordinates (the last one is minus
 their sum) and the batch index are packed into one int64 (mixed radix over the observed range, padded
-so every blur neighbour also fits), and ``torch.unique`` gives dense ids. Blur neighbours are found by
-``torch.searchsorted`` into the sorted unique keys (a neighbour's packed key is the vertex key plus a
-constant, so the queries are sorted too); missing neighbours contribute zero. When the packed key would
-not fit into 62 bits, ids are built column by column (one ``unique`` per coordinate), still exact.
+so every blur neighbour also fits); one sort and ``unique_consecutive`` give dense ids. The + neighbour
+along each lattice direction is found by one ``torch.searchsorted`` into the sorted unique keys (its
+packed key is the vertex key plus a constant, so the queries are sorted too); the - neighbours follow by
+inverting that map; missing neighbours contribute zero. When the packed key would not fit into 62 bits,
+ids are built column by column (one ``unique`` per coordinate), still exact. Splat, blur and slice are
+then sparse (CSR) matrix products, see ``operators.py``; before them the points are put in the order of
+their remainder-0 vertex, so that the products read memory nearly sequentially.
 
-Gradients flow by autograd: w.r.t. the values through splat (``index_add``), blur (gathers) and slice;
-w.r.t. the features through the barycentric weights. The vertex assignment (rounding and ranking) is
+Gradients w.r.t. the values flow through the transposed products (splat and slice are each other's
+transpose, each blur is symmetric), w.r.t. the features through the barycentric weights (hand-written
+backward of the products, autograd for the rest). The vertex assignment (rounding and ranking) is
 piecewise constant, so it carries no gradient; the filter is continuous across simplex boundaries and
 its gradient is that of the piecewise-smooth function, checked by ``gradcheck`` in the tests. This is
-autograd, not the paper's hand-written eqs. 6-7 (which use filtered gradients instead).
+not the paper's eqs. 6-7 (which use filtered gradients instead).
 
 The unnormalised output is multiplied by ``sqrt(d+1) (4 pi / 3)^(d/2)``: the splat, blur and slice keep
 the total mass, so on a uniform cloud of density rho the raw lattice returns ``rho V v`` with
@@ -40,7 +44,10 @@ import math
 
 import torch
 
+from .operators import LatticeStructure, blur, slice_points, splat
+
 _MAX_BITS = 62
+_CHUNK = 1 << 16  # points per chunk of the per-point arithmetic
 
 
 def gaussian_scale(dim: int) -> float:
@@ -70,25 +77,32 @@ class _Simplices:
 
     def __init__(self, features: torch.Tensor) -> None:
         dim = features.shape[-1]
-        d1 = dim + 1
         self.dim = dim
         elevated = features @ _elevation_matrix(dim, features.dtype, features.device)  # (P, d+1)
-        with torch.no_grad():
+        parts = [self._chunk(elevated[start:start + _CHUNK]) for start in range(0, elevated.shape[0], _CHUNK)]
+        order, rem0, to_rank, weights, low, high = zip(*parts, strict=True)
+        self.order, self.rem0, self.to_rank = torch.cat(order), torch.cat(rem0), torch.cat(to_rank)
+        self.weights = torch.cat(weights)
+        self.coord_low = torch.stack(low).amin(dim=0)  # (d+1,) of the remainder-0 points, before the wrap
+        self.coord_high = torch.stack(high).amax(dim=0)
+
+    def _chunk(self, elevated: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Simplices of a chunk of elevated points (small temporaries stay in cache and are reused)."""
+        dim, d1 = self.dim, self.dim + 1
+        with torch.no_grad():  # small-integer arithmetic in floating point (exact): fewer, smaller temporaries
             rounded = torch.round(elevated / d1)  # nearest remainder-0 point, divided by d+1
-            rem0 = (rounded * d1).to(torch.int64)
-            shift = rounded.sum(dim=1, keepdim=True).to(torch.int64)  # (P, 1): off-plane excess
-            differential = elevated - rem0.to(elevated.dtype)
-            self.order = torch.sort(differential, dim=1, descending=True, stable=True).indices
-            self.coord_low, self.coord_high = rem0.amin(dim=0), rem0.amax(dim=0)  # (d+1,) before wrap
-            positions = torch.arange(d1, device=features.device)
-            rank = positions + shift  # (P, d+1): rank of the coordinate at each position, off by a wrap
-            rem0 = rem0.gather(1, self.order) + d1 * (rank < 0) - d1 * (rank > dim)
-            self.rem0 = rem0
-            self.to_rank = torch.remainder(dim - positions - shift, d1)  # (P, d+1)
-        y = (elevated.gather(1, self.order) - rem0.to(elevated.dtype)) / d1  # (P, d+1), sorted order
-        z = y.gather(1, self.to_rank)  # z[:, j]: y of the coordinate of rank d - j
+            shift = rounded.sum(dim=1, keepdim=True)  # (P, 1): off-plane excess
+            order = torch.sort(elevated - rounded * d1, dim=1, descending=True, stable=True).indices
+            rank = torch.arange(d1, device=elevated.device, dtype=elevated.dtype) + shift  # off by a wrap
+            wrap = (rank > dim).to(elevated.dtype) - (rank < 0).to(elevated.dtype)  # rank in [-d, 2d]
+            rem0 = (rounded.gather(1, order) - wrap) * d1  # (P, d+1), sorted order, wrapped
+            to_rank = (dim - rank + d1 * wrap).to(torch.int64)  # = (d - rank) mod (d+1)
+            low, high = (rounded.amin(dim=0) * d1).to(torch.int64), (rounded.amax(dim=0) * d1).to(torch.int64)
+        y = (elevated.gather(1, order) - rem0) / d1  # (P, d+1), sorted order
+        z = y.gather(1, to_rank)  # z[:, j]: y of the coordinate of rank d - j
         # barycentric weights (Adams et al. 2010, p. 10): b_r = z_r - z_{r-1}, b_0 = 1 + z_0 - z_d
-        self.weights = torch.cat([1.0 + z[:, :1] - z[:, dim:], z[:, 1:] - z[:, :-1]], dim=1)
+        weights = torch.cat([1.0 + z[:, :1] - z[:, dim:], z[:, 1:] - z[:, :-1]], dim=1)
+        return order, rem0.to(torch.int64), to_rank, weights, low, high
 
     def vertex_coords(self) -> torch.Tensor:
         """Lattice coordinates (P, d+1, d) of the d+1 vertices (the last coordinate is implied)."""
@@ -104,11 +118,18 @@ class _Simplices:
 
     def packed_keys(self, low: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
         """Mixed-radix keys (P, d+1) of the vertices, ``sum_k (c_k - low_k) strides_k`` (strides_d = 0)."""
+        return torch.cat([self._chunk_keys(slice(start, start + _CHUNK), low, strides)
+                          for start in range(0, self.order.shape[0], _CHUNK)])
+
+    def _chunk_keys(self, rows: slice, low: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
         d1 = self.dim + 1
-        low_sorted, strides_sorted = low[self.order], strides[self.order]  # (P, d+1)
-        base = ((self.rem0 - low_sorted) * strides_sorted).sum(dim=1, keepdim=True)  # remainder-0 vertex
+        order, rem0, to_rank = self.order[rows], self.rem0[rows], self.to_rank[rows]
+        flat_order = order.reshape(-1)
+        low_sorted = low.index_select(0, flat_order).view_as(order)  # (p, d+1)
+        strides_sorted = strides.index_select(0, flat_order).view_as(order)
+        base = ((rem0 - low_sorted) * strides_sorted).sum(dim=1, keepdim=True)  # remainder-0 vertex
         # vertex r adds r to every coordinate and subtracts d+1 from those of rank > d - r
-        dropped = strides_sorted.gather(1, self.to_rank[:, :-1]).cumsum(dim=1)  # (P, d)
+        dropped = strides_sorted.gather(1, to_rank[:, :-1]).cumsum(dim=1)  # (p, d)
         remainder = torch.arange(1, d1, device=base.device)
         return torch.cat([base, base + remainder * int(strides.sum()) - d1 * dropped], dim=1)
 
@@ -118,8 +139,11 @@ class _VertexIndex:
 
     Built from the simplices of P points and their batch indices (P,); ``ids`` (P (d+1),) are the dense
     ids of the points' vertices (remainder-minor: row p (d+1) + r is vertex r of point p), ``num`` the
-    number of distinct vertices, and ``perm`` / ``sorted_ids`` the order that sorts ``ids`` (a splat in
-    that order writes memory sequentially, about 3x faster on CPU than in point order).
+    number of distinct vertices, ``perm`` the order that sorts ``ids`` and ``counts`` (U,) the number of
+    rows of each vertex (together they give the splat matrix in CSR form).
+    In the packed case the points are first put in the order of their remainder-0 vertex keys
+    (``point_order``, (P,), else None): ``ids`` then refer to that order, in which nearby points are
+    nearby in memory, so the gathers of the splat and slice hit the cache far more often.
     ``neighbours(direction)`` returns, for every vertex, the ids of the vertices one step along
     +direction and -direction, or ``num`` when absent.
     """
@@ -139,14 +163,19 @@ class _VertexIndex:
                 strides[k] = strides[k + 1] * radix[k + 1]
             self.strides = torch.tensor(strides, dtype=torch.int64, device=batch.device)  # (d+1,), last 0
             keys = simplices.packed_keys(low, self.strides) + (batch * strides[0] * radix[0])[:, None]
+            self.point_order = keys[:, 0].argsort()  # points by remainder-0 vertex: local gathers later
+            keys = keys.index_select(0, self.point_order)
             sorted_keys, self.perm = keys.reshape(-1).sort()
-            self.keys, self.sorted_ids = torch.unique_consecutive(sorted_keys, return_inverse=True)
-            self.ids = torch.empty_like(self.sorted_ids).scatter_(0, self.perm, self.sorted_ids)
+            self.keys, sorted_ids, self.counts = torch.unique_consecutive(sorted_keys, return_inverse=True,
+                                                                          return_counts=True)
+            self.ids = torch.empty_like(sorted_ids).scatter_(0, self.perm, sorted_ids)
             self.num = self.keys.numel()
         else:
+            self.point_order = None
             coords = simplices.vertex_coords().reshape(-1, dim)
             self._build_columns(coords, batch.repeat_interleave(dim + 1))
-            self.sorted_ids, self.perm = self.ids.sort()
+            self.perm = self.ids.sort().indices
+            self.counts = torch.bincount(self.ids, minlength=self.num)
 
     def _build_columns(self, coords: torch.Tensor, batch: torch.Tensor) -> None:
         """Column-by-column ids: prefix id of (prefix, c_k) via unique, exact for any coordinate range."""
@@ -167,7 +196,7 @@ class _VertexIndex:
     def _find(table: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Position of each query in the sorted ``table`` and whether it is present."""
         pos = torch.searchsorted(table, query)
-        found = table[pos.clamp_max(table.numel() - 1)] == query
+        found = table.index_select(0, pos.clamp_max(table.numel() - 1)) == query
         return pos, found
 
     def _lookup_columns(self, coords: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
@@ -246,22 +275,19 @@ def permutohedral_filter(values: torch.Tensor, features: torch.Tensor, normalize
     weights = simplices.weights  # (BN, d+1)
     batch = torch.arange(batch_size, device=values.device).repeat_interleave(num_points)
     index = _VertexIndex(simplices, batch, batch_size)
-    ids = index.ids  # (BN (d+1),)
 
     payload = values.reshape(-1, channels).to(dtype)
     if normalize:
         payload = torch.cat([payload, payload.new_ones(payload.shape[0], 1)], dim=1)
-    splat_in = (payload[:, None, :] * weights[:, :, None]).reshape(-1, payload.shape[1])  # (BN (d+1), C')
-    lattice = payload.new_zeros(index.num + 1, payload.shape[1])  # (U + 1, C'): row U stays zero
-    lattice = lattice.index_add(0, index.sorted_ids, splat_in.index_select(0, index.perm))
-
-    for direction in range(d1):
-        plus, minus = index.neighbours(direction)
-        blurred = 0.5 * lattice[:-1] + 0.25 * (lattice.index_select(0, plus) + lattice.index_select(0, minus))
-        lattice = torch.cat([blurred, lattice[-1:]], dim=0)
-
-    gathered = lattice.index_select(0, ids).view(-1, d1, payload.shape[1])  # (BN, d+1, C')
-    sliced = (gathered * weights[:, :, None]).sum(dim=1)  # (BN, C')
+    order = index.point_order
+    if order is not None:
+        payload, weights = payload.index_select(0, order), weights.index_select(0, order)
+    structure = LatticeStructure(index.ids, index.perm, index.counts, [index.neighbours(j) for j in range(d1)])
+    flat_weights = weights.reshape(-1)
+    sliced = slice_points(flat_weights, blur(splat(flat_weights, payload, structure), structure), structure)
+    if order is not None:
+        sliced = sliced.index_select(0, torch.empty_like(order).scatter_(0, order, torch.arange(
+            order.numel(), device=order.device)))
     if normalize:
         out = sliced[:, :channels] / sliced[:, channels:].clamp_min(eps)
     else:
