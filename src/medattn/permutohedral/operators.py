@@ -1,0 +1,143 @@
+"""Splat, blur and slice of the permutohedral lattice as sparse (CSR) matrix products, with their backward.
+
+With P points, each touching its d+1 simplex vertices, and U lattice vertices, the lattice filter is
+
+    out = A(w) B_d ... B_1 B_0 A(w)^T v
+
+where A(w) (P, U) is the slice matrix, ``A[p, id(p, r)] = w(p, r)`` (barycentric weights), A^T the
+splat, and B_j (U, U) the [1 2 1] / 4 blur along lattice direction j (symmetric: the - neighbour of a
+vertex's + neighbour is the vertex itself). Each product is one CSR times dense matrix (MKL on CPU,
+cuSPARSE on CUDA), so no (P (d+1), C) temporary is formed in the forward pass. The gradient w.r.t. the
+values uses the transposed matrix, the gradient w.r.t. the weights ``dL/dw(p, r) = <g_p, x_id(p, r)>``
+(slice) or ``<g_id(p, r), x_p>`` (splat); the blur has no parameters.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size=size)
+
+
+class LatticeStructure:
+    """Index structure of one lattice: which vertices each point touches, and the blur neighbours.
+
+    Args:
+        ids: (P (d+1),) dense vertex ids, point-major (row p (d+1) + r is vertex r of point p).
+        perm: (P (d+1),) the permutation that sorts ``ids`` (stable order within a vertex).
+        counts: (U,) number of (point, vertex) rows of each vertex.
+        neighbours: d+1 pairs (plus, minus) of (U,) ids of the neighbours along each lattice direction
+            (``num`` where absent); the ids must be ordered so that minus < vertex < plus for every
+            direction but the first, and the reverse for the first (lexicographic vertex order).
+    """
+
+    def __init__(self, ids: torch.Tensor, perm: torch.Tensor, counts: torch.Tensor,
+                 neighbours: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        d1 = len(neighbours)
+        num = counts.numel()
+        self.num, self.d1 = num, d1
+        self.num_points = ids.numel() // d1
+        self.ids, self.perm = ids, perm
+        device = ids.device
+        self.slice_crow = torch.arange(0, ids.numel() + 1, d1, device=device)
+        self.splat_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        self.splat_col = perm // d1  # point of each (point, vertex) row in vertex order
+        own = torch.arange(num, device=device)
+        self.blur_crow = torch.arange(0, 3 * num + 1, 3, device=device)
+        self.blur_cols, self.blur_found = [], []
+        for direction, (plus, minus) in enumerate(neighbours):
+            has_plus, has_minus = plus < num, minus < num
+            first, last = (minus, plus) if direction > 0 else (plus, minus)
+            has_first, has_last = (has_minus, has_plus) if direction > 0 else (has_plus, has_minus)
+            cols = torch.stack([torch.where(has_first, first, own), own, torch.where(has_last, last, own)], dim=1)
+            self.blur_cols.append(cols.reshape(-1))
+            self.blur_found.append(torch.stack([has_first, torch.ones_like(has_first), has_last], dim=1))
+
+    def slice_matrix(self, weights: torch.Tensor) -> torch.Tensor:
+        """A(w) (P, U) from the point-major weights (P (d+1),)."""
+        return _csr(self.slice_crow, self.ids, weights, (self.num_points, self.num))
+
+    def splat_matrix(self, weights: torch.Tensor) -> torch.Tensor:
+        """A(w)^T (U, P) from the point-major weights (P (d+1),)."""
+        return _csr(self.splat_crow, self.splat_col, weights.index_select(0, self.perm), (self.num, self.num_points))
+
+    def blur_matrices(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """B_0, ..., B_d (U, U): 1/2 on the diagonal, 1/4 for each present neighbour."""
+        kernel = torch.tensor([0.25, 0.5, 0.25], dtype=dtype, device=self.ids.device)
+        return [_csr(self.blur_crow, cols, (found * kernel).reshape(-1), (self.num, self.num))
+                for cols, found in zip(self.blur_cols, self.blur_found, strict=True)]
+
+    def gathered_dot(self, per_vertex: torch.Tensor, per_point: torch.Tensor) -> torch.Tensor:
+        """(P (d+1),) point-major ``<per_vertex[id(p, r)], per_point[p]>``."""
+        gathered = per_vertex.index_select(0, self.ids).view(self.num_points, self.d1, -1)
+        return torch.bmm(gathered, per_point.unsqueeze(2)).reshape(-1)
+
+
+class _Splat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weights, values, structure):
+        ctx.structure = structure
+        ctx.save_for_backward(weights, values)
+        return structure.splat_matrix(weights) @ values
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, values = ctx.saved_tensors
+        structure, grad = ctx.structure, grad.contiguous()
+        grad_weights = structure.gathered_dot(grad, values) if ctx.needs_input_grad[0] else None
+        grad_values = structure.slice_matrix(weights) @ grad if ctx.needs_input_grad[1] else None
+        return grad_weights, grad_values, None
+
+
+class _Slice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weights, lattice, structure):
+        ctx.structure = structure
+        ctx.save_for_backward(weights, lattice)
+        return structure.slice_matrix(weights) @ lattice
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, lattice = ctx.saved_tensors
+        structure, grad = ctx.structure, grad.contiguous()
+        grad_weights = structure.gathered_dot(lattice, grad) if ctx.needs_input_grad[0] else None
+        grad_lattice = structure.splat_matrix(weights) @ grad if ctx.needs_input_grad[1] else None
+        return grad_weights, grad_lattice, None
+
+
+class _Blur(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, lattice, structure):
+        matrices = structure.blur_matrices(lattice.dtype)
+        ctx.matrices = matrices
+        for matrix in matrices:
+            lattice = matrix @ lattice
+        return lattice
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        for matrix in reversed(ctx.matrices):  # each B_j is symmetric
+            grad = matrix @ grad
+        return grad, None
+
+
+def splat(weights: torch.Tensor, values: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
+    """(U, C) lattice values ``A(w)^T v`` from point values (P, C) and point-major weights (P (d+1),)."""
+    return _Splat.apply(weights, values.contiguous(), structure)
+
+
+def blur(lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
+    """(U, C) lattice values blurred along the d+1 lattice directions in turn."""
+    return _Blur.apply(lattice.contiguous(), structure)
+
+
+def slice_points(weights: torch.Tensor, lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
+    """(P, C) point values ``A(w) L`` read back from the lattice (U, C)."""
+    return _Slice.apply(weights, lattice.contiguous(), structure)
