@@ -9,7 +9,8 @@ splat, and B_j (U, U) the [1 2 1] / 4 blur along lattice direction j (symmetric:
 vertex's + neighbour is the vertex itself). Each product is one CSR times dense matrix (MKL on CPU,
 cuSPARSE on CUDA), so no (P (d+1), C) temporary is formed in the forward pass. The gradient w.r.t. the
 values uses the transposed matrix, the gradient w.r.t. the weights ``dL/dw(p, r) = <g_p, x_id(p, r)>``
-(slice) or ``<g_id(p, r), x_p>`` (splat); the blur has no parameters.
+(slice) or ``<g_id(p, r), x_p>`` (splat); the blur has no parameters. The backward is not itself
+differentiable (``once_differentiable``: a second derivative raises instead of being silently wrong).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -87,6 +89,7 @@ class _Splat(torch.autograd.Function):
         return structure.splat_matrix(weights) @ values
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         weights, values = ctx.saved_tensors
         structure, grad = ctx.structure, grad.contiguous()
@@ -103,6 +106,7 @@ class _Slice(torch.autograd.Function):
         return structure.slice_matrix(weights) @ lattice
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         weights, lattice = ctx.saved_tensors
         structure, grad = ctx.structure, grad.contiguous()
@@ -121,6 +125,7 @@ class _Blur(torch.autograd.Function):
         return lattice
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         grad = grad.contiguous()
         for matrix in reversed(ctx.matrices):  # each B_j is symmetric
