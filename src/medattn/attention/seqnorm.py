@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Attention, at_least_float32, token_weights
-from .seqnorm_fused import SeqNormCore
+from .seqnorm_fused import SeqNormCore, sequence_normalize
 
 
 class SequenceNorm(nn.Module):
@@ -51,14 +51,7 @@ class SequenceNorm(nn.Module):
         x = at_least_float32(x)
         gamma = self.weight.to(x.dtype).view(1, H, 1, d)
         beta = self.bias.to(x.dtype).view(1, H, 1, d)
-        if weights is None:
-            var, mean = torch.var_mean(x, dim=2, keepdim=True, correction=0)  # (B, H, 1, d)
-            return (x - mean) * (gamma * torch.rsqrt(var + self.eps)) + beta
-        weights = weights.to(x.dtype)
-        mean = (x * weights).sum(dim=2, keepdim=True) / count  # (B, H, 1, d)
-        centred = (x - mean) * weights
-        var = centred.square().sum(dim=2, keepdim=True) / count
-        return (centred * (gamma * torch.rsqrt(var + self.eps)) + beta) * weights
+        return sequence_normalize(x, gamma, beta, None if weights is None else weights.to(x.dtype), count, self.eps)
 
 
 class SeqNormAttention(Attention):

@@ -81,19 +81,25 @@ def _ill_conditioned(moments, count) -> bool:
     return False
 
 
+def sequence_normalize(x, gamma, beta, weights, count, eps):
+    """Explicit two-pass sequence normalization of x (B, H, N, d) over tokens; gamma, beta (1, H, 1, d).
+
+    ``weights`` (B, 1, N, 1) or None selects real tokens (``count`` of them); padded rows come out zero.
+    """
+    xw = x if weights is None else x * weights
+    mean = xw.sum(dim=2, keepdim=True) / count
+    centred = x - mean if weights is None else (x - mean) * weights
+    var = centred.square().sum(dim=2, keepdim=True) / count
+    out = centred * (gamma * torch.rsqrt(var + eps)) + beta
+    return out if weights is None else out * weights
+
+
 def centred_seqnorm(q, k, v, affines, weights, count, eps):
     """Explicit form: normalized copies of q, k, v (two-pass statistics), then Q' (K'^T V') / n."""
-
-    def normalize(x, gamma, beta):
-        xw = x if weights is None else x * weights
-        mean = xw.sum(dim=2, keepdim=True) / count
-        centred = x - mean if weights is None else (x - mean) * weights
-        var = centred.square().sum(dim=2, keepdim=True) / count
-        out = centred * (gamma * torch.rsqrt(var + eps)) + beta
-        return out if weights is None else out * weights
-
     gq, bq, gk, bk, gv, bv = affines
-    q, k, v = normalize(q, gq, bq), normalize(k, gk, bk), normalize(v, gv, bv)
+    q = sequence_normalize(q, gq, bq, weights, count, eps)
+    k = sequence_normalize(k, gk, bk, weights, count, eps)
+    v = sequence_normalize(v, gv, bv, weights, count, eps)
     return q @ ((k.transpose(-2, -1) @ v) / count)
 
 
