@@ -22,13 +22,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, parse_split, split_records
-from .tables import BadSamples, Record, keep_valid, problem, read_csv, require_columns, resolve_path
+from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 from .transforms import RandomFlip3d
 from .volumes import NORMALISATIONS, check_volume_header, crop_or_pad, is_nifti, normalise, read_volume, resample
 
@@ -65,24 +64,6 @@ class PairLoader:
             both = self.augment(torch.cat([image, label[None]]))
             image, label = both[:1], both[1]
         return {"input": image.contiguous(), "label": label.long().contiguous()}
-
-
-class PairDataset(Dataset):
-    """Samples loaded on access; a failure becomes a one-line UserError naming the files and the table row."""
-
-    def __init__(self, records: list[Record], load: PairLoader) -> None:
-        self.records, self.load = records, load
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, index: int) -> dict:
-        record = self.records[index]
-        try:
-            sample = self.load(record)
-        except Exception as exc:  # any reader's failure on a bad file becomes one line naming it
-            raise UserError(problem(record, exc)) from None
-        return {**sample, "id": record.id, "patient": record.patient}
 
 
 def check_pair_headers(record: Record) -> None:
@@ -176,5 +157,5 @@ def build_nifti_segmentation(cfg: dict, seed: int = 0, skip_bad: bool = False) -
     parts = split_records(records, cfg, seed, column)
     train_loader = PairLoader(spacing, size, method, len(names), RandomFlip3d() if cfg.get("augment") else None)
     task = TaskInfo("segmentation", "volume3d", len(names), (1, *size), names)
-    return DataBundle(PairDataset(parts["train"], train_loader), PairDataset(parts["val"], plain),
-                      PairDataset(parts["test"], plain), task, skipped=bad.count)
+    return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count)

@@ -184,6 +184,8 @@ def label_options(cfg: dict) -> tuple[str | None, list[str] | None, int | None]:
 class RecordDataset(Dataset):
     """Samples loaded on access by ``load(record) -> {"input": ..., ...}``; ``transform`` augments the input.
 
+    The label is the record's unless ``load`` returns one (a segmentation label map).
+
     A failure while loading (a corrupt file, wrong content) becomes a one-line
     :class:`~medattn.errors.UserError` naming the file and the table row.
     """
@@ -205,7 +207,7 @@ class RecordDataset(Dataset):
             raise UserError(problem(record, exc)) from None
         if self.transform is not None:
             sample["input"] = self.transform(sample["input"])
-        return {**sample, "label": record.label, "id": record.id, "patient": record.patient}
+        return {"label": record.label, **sample, "id": record.id, "patient": record.patient}
 
 
 def check_records(records: list[Record], check: Callable[[Record], None], bad: BadSamples) -> list[Record]:
