@@ -93,17 +93,28 @@ def bootstrap_ci(probs, labels, task_type: str, n_boot: int = 1000, ci: float = 
     """
     probs, labels = _check(probs, labels, task_type)
     auroc(probs, labels, task_type)  # defined on the full set, or raise
+    return _percentile_bootstrap(
+        len(labels), lambda i: _missing_class(probs[i], labels[i], task_type, []) is None,
+        lambda i: _score(probs[i], labels[i], task_type), n_boot, ci, seed, "contain every class")
+
+
+def _percentile_bootstrap(n: int, defined, statistic, n_boot: int, ci: float, seed: int, requirement: str
+                          ) -> tuple[float, float]:
+    """Percentile CI of ``statistic(index)`` over ``n_boot`` resamples ``index`` of ``range(n)`` with replacement.
+
+    Resamples for which ``defined(index)`` is False are drawn again, at most 20 * n_boot draws in all;
+    the generator is ``numpy.random.default_rng(seed)``, so the interval is reproducible.
+    """
     rng = np.random.default_rng(seed)
-    n = len(labels)
     scores: list[float] = []
     attempts = 0
     while len(scores) < n_boot:
         attempts += 1
         if attempts > 20 * n_boot:
-            raise UndefinedMetricError(f"bootstrap: too few resamples contain every class ({len(scores)} of {n_boot})")
+            raise UndefinedMetricError(f"bootstrap: too few resamples {requirement} ({len(scores)} of {n_boot})")
         index = rng.integers(0, n, n)
-        if _missing_class(probs[index], labels[index], task_type, []) is None:
-            scores.append(_score(probs[index], labels[index], task_type))
+        if defined(index):
+            scores.append(statistic(index))
     alpha = (1 - ci) / 2
     low, high = np.quantile(scores, [alpha, 1 - alpha])
     return float(low), float(high)
@@ -167,18 +178,5 @@ def dice_bootstrap_ci(dice, n_boot: int = 1000, ci: float = 0.95, seed: int = 0)
     resamples without any foreground are drawn again; ``numpy.random.default_rng(seed)``."""
     dice = np.asarray(dice, dtype=np.float64)
     mean_dice(dice)  # defined on the full set, or raise
-    rng = np.random.default_rng(seed)
-    n = len(dice)
-    scores: list[float] = []
-    attempts = 0
-    while len(scores) < n_boot:
-        attempts += 1
-        if attempts > 20 * n_boot:
-            raise UndefinedMetricError(f"bootstrap: too few resamples contain a foreground class ({len(scores)} "
-                                       f"of {n_boot})")
-        sample = dice[rng.integers(0, n, n)]
-        if not np.isnan(sample[:, 1:]).all():
-            scores.append(mean_dice(sample))
-    alpha = (1 - ci) / 2
-    low, high = np.quantile(scores, [alpha, 1 - alpha])
-    return float(low), float(high)
+    return _percentile_bootstrap(len(dice), lambda i: not np.isnan(dice[i, 1:]).all(), lambda i: mean_dice(dice[i]),
+                                 n_boot, ci, seed, "contain a foreground class")
