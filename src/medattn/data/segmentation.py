@@ -25,11 +25,19 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .options import check_keys, float_tuple, int_tuple, require
+from .options import check_keys, require
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 from .transforms import RandomFlip3d
-from .volumes import NORMALISATIONS, check_volume_header, crop_or_pad, is_nifti, normalise, read_volume, resample
+from .volumes import (
+    check_volume_header,
+    crop_or_pad,
+    is_nifti,
+    normalise,
+    read_volume,
+    resample,
+    volume_options,
+)
 
 KIND = "nifti_segmentation"
 KEYS = frozenset({"csv", "data_root", "image_column", "label_column", "patient_column", "split_column",
@@ -141,12 +149,7 @@ def build_nifti_segmentation(cfg: dict, seed: int = 0, skip_bad: bool = False) -
     check_keys(cfg, KEYS, KIND)
     require(cfg, "csv", KIND)
     names = class_names(cfg)
-    spacing = cfg.get("target_spacing")
-    spacing = None if spacing is None else float_tuple(spacing, 3, "target_spacing")
-    size = int_tuple(cfg.get("target_size", (128, 128, 64)), 3, "target_size")
-    method = cfg.get("normalize", "zscore")
-    if method not in NORMALISATIONS:
-        raise UserError(f"normalize must be one of {NORMALISATIONS}, got {method!r}")
+    spacing, size, method = volume_options(cfg, default_size=(128, 128, 64))
     bad = BadSamples(skip_bad)
     records, column, problems = pair_records(cfg)
     for message in problems:

@@ -211,6 +211,17 @@ class VolumeLoader:
         return {"input": volume.contiguous()}
 
 
+
+def volume_options(cfg: dict, default_size: tuple[int, int, int]):
+    """``target_spacing`` (mm, or None to keep), ``target_size`` and ``normalize`` of a volume config, checked."""
+    spacing = cfg.get("target_spacing")
+    spacing = None if spacing is None else float_tuple(spacing, 3, "target_spacing")
+    size = int_tuple(cfg.get("target_size", default_size), 3, "target_size")
+    method = cfg.get("normalize", "zscore")
+    if method not in NORMALISATIONS:
+        raise UserError(f"normalize must be one of {NORMALISATIONS}, got {method!r}")
+    return spacing, size, method
+
 def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """3D volumes listed in a CSV (one NIfTI file or DICOM series folder per row).
 
@@ -232,12 +243,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     check_keys(cfg, KEYS, kind)
     require(cfg, "csv", kind)
     label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
-    spacing = cfg.get("target_spacing")
-    spacing = None if spacing is None else float_tuple(spacing, 3, "target_spacing")
-    size = int_tuple(cfg.get("target_size", (256, 256, 32)), 3, "target_size")
-    method = cfg.get("normalize", "zscore")
-    if method not in NORMALISATIONS:
-        raise UserError(f"normalize must be one of {NORMALISATIONS}, got {method!r}")
+    spacing, size, method = volume_options(cfg, default_size=(256, 256, 32))
     subtract = [cfg["subtract_column"]] if cfg.get("subtract_column") else []
     sides = SIDES if cfg.get("split_sides", False) else ()
     bad = BadSamples(skip_bad)
