@@ -1,7 +1,9 @@
 """3D U-Net (Cicek et al., MICCAI 2016) and U-PAM-Net (Joutard et al., MICCAI 2019, Fig. 3).
 
 U-PAM-Net places the Permutohedral block (``[h, PAM(h)]``, then a 1x1x1 convolution back to the level's
-width) on the half-resolution decoder features, so attention runs over 2x2x2 voxel regions. Without the
+width) on the half-resolution (level-1) features just before the last up-sampling, so attention runs over
+2x2x2 voxel regions: for ``depth=1`` these are the bottleneck output, for ``depth>=2`` the level-1 decoder
+output. The PAM therefore runs for every depth >= 1. Without the
 PAM, ``stem_extra`` extra channels in the first convolution (chosen automatically when None) give the
 network at least as many parameters as its PAM twin, as in the paper.
 """
@@ -21,7 +23,8 @@ class UNet3D(nn.Module):
         in_chans: input channels. num_classes: output channels (logits).
         base_channels: width at full resolution, doubled at each of the ``depth`` down-samplings.
         depth: number of 2x down-samplings (spatial sizes must be divisible by 2**depth).
-        use_pam: add the Permutohedral block at half resolution.
+        use_pam: add the Permutohedral block at half resolution (level 1: the bottleneck output when
+            ``depth=1``, the level-1 decoder output otherwise), just before the last up-sampling.
         pam_channels, pam_feature_dim, pam_groups, pam_normalize: see :class:`medattn.permutohedral.PAM`
             (``pam_channels`` defaults to the half-resolution width).
         stem_extra: extra channels of the first convolution; None = 0 with PAM, matched without.
@@ -70,9 +73,9 @@ class UNet3D(nn.Module):
         for level, encoder in enumerate(self.encoders):
             x = encoder(x if level == 0 else self.pool(x))
             skips.append(x)
-        x = skips.pop()  # bottleneck
+        x = skips.pop()  # bottleneck (B, widths[depth], ...) at level depth
         for level in reversed(range(self.depth)):
+            if level == 0 and self.pam is not None:
+                x = self.pam(x)  # (B, widths[1], H/2, W/2, D/2): level-1 features, before the last up-sampling
             x = self.decoders[level](torch.cat([self.ups[level](x), skips[level]], dim=1))
-            if level == 1 and self.pam is not None:
-                x = self.pam(x)  # half resolution
         return self.head(x)
