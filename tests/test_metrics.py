@@ -54,3 +54,76 @@ def test_roc_png(tmp_path):
     probs = np.random.default_rng(0).dirichlet(np.ones(3), 12)
     path = metrics.plot_roc(probs, np.arange(12) % 3, "multiclass", tmp_path / "roc.png", "t", ["a", "b", "c"])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _brute_cluster_ci(probs, labels, groups, n_boot, ci, seed):
+    """The cluster bootstrap written out: draw patients (first-appearance order) with replacement, take
+    all their samples, redraw resamples with one class, percentile interval."""
+    patients = list(dict.fromkeys(groups))
+    rng = np.random.default_rng(seed)
+    scores = []
+    while len(scores) < n_boot:
+        drawn = [patients[k] for k in rng.integers(0, len(patients), len(patients))]
+        rows = [i for p in drawn for i in range(len(groups)) if groups[i] == p]
+        if len(set(labels[rows, 0])) == 2:
+            scores.append(roc_auc_score(labels[rows, 0], probs[rows, 0]))
+    return tuple(np.quantile(scores, [(1 - ci) / 2, (1 + ci) / 2]))
+
+
+def test_patient_bootstrap_resamples_patients():
+    rng = np.random.default_rng(0)
+    labels = (np.arange(30) % 2)[:, None]
+    probs = np.clip(labels * 0.3 + rng.random((30, 1)) * 0.7, 0, 1)
+    copies = 4  # every patient has four identical images: no more information than one each
+    probs4, labels4 = np.repeat(probs, copies, 0), np.repeat(labels, copies, 0)
+    patients = [f"p{i // copies}" for i in range(30 * copies)]
+    per_sample = metrics.bootstrap_ci(probs4, labels4, "binary", n_boot=300, seed=0)
+    per_patient = metrics.bootstrap_ci(probs4, labels4, "binary", n_boot=300, seed=0, groups=patients)
+    one_each = metrics.bootstrap_ci(probs, labels, "binary", n_boot=300, seed=0, groups=patients[::copies])
+    assert per_patient[1] - per_patient[0] > 1.5 * (per_sample[1] - per_sample[0])
+    assert per_patient == pytest.approx(one_each, abs=1e-12)  # four copies of a patient: the AUROC of one
+    # one patient per sample is the per-sample bootstrap, draw for draw
+    assert metrics.bootstrap_ci(probs, labels, "binary", n_boot=50, seed=2, groups=[f"x{i}" for i in range(30)]) == \
+        metrics.bootstrap_ci(probs, labels, "binary", n_boot=50, seed=2)
+
+
+def test_patient_bootstrap_equals_the_brute_reference():
+    probs = np.array([[0.1], [0.7], [0.4], [0.2], [0.9], [0.6], [0.3], [0.8]])
+    labels = np.array([[0], [1], [0], [0], [1], [1], [1], [0]])
+    groups = ["b", "b", "a", "c", "c", "c", "d", "e"]  # patients of 1 to 3 images, not in sorted order
+    expected = _brute_cluster_ci(probs, labels, groups, n_boot=200, ci=0.9, seed=5)
+    assert metrics.bootstrap_ci(probs, labels, "binary", n_boot=200, ci=0.9, seed=5, groups=groups) == \
+        pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match="one patient per sample"):
+        metrics.bootstrap_ci(probs, labels, "binary", groups=groups[:3])
+
+
+def test_dice_bootstrap_resamples_patients():
+    rng = np.random.default_rng(1)
+    dice = np.column_stack([np.ones(20), rng.random(20), rng.random(20)])
+    dice4, patients = np.repeat(dice, 4, 0), [f"p{i // 4}" for i in range(80)]
+    per_case = metrics.dice_bootstrap_ci(dice4, n_boot=300, seed=0)
+    per_patient = metrics.dice_bootstrap_ci(dice4, n_boot=300, seed=0, groups=patients)
+    assert per_patient[1] - per_patient[0] > 1.5 * (per_case[1] - per_case[0])
+    assert per_patient == pytest.approx(metrics.dice_bootstrap_ci(dice, n_boot=300, seed=0), abs=1e-12)
+
+
+def test_engine_scores_with_patient_clusters(tmp_path):
+    from medattn.data.base import TaskInfo
+    from medattn.train.engine import Classification, Predictions, Segmentation
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat((np.arange(12) % 2)[:, None], 3, 0)
+    probs = np.clip(labels * 0.3 + rng.random((36, 1)) * 0.7, 0, 1)
+    patients = [f"p{i // 3}" for i in range(36)]
+    pred = Predictions([str(i) for i in range(36)], patients, probs, labels, 0.0)
+    eval_cfg = {"bootstrap": 100, "ci": 0.95}
+    result = Classification(TaskInfo("binary", "image2d", 1, (1, 8, 8), ["y"])).score(pred, "test", tmp_path,
+                                                                                       eval_cfg, seed=1)
+    expected = metrics.bootstrap_ci(probs, labels, "binary", 100, 0.95, 1, groups=patients)
+    assert (result["ci_low"], result["ci_high"]) == expected
+    dice = np.column_stack([np.ones(36), rng.random(36)])
+    seg = Predictions([str(i) for i in range(36)], patients, dice, np.ones((36, 2)), 0.0)
+    result = Segmentation(TaskInfo("segmentation", "volume3d", 2, (1, 4, 4, 4), ["bg", "fg"])).score(
+        seg, "test", tmp_path, eval_cfg, seed=1)
+    assert (result["ci_low"], result["ci_high"]) == metrics.dice_bootstrap_ci(dice, 100, 0.95, 1, groups=patients)

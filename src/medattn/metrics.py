@@ -11,6 +11,13 @@ a class is absent from both the case's prediction and its label (see
 :func:`medattn.models.segmentation.dice_per_class`). A class's Dice is the mean over the cases where it
 is defined; the mean Dice is the mean of the foreground classes' Dice (classes 1..K-1).
 
+Confidence intervals are percentile bootstraps. Given ``groups`` (the patient id of each sample) they
+resample patients, not samples (a cluster bootstrap): each resample draws as many patients as there
+are, with replacement, and takes all samples of every patient drawn. Samples of one patient (the
+images of one skin, the left and right breast) are correlated; resampling them one by one treats
+them as independent and gives intervals that are too narrow. Without ``groups`` every sample is its
+own patient, and then both forms give the same interval for the same seed.
+
 AUROC is undefined when a split lacks a class; :class:`UndefinedMetricError` (a
 :class:`~medattn.errors.UserError`) then names the split, the output and the class present, instead of
 returning NaN.
@@ -84,35 +91,56 @@ def auroc(probs, labels, task_type: str, split: str = "", names: list[str] | Non
     return _score(probs, labels, task_type)
 
 
-def bootstrap_ci(probs, labels, task_type: str, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the AUROC over ``n_boot`` resamples of the samples (with replacement).
+def bootstrap_ci(probs, labels, task_type: str, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
+                 groups=None) -> tuple[float, float]:
+    """Percentile bootstrap CI of the AUROC over ``n_boot`` resamples with replacement.
 
-    Resamples in which a class is absent are drawn again (they have no AUROC); the generator is
-    ``numpy.random.default_rng(seed)``, so the interval is reproducible.
+    ``groups`` (N,): the patient of each sample; patients are resampled (all samples of a drawn patient
+    enter the resample), else samples. Resamples in which a class is absent are drawn again (they have
+    no AUROC); the generator is ``numpy.random.default_rng(seed)``, so the interval is reproducible.
     """
     probs, labels = _check(probs, labels, task_type)
     auroc(probs, labels, task_type)  # defined on the full set, or raise
     return _percentile_bootstrap(
-        len(labels), lambda i: _missing_class(probs[i], labels[i], task_type, []) is None,
+        _units(groups, len(labels)), lambda i: _missing_class(probs[i], labels[i], task_type, []) is None,
         lambda i: _score(probs[i], labels[i], task_type), n_boot, ci, seed, "contain every class")
 
 
-def _percentile_bootstrap(n: int, defined, statistic, n_boot: int, ci: float, seed: int, requirement: str
-                          ) -> tuple[float, float]:
-    """Percentile CI of ``statistic(index)`` over ``n_boot`` resamples ``index`` of ``range(n)`` with replacement.
+def _units(groups, n: int) -> int | list[np.ndarray]:
+    """What a bootstrap draws: the sample indices of each group (groups in order of first appearance),
+    or the number of samples ``n`` without groups."""
+    if groups is None:
+        return n
+    groups = list(groups)
+    if len(groups) != n:
+        raise ValueError(f"groups must give one patient per sample ({n}), got {len(groups)}")
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    return [np.array(m) for m in members.values()]
 
-    Resamples for which ``defined(index)`` is False are drawn again, at most 20 * n_boot draws in all;
-    the generator is ``numpy.random.default_rng(seed)``, so the interval is reproducible.
+
+def _percentile_bootstrap(units: int | list[np.ndarray], defined, statistic, n_boot: int, ci: float, seed: int,
+                          requirement: str) -> tuple[float, float]:
+    """Percentile CI of ``statistic(index)`` over ``n_boot`` resamples ``index`` with replacement.
+
+    ``units``: the number of samples n (a resample is n draws from ``range(n)``) or the clusters (a list
+    of G index arrays; a resample is G draws of clusters, concatenated in draw order). Resamples for which
+    ``defined(index)`` is False are drawn again, at most 20 * n_boot draws in all; the generator is
+    ``numpy.random.default_rng(seed)``, so the interval is reproducible.
     """
     rng = np.random.default_rng(seed)
+    clusters = units if isinstance(units, list) else None
+    count = len(clusters) if clusters is not None else units
     scores: list[float] = []
     attempts = 0
     while len(scores) < n_boot:
         attempts += 1
         if attempts > 20 * n_boot:
             raise UndefinedMetricError(f"bootstrap: too few resamples {requirement} ({len(scores)} of {n_boot})")
-        index = rng.integers(0, n, n)
+        index = rng.integers(0, count, count)
+        if clusters is not None:
+            index = np.concatenate([clusters[k] for k in index])
         if defined(index):
             scores.append(statistic(index))
     alpha = (1 - ci) / 2
@@ -173,10 +201,11 @@ def mean_dice(dice, split: str = "") -> float:
     return float(np.nanmean(per_class))
 
 
-def dice_bootstrap_ci(dice, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of :func:`mean_dice` over ``n_boot`` resamples of the cases (with replacement);
-    resamples without any foreground are drawn again; ``numpy.random.default_rng(seed)``."""
+def dice_bootstrap_ci(dice, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None) -> tuple[float, float]:
+    """Percentile bootstrap CI of :func:`mean_dice` over ``n_boot`` resamples with replacement: of the
+    patients given ``groups`` (N,) (all cases of a drawn patient enter the resample), else of the cases.
+    Resamples without any foreground are drawn again; ``numpy.random.default_rng(seed)``."""
     dice = np.asarray(dice, dtype=np.float64)
     mean_dice(dice)  # defined on the full set, or raise
-    return _percentile_bootstrap(len(dice), lambda i: not np.isnan(dice[i, 1:]).all(), lambda i: mean_dice(dice[i]),
-                                 n_boot, ci, seed, "contain a foreground class")
+    return _percentile_bootstrap(_units(groups, len(dice)), lambda i: not np.isnan(dice[i, 1:]).all(),
+                                 lambda i: mean_dice(dice[i]), n_boot, ci, seed, "contain a foreground class")

@@ -164,7 +164,8 @@ class Classification:
             result["auroc"] = metrics.auroc(pred.outputs, pred.labels, task.task_type, split, task.class_names)
             if eval_cfg["bootstrap"]:
                 result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
-                    pred.outputs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
+                    pred.outputs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed,
+                    groups=pred.patients)
             title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
             title += " (SYNTHETIC data)" if task.synthetic else ""
             metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
@@ -221,7 +222,7 @@ class Segmentation:
             result["dice"] = metrics.mean_dice(pred.outputs, split)
             if eval_cfg["bootstrap"]:
                 result["ci_low"], result["ci_high"] = metrics.dice_bootstrap_ci(
-                    pred.outputs, eval_cfg["bootstrap"], eval_cfg["ci"], seed)
+                    pred.outputs, eval_cfg["bootstrap"], eval_cfg["ci"], seed, groups=pred.patients)
         except metrics.UndefinedMetricError as error:
             result["note"] = str(error)
         return result
