@@ -12,9 +12,13 @@ from medattn.permutohedral import PAM
 
 
 def conv_unit(in_channels: int, out_channels: int, dilation: int = 1) -> nn.Sequential:
-    """3x3x3 convolution (padding keeps the size), instance norm, leaky ReLU: (B, Ci, ...) -> (B, Co, ...)."""
+    """3x3x3 convolution (padding keeps the size), instance norm, leaky ReLU: (B, Ci, ...) -> (B, Co, ...).
+
+    The convolution has no bias: the instance norm subtracts each channel's mean, so a bias there would
+    never change the output and would get no gradient (the affine norm's shift plays its role).
+    """
     return nn.Sequential(
-        nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=dilation, dilation=dilation),
+        nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=dilation, dilation=dilation, bias=False),
         nn.InstanceNorm3d(out_channels, affine=True),
         nn.LeakyReLU(0.01, inplace=True),
     )
