@@ -157,20 +157,6 @@ def test_hamming_weights_start_near_one_and_are_positive():
 
 # --- masks and layout -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", MECHANISMS)
-@pytest.mark.parametrize("grad", [False, True])
-def test_padded_batch_equals_each_sequence_alone(name, grad):
-    attn = make(name, tile_size=4).eval()
-    lengths = [7, 4]
-    x = torch.randn(2, 7, 32)
-    mask = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]
-    with torch.set_grad_enabled(grad):
-        out = attn(x, mask)
-        assert torch.all(out[1, 4:] == 0)
-        for i, n in enumerate(lengths):
-            torch.testing.assert_close(out[i, :n], attn(x[i : i + 1, :n])[0], rtol=1e-5, atol=1e-6)
-
-
 def test_value_dim_layout():
     attn = make("binary-ste", dim=32, num_heads=4, value_dim=5)
     assert attn.qkv.out_features == 2 * 32 + 4 * 5

@@ -3,12 +3,15 @@
 A mechanism owns timm's parameter layout so that weights move between mechanisms and to and from
 timm/MONAI-style models:
 
-* ``qkv``: ``nn.Linear(dim, 3 * inner_dim)``; its output is ordered ``q | k | v`` and inside each
-  part the heads are contiguous (channel ``h * head_dim + i`` belongs to head ``h``).
-* ``proj``: ``nn.Linear(inner_dim, dim)``.
+* ``qkv``: ``nn.Linear(dim, 2 * inner_dim + num_heads * value_dim)``; its output is ordered
+  ``q | k | v`` and inside each part the heads are contiguous (channel ``h * head_dim + i`` belongs to
+  head ``h``). With the default ``value_dim = head_dim`` this is timm's ``nn.Linear(dim, 3 * inner_dim)``.
+* ``proj``: ``nn.Linear(num_heads * value_dim, dim)`` (timm's ``nn.Linear(inner_dim, dim)`` by default).
 
 Subclasses implement :meth:`Attention.attend` on per-head tensors and may add their own
-parameters; :meth:`Attention.forward` does the projections, the checks and the masking contract.
+parameters; :meth:`Attention.forward`, the only forward, does the projections, the checks and the
+masking contract for every mechanism, so the keyword contract (``mask=``, ``attn_mask=``) and the value
+width cannot drift between mechanisms.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ class Attention(nn.Module):
         qkv_bias: whether ``qkv`` has a bias.
         attn_drop: dropout on the attention weights (only mechanisms that form them accept > 0).
         proj_drop: dropout after the output projection.
+        value_dim: per-head value width D_v (default: ``head_dim``; BinaryFormer's Fig. 1 narrows it
+            to 16). Queries and keys keep ``head_dim``.
 
     Shapes: ``x`` is (B, N, dim); ``mask`` is (B, N) bool with True for real tokens, or None.
-    The output is (B, N, dim); positions where ``mask`` is False are exactly zero.
+    :meth:`attend` sees q, k (B, H, N, head_dim) and v (B, H, N, value_dim) and returns
+    (B, H, N, value_dim). The output is (B, N, dim); positions where ``mask`` is False are exactly zero.
     """
 
     #: Whether the mechanism forms attention weights that ``attn_drop`` can act on.
@@ -50,11 +56,14 @@ class Attention(nn.Module):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        value_dim: int | None = None,
     ) -> None:
         super().__init__()
         inner_dim = dim if inner_dim is None else inner_dim
         if dim <= 0 or inner_dim <= 0 or num_heads <= 0:
             raise ValueError(f"dim, inner_dim and num_heads must be positive, got {dim}, {inner_dim}, {num_heads}")
+        if value_dim is not None and value_dim <= 0:
+            raise ValueError(f"value_dim must be positive, got {value_dim}")
         if inner_dim % num_heads:
             raise ValueError(f"inner_dim {inner_dim} is not divisible by num_heads {num_heads}")
         if not 0.0 <= attn_drop < 1.0 or not 0.0 <= proj_drop < 1.0:
@@ -65,13 +74,25 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.inner_dim = inner_dim
         self.head_dim = inner_dim // num_heads
+        self.value_dim = self.head_dim if value_dim is None else value_dim
         self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * inner_dim, bias=qkv_bias)
-        self.proj = nn.Linear(inner_dim, dim)
+        self.qkv = nn.Linear(dim, 2 * inner_dim + num_heads * self.value_dim, bias=qkv_bias)
+        self.proj = nn.Linear(num_heads * self.value_dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, inner_dim={self.inner_dim}"
+        value = "" if self.value_dim == self.head_dim else f", value_dim={self.value_dim}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, inner_dim={self.inner_dim}{value}"
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qkv`` output (..., N, 2 inner_dim + H D_v) -> q, k (..., H, N, d) and v (..., H, N, D_v), views."""
+        *lead, N, _ = qkv.shape
+        H = self.num_heads
+        q, k, v = qkv.split([self.inner_dim, self.inner_dim, H * self.value_dim], dim=-1)
+        q = q.unflatten(-1, (H, self.head_dim)).transpose(-3, -2)  # (..., H, N, d)
+        k = k.unflatten(-1, (H, self.head_dim)).transpose(-3, -2)  # (..., H, N, d)
+        v = v.unflatten(-1, (H, self.value_dim)).transpose(-3, -2)  # (..., H, N, D_v)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,10 +107,9 @@ class Attention(nn.Module):
             mask = attn_mask
         check_input(x, mask, self.dim)
         B, N, _ = x.shape
-        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, d)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
-        out = self.attend(q, k, v, mask)  # (B, H, N, d)
-        out = out.transpose(1, 2).reshape(B, N, self.inner_dim)  # (B, N, H*d)
+        q, k, v = self.split_heads(self.qkv(x))  # (B, H, N, d), (B, H, N, d), (B, H, N, D_v)
+        out = self.attend(q, k, v, mask)  # (B, H, N, D_v)
+        out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.value_dim)  # (B, N, H*D_v)
         out = self.proj(out)
         if mask is not None:
             out = out * mask.unsqueeze(-1).to(out.dtype)
@@ -98,7 +118,7 @@ class Attention(nn.Module):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """Per-head attention: q, k, v are (B, H, N, d); returns (B, H, N, d)."""
+        """Per-head attention: q, k (B, H, N, d), v (B, H, N, D_v), mask (B, N) or None -> (B, H, N, D_v)."""
         raise NotImplementedError
 
 

@@ -16,11 +16,12 @@ from .base import Attention, at_least_float32, token_weights
 
 
 class LinearAttention(Attention):
-    """elu+1 linear attention. Shapes: q, k, v (B, H, N, d) -> (B, H, N, d)."""
+    """elu+1 linear attention. Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v)."""
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-6) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
+                 eps: float = 1e-6) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
         self.eps = eps
 
     def attend(self, q, k, v, mask):

@@ -57,29 +57,35 @@ class SequenceNorm(nn.Module):
 class SeqNormAttention(Attention):
     """Softmax-free attention with sequence-normalized Q, K, V (see the module docstring).
 
-    Extra args: ``eps`` (1e-5). Parameters beyond timm's layout: ``q_norm``, ``k_norm``, ``v_norm``,
-    each with ``.weight`` and ``.bias`` of shape (inner_dim,).
-    Shapes: q, k, v (B, H, N, d) -> (B, H, N, d).
+    Extra args: ``eps`` (1e-5), the initial ``eps`` of all three norms; each norm's own ``.eps`` is used
+    (they may be set apart). Parameters beyond timm's layout: ``q_norm``, ``k_norm`` with ``.weight``
+    and ``.bias`` of shape (inner_dim,), and ``v_norm`` with shape (num_heads * value_dim,).
+    Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v).
 
     :meth:`attend` runs the fused raw-moment path (:mod:`medattn.attention.seqnorm_fused`);
     :meth:`attend_reference` normalizes explicitly with the same parameters. Tests prove them equal.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-5) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
+                 eps: float = 1e-5) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
         self.q_norm = SequenceNorm(self.inner_dim, eps)
         self.k_norm = SequenceNorm(self.inner_dim, eps)
-        self.v_norm = SequenceNorm(self.inner_dim, eps)
+        self.v_norm = SequenceNorm(num_heads * self.value_dim, eps)
+
+    @property
+    def norms(self) -> tuple[SequenceNorm, SequenceNorm, SequenceNorm]:
+        return self.q_norm, self.k_norm, self.v_norm
 
     def attend(self, q, k, v, mask):
         dtype = q.dtype
         q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)
         weights, count = token_weights(mask, q)
-        params = (self.q_norm.weight, self.q_norm.bias, self.k_norm.weight, self.k_norm.bias,
-                  self.v_norm.weight, self.v_norm.bias)
+        params = [p for norm in self.norms for p in (norm.weight, norm.bias)]
+        eps = tuple(norm.eps for norm in self.norms)
         with torch.autocast(q.device.type, enabled=False):
-            out = SeqNormCore.apply(q, k, v, *params, weights, count, self.q_norm.eps)
+            out = SeqNormCore.apply(q, k, v, *params, weights, count, eps)
         return out.to(dtype)
 
     # Streaming inference over one very long sequence (B = 1), in chunks of tokens (n_c, dim), in one
@@ -91,36 +97,41 @@ class SeqNormAttention(Attention):
         return {"count": 0}
 
     def stream_update(self, state: dict, x: torch.Tensor, pass_index: int) -> None:
-        """Merge the statistics of a chunk x (1, n_c, dim) into ``state``."""
+        """Merge the statistics of a chunk x (1, n_c, dim) into ``state``.
+
+        ``state`` holds the token count, per tensor t in (q, k, v) the mean and centred sum of squares
+        (H, 1, d_t), and the centred ``K^T V`` (H, d, D_v), all float64.
+        """
         n_b = x.shape[-2]
-        qkv = self.qkv(x.reshape(n_b, self.dim)).view(n_b, 3, self.num_heads, self.head_dim)
-        qkv = at_least_float32(qkv).permute(1, 2, 0, 3)  # (3, H, n_c, d), a view
-        mean_b = qkv.mean(dim=2, keepdim=True)  # (3, H, 1, d)
-        centred = qkv - mean_b
-        m2_b = centred.square().sum(dim=2, keepdim=True).double()
-        ckv_b = (centred[1].transpose(-2, -1) @ centred[2]).double()  # (H, d, d)
-        mean_b, n_a = mean_b.double(), state["count"]
+        qkv = self.split_heads(self.qkv(x.reshape(n_b, self.dim)))  # (H, n_c, d), (H, n_c, d), (H, n_c, D_v)
+        qkv = [at_least_float32(t) for t in qkv]
+        mean_b = [t.mean(dim=1, keepdim=True) for t in qkv]  # each (H, 1, d_t)
+        centred = [t - m for t, m in zip(qkv, mean_b)]
+        m2_b = [c.square().sum(dim=1, keepdim=True).double() for c in centred]
+        ckv_b = (centred[1].transpose(-2, -1) @ centred[2]).double()  # (H, d, D_v)
+        mean_b, n_a = [m.double() for m in mean_b], state["count"]
         if n_a == 0:
             state.update(count=n_b, mean=mean_b, m2=m2_b, ckv=ckv_b)
             return
         n = n_a + n_b
-        delta = mean_b - state["mean"]
+        delta = [mb - ma for mb, ma in zip(mean_b, state["mean"])]
         state["count"] = n
-        state["mean"] = state["mean"] + delta * (n_b / n)
-        state["m2"] = state["m2"] + m2_b + delta.square() * (n_a * n_b / n)
+        state["mean"] = [ma + dt * (n_b / n) for ma, dt in zip(state["mean"], delta)]
+        state["m2"] = [ma + mb + dt.square() * (n_a * n_b / n) for ma, mb, dt in zip(state["m2"], m2_b, delta)]
         state["ckv"] = state["ckv"] + ckv_b + delta[1].transpose(-2, -1) * delta[2] * (n_a * n_b / n)
 
     def stream_end(self, state: dict, pass_index: int) -> None:
         """Turn the merged statistics into ``out = q a_q + b`` for :meth:`stream_forward`."""
-        n = state["count"]
-        H, d = self.num_heads, self.head_dim
-        gamma = torch.stack([m.weight for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
-        beta = torch.stack([m.bias for m in (self.q_norm, self.k_norm, self.v_norm)]).double().view(3, H, 1, d)
-        scale = gamma * torch.rsqrt(state.pop("m2") / n + self.q_norm.eps)  # (3, H, 1, d)
+        n, H = state["count"], self.num_heads
+        scale, beta = [], []
+        for norm, m2 in zip(self.norms, state.pop("m2")):
+            gamma = norm.weight.double().view(H, 1, -1)
+            scale.append(gamma * torch.rsqrt(m2 / n + norm.eps))  # (H, 1, d_t)
+            beta.append(norm.bias.double().view(H, 1, -1))
         # K'^T V' = s_k^T s_v * (centred K^T V) + n beta_k^T beta_v; the centred sums vanish.
         a = (scale[1].transpose(-2, -1) * state.pop("ckv") * scale[2]) / n + beta[1].transpose(-2, -1) * beta[2]
-        state["a_q"] = (scale[0].transpose(-2, -1) * a).float()  # (H, d, d)
-        state["b"] = ((beta[0] - state["mean"][0] * scale[0]) @ a).float()  # (H, 1, d)
+        state["a_q"] = (scale[0].transpose(-2, -1) * a).float()  # (H, d, D_v)
+        state["b"] = ((beta[0] - state["mean"][0] * scale[0]) @ a).float()  # (H, 1, D_v)
 
     def stream_forward(self, state: dict, x: torch.Tensor) -> torch.Tensor:
         """Output (1, n_c, dim) for a chunk x (1, n_c, dim) once both passes have ended."""
@@ -128,8 +139,8 @@ class SeqNormAttention(Attention):
         q = F.linear(x.reshape(n, self.dim), self.qkv.weight[:inner],
                      None if self.qkv.bias is None else self.qkv.bias[:inner])
         q = q.view(n, self.num_heads, self.head_dim).transpose(0, 1)  # (H, n_c, d)
-        out = torch.baddbmm(state["b"], q, state["a_q"]).transpose(0, 1).reshape(1, n, inner)
-        return self.proj(out)
+        out = torch.baddbmm(state["b"], q, state["a_q"])  # (H, n_c, D_v)
+        return self.proj(out.transpose(0, 1).reshape(1, n, self.num_heads * self.value_dim))
 
     def attend_reference(self, q, k, v, mask):
         """Explicitly normalized Q', K', V', then Q' (K'^T V') / N; matmuls follow autocast."""

@@ -56,17 +56,18 @@ def _scale_shift(total, total_sq, count, gamma, beta, eps):
 
 
 def _output_map(moments, count, affines, eps):
-    """(A_q, b) with out = Q A_q + b: A_q = s_q^T * A (B, H, d, d), b = c_q A (B, H, 1, d).
+    """(A_q, b) with out = Q A_q + b: A_q = s_q^T * A (B, H, d, D_v), b = c_q A (B, H, 1, D_v).
 
     ``moments`` = (S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv); ``affines`` = (gamma_q, beta_q, ..., beta_v)
-    reshaped to (1, H, 1, d).
+    reshaped to (1, H, 1, d_t); ``eps`` = (eps_q, eps_k, eps_v).
     """
     s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv = moments
     gq, bq, gk, bk, gv, bv = affines
-    scale_q, shift_q, _, _ = _scale_shift(s_q, sq_q, count, gq, bq, eps)
-    scale_k, shift_k, _, _ = _scale_shift(s_k, sq_k, count, gk, bk, eps)
-    scale_v, shift_v, mean_v, _ = _scale_shift(s_v, sq_v, count, gv, bv, eps)
-    ktv = scale_k.transpose(-2, -1) * g_kv * scale_v  # (B, H, d, d)
+    eps_q, eps_k, eps_v = eps
+    scale_q, shift_q, _, _ = _scale_shift(s_q, sq_q, count, gq, bq, eps_q)
+    scale_k, shift_k, _, _ = _scale_shift(s_k, sq_k, count, gk, bk, eps_k)
+    scale_v, shift_v, mean_v, _ = _scale_shift(s_v, sq_v, count, gv, bv, eps_v)
+    ktv = scale_k.transpose(-2, -1) * g_kv * scale_v  # (B, H, d, D_v)
     ktv = ktv + count * (bk.transpose(-2, -1) * shift_v + shift_k.transpose(-2, -1) * (scale_v * mean_v))
     a = ktv / count
     return scale_q.transpose(-2, -1) * a, shift_q @ a
@@ -95,72 +96,94 @@ def sequence_normalize(x, gamma, beta, weights, count, eps):
 
 
 def centred_seqnorm(q, k, v, affines, weights, count, eps):
-    """Explicit form: normalized copies of q, k, v (two-pass statistics), then Q' (K'^T V') / n."""
+    """Explicit form: normalized copies of q, k, v (two-pass statistics), then Q' (K'^T V') / n.
+
+    ``eps`` = (eps_q, eps_k, eps_v).
+    """
     gq, bq, gk, bk, gv, bv = affines
-    q = sequence_normalize(q, gq, bq, weights, count, eps)
-    k = sequence_normalize(k, gk, bk, weights, count, eps)
-    v = sequence_normalize(v, gv, bv, weights, count, eps)
+    q = sequence_normalize(q, gq, bq, weights, count, eps[0])
+    k = sequence_normalize(k, gk, bk, weights, count, eps[1])
+    v = sequence_normalize(v, gv, bv, weights, count, eps[2])
     return q @ ((k.transpose(-2, -1) @ v) / count)
 
 
-class SeqNormCore(torch.autograd.Function):
-    """out = W Q' (K'^T V') / n for q, k, v (B, H, N, d) in float32/float64; see the module docstring.
+def _affines(params, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The six affine vectors (H * d_t,) as (1, H, 1, d_t) tensors in ``like``'s dtype (like is (B, H, N, d))."""
+    return tuple(p.to(like.dtype).view(1, like.shape[1], 1, -1) for p in params)
 
-    Inputs: q, k, v, the six affine tensors (H * d,), weights (B, 1, N, 1) or None, count (int or
-    (B, 1, 1, 1)), eps. Output (B, H, N, d), zero at padded positions.
+
+class SeqNormCore(torch.autograd.Function):
+    """out = W Q' (K'^T V') / n for q, k (B, H, N, d), v (B, H, N, D_v) in float32/float64.
+
+    Inputs: q, k, v, the six affine tensors (H * d_t,), weights (B, 1, N, 1) or None, count (int or
+    (B, 1, 1, 1)), eps = (eps_q, eps_k, eps_v). Output (B, H, N, D_v), zero at padded positions.
+
+    Backward: the raw-moment formulas of the module docstring. Where the backward itself must be
+    differentiable (``create_graph=True``: double backward, Hessian-vector products, gradient
+    penalties), or the forward took the centred path, the backward instead recomputes the explicit
+    centred form with autograd on the saved inputs, so higher derivatives are exact (those of the
+    explicit form) rather than those of a hand-written first derivative.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, gq, bq, gk, bk, gv, bv, weights, count, eps):
-        H, d = q.shape[1], q.shape[3]
-        affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in (gq, bq, gk, bk, gv, bv))
+        affines = _affines((gq, bq, gk, bk, gv, bv), q)
         moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights))
-        g_kv = k.transpose(-2, -1) @ (v if weights is None else v * weights)  # (B, H, d, d)
+        g_kv = k.transpose(-2, -1) @ (v if weights is None else v * weights)  # (B, H, d, D_v)
         moments = moments + (g_kv,)
         ctx.centred = _ill_conditioned(moments, count)
-        ctx.save_for_backward(q, k, v, gq, bq, gk, bk, gv, bv, *( () if weights is None else (weights,)))
+        ctx.save_for_backward(q, k, v, gq, bq, gk, bk, gv, bv, *(() if weights is None else (weights,)))
         ctx.count, ctx.eps, ctx.has_weights = count, eps, weights is not None
         if ctx.centred:
             return centred_seqnorm(q, k, v, affines, weights, count, eps)
         a_q, b = _output_map(moments, count, affines, eps)
         ctx.moments = moments
-        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(q.shape)
+        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(*q.shape[:3], -1)
         return out if weights is None else out.mul_(weights)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, gq, bq, gk, bk, gv, bv, *rest = ctx.saved_tensors
-        weights = rest[0] if ctx.has_weights else None
-        count, eps = ctx.count, ctx.eps
-        params = (gq, bq, gk, bk, gv, bv)
-        H, d = q.shape[1], q.shape[3]
-        if ctx.centred:
-            with torch.enable_grad():
-                inputs = [t.detach().requires_grad_(True) for t in (q, k, v, *params)]
-                affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in inputs[3:])
-                out = centred_seqnorm(*inputs[:3], affines, weights, count, eps)
-                grads = torch.autograd.grad(out, inputs, grad_out)
-            return (*grads, None, None, None)
+        q, k, v, *params = ctx.saved_tensors[:9]
+        weights = ctx.saved_tensors[9] if ctx.has_weights else None
+        if ctx.centred or torch.is_grad_enabled():
+            return (*_explicit_backward(q, k, v, params, weights, ctx.count, ctx.eps, grad_out), None, None, None)
+        return (*_raw_moment_backward(q, k, v, params, weights, ctx.count, ctx.eps, ctx.moments, grad_out),
+                None, None, None)
 
-        g = grad_out if weights is None else grad_out * weights
-        with torch.enable_grad():
-            small = [t.detach().requires_grad_(True) for t in (*ctx.moments, *params)]
-            affines = tuple(p.to(q.dtype).view(1, H, 1, d) for p in small[7:])
-            a_q, b = _output_map(small[:7], count, affines, eps)
-            grad_a_q = q.transpose(-2, -1) @ g  # (B, H, d, d)
-            grad_b = g.sum(dim=2, keepdim=True)  # (B, H, 1, d)
-            d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv, *d_params = torch.autograd.grad(
-                (a_q, b), small, (grad_a_q, grad_b))
-        a_q = a_q.detach()
-        # out = Q a_q + b, and the raw moments: S = sum w x, Sq = sum w x^2, G_kv = K^T W V.
-        grad_q = torch.baddbmm(d_s_q.flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
-        grad_q = grad_q.view(q.shape).addcmul_(q, 2 * d_sq_q)
-        grad_k = torch.baddbmm(d_s_k.flatten(0, 1), v.flatten(0, 1), d_gkv.transpose(-2, -1).flatten(0, 1))
-        grad_k = grad_k.view(k.shape).addcmul_(k, 2 * d_sq_k)
-        grad_v = torch.baddbmm(d_s_v.flatten(0, 1), k.flatten(0, 1), d_gkv.flatten(0, 1))
-        grad_v = grad_v.view(v.shape).addcmul_(v, 2 * d_sq_v)
-        if weights is not None:
-            grad_q.mul_(weights)
-            grad_k.mul_(weights)
-            grad_v.mul_(weights)
-        return (grad_q, grad_k, grad_v, *d_params, None, None, None)
+
+def _explicit_backward(q, k, v, params, weights, count, eps, grad_out):
+    """Gradients of :func:`centred_seqnorm` by autograd; differentiable when grad mode is on (create_graph)."""
+    create_graph = torch.is_grad_enabled()
+    inputs = [q, k, v, *params]
+    with torch.enable_grad():
+        if not create_graph:  # a first derivative only: a private graph over detached copies
+            inputs = [t.detach().requires_grad_(True) for t in inputs]
+        wanted = [t for t in inputs if t.requires_grad]
+        out = centred_seqnorm(*inputs[:3], _affines(inputs[3:], q), weights, count, eps)
+        grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=create_graph, allow_unused=True))
+    return [next(grads) if t.requires_grad else None for t in inputs]
+
+
+def _raw_moment_backward(q, k, v, params, weights, count, eps, moments, grad_out):
+    """Gradients from the raw moments: three (N x d) @ (d x d)-sized products, no normalized copies."""
+    g = grad_out if weights is None else grad_out * weights
+    with torch.enable_grad():
+        small = [t.detach().requires_grad_(True) for t in (*moments, *params)]
+        a_q, b = _output_map(small[:7], count, _affines(small[7:], q), eps)
+        grad_a_q = q.transpose(-2, -1) @ g  # (B, H, d, D_v)
+        grad_b = g.sum(dim=2, keepdim=True)  # (B, H, 1, D_v)
+        d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv, *d_params = torch.autograd.grad(
+            (a_q, b), small, (grad_a_q, grad_b))
+    a_q = a_q.detach()
+    # out = Q a_q + b, and the raw moments: S = sum w x, Sq = sum w x^2, G_kv = K^T W V.
+    grad_q = torch.baddbmm(d_s_q.flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
+    grad_q = grad_q.view(q.shape).addcmul_(q, 2 * d_sq_q)
+    grad_k = torch.baddbmm(d_s_k.flatten(0, 1), v.flatten(0, 1), d_gkv.transpose(-2, -1).flatten(0, 1))
+    grad_k = grad_k.view(k.shape).addcmul_(k, 2 * d_sq_k)
+    grad_v = torch.baddbmm(d_s_v.flatten(0, 1), k.flatten(0, 1), d_gkv.flatten(0, 1))
+    grad_v = grad_v.view(v.shape).addcmul_(v, 2 * d_sq_v)
+    if weights is not None:
+        grad_q.mul_(weights)
+        grad_k.mul_(weights)
+        grad_v.mul_(weights)
+    return (grad_q, grad_k, grad_v, *d_params)

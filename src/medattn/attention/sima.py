@@ -27,11 +27,12 @@ def l1_normalize_over_tokens(x, weights, eps: float):
 
 
 class SimAAttention(Attention):
-    """SimA: l1-normalized Q and K, plain V. Shapes: q, k, v (B, H, N, d) -> (B, H, N, d)."""
+    """SimA: l1-normalized Q and K, plain V. Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v)."""
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, eps: float = 1e-6) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
+                 eps: float = 1e-6) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
         self.eps = eps
 
     def attend(self, q, k, v, mask):

@@ -16,7 +16,7 @@ from .base import Attention
 class SoftmaxAttention(Attention):
     """Multi-head softmax attention.
 
-    Shapes: q, k, v (B, H, N, d) -> (B, H, N, d). A mask (B, N) removes padded keys from every
+    Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v). A mask (B, N) removes padded keys from every
     query's softmax (key-padding mask); padded query rows are zeroed by :class:`Attention`.
     """
 

@@ -68,6 +68,8 @@ def _dot_kernel(a, bT, c, out):  # pragma: no cover - compiled
 _LOG2E = np.float32(1.4426950408889634)
 _LN2 = np.float32(0.6931471805599453)
 _ROWS = 8  # query rows per parallel iteration: each loaded key/value row serves all of them
+#: Finite stand-in for -inf (fast-math assumes no infinities): below any score, |score| <= c * sum |w|.
+_NO_KEY = np.float32(-3.0e38)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -78,6 +80,10 @@ def _attention_kernel(qb, qw, kbT, kw, keep, v, c, tile, out):  # pragma: no cov
     kw (Bk, G, M) float32, keep (G, M) float32 (1 = real key), v (G, M, Dv) float32 -> out (G, N, Dv).
     ``exp`` is computed as ``2^n e^z`` (n = round(x log2 e), |z| <= ln2 / 2, 7th-order Taylor,
     relative error < 1e-8) so that LLVM vectorises it; arguments are clamped at 2^-126.
+
+    The kernel is compiled with fast-math, which lets LLVM assume that no value is infinite or NaN, so
+    no infinity may appear: the running maximum starts at the finite ``_NO_KEY`` and masked keys score
+    ``_NO_KEY``; a row whose key tiles so far were all padding keeps ``_NO_KEY`` and adds nothing.
     """
     A, G, N, W = qb.shape
     Bk = kbT.shape[0]
@@ -93,7 +99,7 @@ def _attention_kernel(qb, qw, kbT, kw, keep, v, c, tile, out):  # pragma: no cov
         p = np.empty((rows, tile), np.float32)
         ex = np.empty(tile, np.int32)
         acc = np.zeros((rows, Dv), np.float32)
-        m = np.full(rows, -np.inf, np.float32)
+        m = np.full(rows, _NO_KEY, np.float32)
         total = np.zeros(rows, np.float32)
         kg = keep[g]
         vg = v[g]
@@ -117,15 +123,16 @@ def _attention_kernel(qb, qw, kbT, kw, keep, v, c, tile, out):  # pragma: no cov
                         kwb = kw[b, g]
                         for j in range(tk):
                             sr[j] += wa * kwb[k0 + j] * (c - 2 * h[j])
-                tile_max = np.float32(-np.inf)
+                tile_max = _NO_KEY
                 for j in range(tk):  # branch-free so that it vectorises
-                    x = sr[j] if kg[k0 + j] > 0 else np.float32(-np.inf)
+                    x = sr[j] if kg[k0 + j] > 0 else _NO_KEY
                     tile_max = x if x > tile_max else tile_max
                 m_new = max(m[rr], tile_max)
-                if m_new == -np.inf:  # no real key seen yet: nothing to add
+                if m_new == _NO_KEY:  # no real key seen yet: nothing to add
                     p[rr, :tk] = 0.0
                     continue
-                corr = np.float32(np.exp(m[rr] - m_new))
+                # the first real key rescales nothing (acc and total are still zero)
+                corr = np.float32(np.exp(m[rr] - m_new)) if m[rr] != _NO_KEY else np.float32(0.0)
                 total[rr] *= corr
                 for e in range(Dv):
                     acc[rr, e] *= corr

@@ -12,9 +12,8 @@ None for 1), likewise for keys; ``scale = 1 / sqrt(d)``. A subclass only impleme
 * bit kernel (:func:`medattn.attention.binary.bits.binary_attention`): packed signs, popcount,
   key tiles with an online softmax; used when no gradient is needed (inference, ``torch.no_grad``).
 
-``value_dim`` (per head) narrows the values as in the paper's Fig. 1 (64 -> 16 per head): ``qkv``
-then has ``2 * inner_dim + num_heads * value_dim`` outputs ordered ``q | k | v`` and ``proj`` is
-``nn.Linear(num_heads * value_dim, dim)``. Without it the layout is exactly the base class's.
+``value_dim`` (per head, the base class's option) narrows the values as in the paper's Fig. 1
+(64 -> 16 per head).
 """
 
 from __future__ import annotations
@@ -22,17 +21,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import Attention, check_input
+from ..base import Attention
 from .bits import Term, binary_attention
 
 
 class BinaryAttention(Attention):
     """Base of the binary mechanisms: y = proj(softmax(S) V) with S from :meth:`binarise`.
 
-    Args (besides :class:`~medattn.attention.base.Attention`'s):
-        value_dim: per-head value width D_v (default: the head dim, i.e. the standard layout).
+    Args (besides :class:`~medattn.attention.base.Attention`'s, ``value_dim`` included):
         tile_size: query/key tile of the bit kernel's online softmax.
-        bit_kernel: use the bit kernel when no gradient is needed (False: always the float emulation).
+        bit_kernel: use the bit kernel when no gradient is needed on a CPU tensor (False: always the float
+            emulation). On other devices the emulation runs: the kernel is CPU code and would round-trip
+            through host memory.
 
     Shapes: x (B, N, dim), mask (B, N) bool (True = real token) -> (B, N, dim); padded rows are zero.
     """
@@ -51,35 +51,11 @@ class BinaryAttention(Attention):
         tile_size: int = 1024,
         bit_kernel: bool = True,
     ) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop)
-        if value_dim is not None and value_dim <= 0:
-            raise ValueError(f"value_dim must be positive, got {value_dim}")
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
         if tile_size <= 0:
             raise ValueError(f"tile_size must be positive, got {tile_size}")
-        self.value_dim = self.head_dim if value_dim is None else value_dim
         self.tile_size = tile_size
         self.bit_kernel = bit_kernel
-        if self.value_dim != self.head_dim:
-            self.qkv = nn.Linear(dim, 2 * self.inner_dim + num_heads * self.value_dim, bias=qkv_bias)
-            self.proj = nn.Linear(num_heads * self.value_dim, dim)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, value_dim={self.value_dim}"
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, N, dim), optional (B, N) bool mask -> (B, N, dim)."""
-        check_input(x, mask, self.dim)
-        B, N, _ = x.shape
-        H = self.num_heads
-        q, k, v = self.qkv(x).split([self.inner_dim, self.inner_dim, H * self.value_dim], dim=-1)
-        q = q.view(B, N, H, self.head_dim).transpose(1, 2)  # (B, H, N, d)
-        k = k.view(B, N, H, self.head_dim).transpose(1, 2)  # (B, H, N, d)
-        v = v.view(B, N, H, self.value_dim).transpose(1, 2)  # (B, H, N, D_v)
-        out = self.attend(q, k, v, mask)  # (B, H, N, D_v)
-        out = self.proj(out.transpose(1, 2).reshape(B, N, H * self.value_dim))  # (B, N, dim)
-        if mask is not None:
-            out = out * mask.unsqueeze(-1).to(out.dtype)
-        return self.proj_drop(out)
 
     def binarise(self, q: torch.Tensor, k: torch.Tensor) -> tuple[list[Term], list[Term]]:
         """Query and key terms ``[(signs (B, H, N, d), weights (B, H, N) or None), ...]``."""
@@ -92,7 +68,7 @@ class BinaryAttention(Attention):
         tensors = [v] + [t for terms in (q_terms, k_terms) for pair in terms for t in pair if t is not None]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         dropout = self.attn_drop if self.training else 0.0
-        if self.bit_kernel and not needs_grad and dropout == 0.0:
+        if self.bit_kernel and q.device.type == "cpu" and not needs_grad and dropout == 0.0:
             return binary_attention(q_terms, k_terms, v, scale, mask, self.tile_size)
         return emulated_attention(q_terms, k_terms, v, scale, mask, dropout)
 
