@@ -134,6 +134,7 @@ def test_every_part_runs_and_gets_a_gradient(name, attention):
         module.register_forward_hook(lambda mod, args, out, module_name=module_name: fired.add(module_name))
     inputs = [x.double() if x.is_floating_point() else x for x in INPUTS[model_cls](model)]
     out = model(*inputs)
+    assert out.shape[0] == 2 and torch.isfinite(out).all()
     (out * torch.randn_like(out)).sum().backward()
 
     mechanism = mechanism_of(name, attention)

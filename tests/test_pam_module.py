@@ -47,3 +47,24 @@ def test_bad_arguments(kwargs):
 def test_bad_input_shape():
     with pytest.raises(ValueError):
         PAM(3, 4)(torch.randn(1, 3, 8, 8))
+
+
+def test_pam_is_non_local():
+    """An output voxel depends on an input voxel at the far end of the volume (a 1x1x1 layer could not)."""
+    torch.manual_seed(3)
+    pam = PAM(4, 4)
+    x = torch.randn(1, 4, 4, 4, 8, requires_grad=True)
+    pam(x)[0, :, 0, 0, 0].sum().backward()
+    assert x.grad[0, :, -1, -1, -1].abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["descriptors", "features", "coord_scale"])
+def test_output_follows_parameters(name):
+    torch.manual_seed(4)
+    pam = PAM(3, 4)
+    x = torch.randn(1, 3, 4, 4, 4)
+    before = pam(x)
+    with torch.no_grad():
+        param = pam.get_parameter(f"{name}.weight" if name != "coord_scale" else name)
+        param.add_(torch.randn_like(param))
+    assert (pam(x) - before).abs().max() > 1e-3

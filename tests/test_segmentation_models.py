@@ -38,16 +38,39 @@ def test_forward_backward(cls, kwargs, use_pam):
     soft_dice_loss(logits, torch.randint(0, 3, (2, 8, 8, 12))).backward()
     missing = [name for name, p in net.named_parameters() if p.grad is None]
     assert not missing
-    if use_pam:
-        assert net.pam is not None and any("pam" in name for name, _ in net.named_parameters())
 
 
-def test_unet_pam_is_at_half_resolution():
-    net = UNet3D(num_classes=2, base_channels=4, depth=2, use_pam=True)
+PAM_NETWORKS = [(UNet3D, dict(base_channels=4, depth=depth)) for depth in (1, 2, 3)] + [
+    (DilatedFCN3D, dict(width=6, num_blocks=2))]
+
+
+@pytest.mark.parametrize("cls, kwargs", PAM_NETWORKS)
+def test_pam_acts(cls, kwargs):
+    """The PAM runs once per forward, its parameters get gradients and changing them changes the output."""
+    torch.manual_seed(0)
+    net = cls(num_classes=3, use_pam=True, **kwargs)
+    calls = []
+    net.pam.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[2:]))
+    x = torch.randn(1, 1, 8, 8, 16)
+    logits = net(x)
+    assert len(calls) == 1
+    logits.square().sum().backward()
+    for name, param in net.pam.named_parameters():
+        assert param.grad is not None and param.grad.abs().max() > 0, name
+    with torch.no_grad():
+        pam = net.pam[0].pam if isinstance(net.pam, torch.nn.Sequential) else net.pam.pam
+        pam.descriptors.weight.add_(torch.randn_like(pam.descriptors.weight))
+        assert (net(x) - logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_unet_pam_is_at_half_resolution(depth):
+    # The landed U-Net applied the PAM only after decoder level 1, which depth 1 (the presets) does not have.
+    net = UNet3D(num_classes=2, base_channels=4, depth=depth, use_pam=True)
     seen = []
-    net.pam.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[2:]))
+    net.pam.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[1:]))
     net(torch.randn(1, 1, 8, 8, 16))
-    assert seen == [torch.Size([4, 4, 8])]
+    assert seen == [torch.Size([8, 4, 4, 8])]  # level-1 width (2 x base), half of (8, 8, 16)
 
 
 def test_unet_rejects_indivisible_size():
