@@ -14,12 +14,13 @@ MLP dim           1024       1024      512
 
 3D segmentation (Joutard et al., MICCAI 2019), CPU-sized defaults; ``num_classes`` counts the background:
 
-==================  ===================================================================
+==================  =====================================================================
 ``unet3d``          3D U-Net, base 8 channels, one down-sampling, parameter-matched to ``upamnet``
-``upamnet``         the same U-Net with the PAM at half resolution (U-PAM-Net)
+``upamnet``         the same U-Net with the PAM at half resolution (U-PAM-Net): on the level-1
+                    features before the last up-sampling, i.e. the bottleneck output at depth 1
 ``dilated_fcn``     shallow dilated FCN (width 18, 4 blocks, dilations 1/2/4), matched to its PAM twin
 ``dilated_fcn_pam`` the same with the Permutohedral block before the prediction layer
-==================  ===================================================================
+==================  =====================================================================
 
 The U-Nets default to ``depth=1`` (receptive field about 18 voxels), small enough that the synthetic
 vertebra task needs the PAM's non-local context; the paper's U-Net is deeper (``model.kwargs.depth``).
