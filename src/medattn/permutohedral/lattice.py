@@ -29,7 +29,8 @@ Gradients w.r.t. the values flow through the transposed products (splat and slic
 transpose, each blur is symmetric), w.r.t. the features through the barycentric weights (hand-written
 backward of the products, autograd for the rest). The vertex assignment (rounding and ranking) is
 piecewise constant, so it carries no gradient; the filter is continuous across simplex boundaries and
-its gradient is that of the piecewise-smooth function, checked by ``gradcheck`` in the tests. This is
+its gradient is that of the piecewise-smooth function, checked by ``gradcheck`` in the tests; the backward
+is differentiable again, so second derivatives are exact too (``gradgradcheck``). This is
 not the paper's eqs. 6-7 (which use filtered gradients instead).
 
 The unnormalised output is multiplied by ``sqrt(d+1) (4 pi / 3)^(d/2)``: the splat, blur and slice keep
