@@ -16,7 +16,7 @@ F_DIM = 6
 
 
 def _slides(tmp_path, n_patients=10, extra_slides=(), extra_clinical=()):
-    """Patient i has slide s{i}a (CLAM, i + 3 patches); even patients also s{i}b (STAMP, 2 patches)."""
+    """Patient i has slide s{i}a (CLAM, i + 3 patches of i); even patients also s{i}b (STAMP, 2 patches of -1 - i)."""
     feats = tmp_path / "features"
     feats.mkdir(exist_ok=True)
     slide_rows, clinical_rows = [], []
@@ -24,7 +24,7 @@ def _slides(tmp_path, n_patients=10, extra_slides=(), extra_clinical=()):
         write_h5(feats / f"s{i}a.h5", np.full((i + 3, F_DIM), i, np.float32), np.arange(2 * (i + 3)).reshape(-1, 2))
         slide_rows.append([f"P{i}", f"s{i}a.h5"])
         if i % 2 == 0:
-            write_h5(feats / f"s{i}b.h5", np.full((2, F_DIM), -1, np.float32), layout="stamp")
+            write_h5(feats / f"s{i}b.h5", np.full((2, F_DIM), -1 - i, np.float32), layout="stamp")
             slide_rows.append([f"P{i}", f"s{i}b"])  # STAMP tables name slides without the suffix
         clinical_rows.append([f"P{i}", ["LUAD", "LUSC"][i % 2]])
     write_csv(tmp_path / "slides.csv", ["PATIENT", "FILENAME"], slide_rows + [list(r) for r in extra_slides])
@@ -45,7 +45,7 @@ def test_layouts_and_slides_per_patient(tmp_path):
     assert len(samples) == 10
     p2, p3 = samples["P2"], samples["P3"]
     assert p2["input"].shape == (5 + 2, F_DIM) and p3["input"].shape == (6, F_DIM)
-    assert torch.equal(p2["input"][:5], torch.full((5, F_DIM), 2.0)) and p2["input"][5:].eq(-1).all()
+    assert torch.equal(p2["input"][:5], torch.full((5, F_DIM), 2.0)) and p2["input"][5:].eq(-3).all()
     assert torch.equal(p2["coords"][:5], torch.arange(10.0).reshape(5, 2)) and p2["coords"][5:].eq(0).all()
     assert p2["label"].tolist() == [0.0] and p3["label"].tolist() == [1.0] and p2["patient"] == "P2"
     batch = collate([p2, p3])

@@ -17,6 +17,13 @@ from test_data_writers import write_csv, write_dicom, write_pillow  # noqa: E402
 RAMP = np.tile(np.arange(16, dtype=np.uint8) * 16, (12, 1))  # (12, 16), dark left, bright right
 
 
+def _distinct(i):
+    """RAMP with its first pixel set to i: one image per row (the same file in two rows is a duplicate)."""
+    image = RAMP.copy()
+    image[0, 0] = i
+    return image
+
+
 def _all(dataset):
     return [dataset[i] for i in range(len(dataset))]
 
@@ -25,7 +32,7 @@ def _table(tmp_path, n=12, labels=None, extra_rows=(), patients=None, split=None
     """n gray PNGs (label i % 2) plus ``extra_rows`` (path, label) in images.csv."""
     rows = []
     for i in range(n):
-        write_pillow(tmp_path / f"img{i}.png", RAMP)
+        write_pillow(tmp_path / f"img{i}.png", _distinct(i))
         row = [f"img{i}.png", (labels or [i % 2 for i in range(n)])[i]]
         row += [] if patients is None else [patients[i]]
         row += [] if split is None else [split[i]]
@@ -82,8 +89,7 @@ def test_channels_size_and_normalisation(tmp_path):
     (["a", "b"], [[0, 1], [1, 1], [0, 0]], "multilabel", 2),
 ])
 def test_task_types(tmp_path, columns, values, task, outputs):
-    write_pillow(tmp_path / "x.png", RAMP)
-    rows = [["x.png", *values[i % len(values)]] for i in range(12)]
+    rows = [[write_pillow(tmp_path / f"x{i}.png", _distinct(i)).name, *values[i % len(values)]] for i in range(12)]
     csv = write_csv(tmp_path / "t.csv", ["path", *columns], rows)
     bundle = build_datasets(_cfg(csv, label_columns=columns))
     assert (bundle.task.task_type, bundle.task.num_outputs) == (task, outputs)
@@ -93,8 +99,8 @@ def test_task_types(tmp_path, columns, values, task, outputs):
 
 
 def test_class_names(tmp_path):
-    write_pillow(tmp_path / "x.png", RAMP)
-    csv = write_csv(tmp_path / "t.csv", ["path", "dx"], [["x.png", ["LUAD", "LUSC"][i % 2]] for i in range(10)])
+    rows = [[write_pillow(tmp_path / f"x{i}.png", _distinct(i)).name, ["LUAD", "LUSC"][i % 2]] for i in range(10)]
+    csv = write_csv(tmp_path / "t.csv", ["path", "dx"], rows)
     bundle = build_datasets(_cfg(csv, label_columns="dx", classes=["LUAD", "LUSC"]))
     assert bundle.task.task_type == "binary" and bundle.task.class_names == ["LUSC"]
     three = build_datasets(_cfg(csv, label_columns="dx", classes=["LUAD", "LUSC", "other"]))
@@ -167,11 +173,10 @@ def test_bad_rows_name_file_and_row(tmp_path, case):
     assert skipping.skipped == 1 and len(skipping.train) + len(skipping.val) + len(skipping.test) == 12
 
 
-def test_corrupt_content_fails_at_load_or_is_skipped(tmp_path):
+def test_truncated_image_fails_at_build_time_or_is_skipped(tmp_path):
     csv = _table(tmp_path, n=12, extra_rows=[[_truncated(tmp_path), 0]])
-    bundle = build_datasets(_cfg(csv, split_column=None, val_fraction=0.0, test_fraction=0.0))
-    with pytest.raises(UserError, match=r"images.csv row 14: .*cut.png"):
-        _all(bundle.train)
+    with pytest.raises(UserError, match=r"images.csv row 14: .*cut.png: image file is truncated"):
+        build_datasets(_cfg(csv, split_column=None, val_fraction=0.0, test_fraction=0.0))
     assert build_datasets(_cfg(csv, val_fraction=0.0, test_fraction=0.0), skip_bad=True).skipped == 1
 
 

@@ -19,6 +19,15 @@ def _ramp(shape=(6, 5, 4)):
     return np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
 
 
+def _copies(tmp_path, stem, array, n, spacing=(1.0, 1.0, 1.0)):
+    """n files of one array, told apart by their origin (one file per row: a file in two rows is a duplicate)."""
+    for i in range(n):
+        affine = np.diag([*spacing, 1.0])
+        affine[:3, 3] = i
+        write_nifti(tmp_path / f"{stem}{i}.nii.gz", array, affine=affine)
+    return [f"{stem}{i}.nii.gz" for i in range(n)]
+
+
 def _cfg(csv, **kw):
     return {"kind": "volume_table", "csv": str(csv), "label_columns": "label", "target_size": [6, 5, 4],
             "normalize": "none", "augment": False, **kw}
@@ -51,8 +60,8 @@ def test_dicom_series_matches_nifti(tmp_path):
 
 
 def test_resample_crop_pad_and_normalise(tmp_path):
-    write_nifti(tmp_path / "v.nii.gz", np.ones((4, 4, 2), np.float32), spacing=(2.0, 2.0, 3.0))
-    csv = write_csv(tmp_path / "t.csv", ["path", "label"], [["v.nii.gz", i % 2] for i in range(8)])
+    names = _copies(tmp_path, "v", np.ones((4, 4, 2), np.float32), 8, spacing=(2.0, 2.0, 3.0))
+    csv = write_csv(tmp_path / "t.csv", ["path", "label"], [[names[i], i % 2] for i in range(8)])
     bundle = build_datasets(_cfg(csv, target_spacing=[1.0, 1.0, 3.0], target_size=[6, 10, 4]))
     x = bundle.train[0]["input"]
     assert x.shape == (1, 6, 10, 4) and bundle.task.input_shape == (1, 6, 10, 4)
@@ -69,25 +78,24 @@ def test_subtraction_and_split_sides(tmp_path):
     pre = np.zeros((8, 4, 2), np.float32)
     pre[:4], pre[4:] = 10.0, 20.0  # left half 10, right half 20
     post = np.full((8, 4, 2), 1.0, np.float32)
-    write_nifti(tmp_path / "pre.nii.gz", pre)
-    write_nifti(tmp_path / "post.nii.gz", post)
-    rows = [["pre.nii.gz", "post.nii.gz", f"p{i}", i % 2, 1 - i % 2] for i in range(6)]
+    pres, posts = _copies(tmp_path, "pre", pre, 6), _copies(tmp_path, "post", post, 6)
+    rows = [[pres[i], posts[i], f"p{i}", i % 2, 1 - i % 2] for i in range(6)]
     csv = write_csv(tmp_path / "t.csv", ["path", "post", "patient", "lesion_left", "lesion_right"], rows)
     cfg = _cfg(csv, label_columns="lesion", subtract_column="post", split_sides=True, patient_column="patient",
                target_size=[4, 4, 2], val_fraction=0.0, test_fraction=0.0)
     bundle = build_datasets(cfg)
     assert len(bundle.train) == 12 and bundle.task.class_names == ["lesion"]
     left, right = bundle.train[0], bundle.train[1]
-    assert (left["id"], right["id"]) == ("pre.nii.gz#left", "pre.nii.gz#right")
+    assert (left["id"], right["id"]) == ("pre0.nii.gz#left", "pre0.nii.gz#right")
     assert left["input"].eq(9).all() and right["input"].eq(19).all()
     assert left["patient"] == right["patient"]
     assert {left["label"].item(), right["label"].item()} == {0.0, 1.0}
 
 
 def test_flip_augmentation_only_in_training(tmp_path):
-    write_nifti(tmp_path / "v.nii.gz", _ramp())
+    names = _copies(tmp_path, "v", _ramp(), 6)
     csv = write_csv(tmp_path / "t.csv", ["path", "label", "split", "patient"],
-                    [["v.nii.gz", i % 2, ["train", "val", "test"][i % 3], i] for i in range(6)])
+                    [[names[i], i % 2, ["train", "val", "test"][i % 3], i] for i in range(6)])
     bundle = build_datasets(_cfg(csv, split_column="split", patient_column="patient", augment=True))
     torch.manual_seed(0)
     seen = {tuple(bundle.train[0]["input"].flatten()[:2].tolist()) for _ in range(12)}
@@ -96,11 +104,11 @@ def test_flip_augmentation_only_in_training(tmp_path):
 
 
 def test_bad_volumes(tmp_path):
-    write_nifti(tmp_path / "good.nii.gz", _ramp())
+    good = _copies(tmp_path, "good", _ramp(), 8)
     write_nifti(tmp_path / "flat.nii.gz", np.zeros((6, 5), np.float32))
     write_nifti(tmp_path / "nan.nii.gz", np.full((6, 5, 4), np.nan, np.float32))
     (tmp_path / "junk.nii.gz").write_bytes(b"nonsense")
-    rows = [["good.nii.gz", i % 2] for i in range(8)]
+    rows = [[good[i], i % 2] for i in range(8)]
     for name, expected in [("flat.nii.gz", "3D volume"), ("junk.nii.gz", "junk.nii.gz"), ("gone.nii", "not found"),
                            ("../x.nii", "outside the data root")]:
         csv = write_csv(tmp_path / "t.csv", ["path", "label"], rows + [[name, 1]])

@@ -9,6 +9,8 @@ import torch
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
+from .duplicates import resolve_duplicates
+from .files import check_regular
 from .options import check_keys, require
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import (
@@ -50,20 +52,51 @@ def feature_key(h5file) -> str:
                      f"datasets are {sorted(h5file.keys())}")
 
 
-def slide_shape(path: Path) -> tuple[int, int]:
-    """Cheap check: -> (N, F) from the HDF5 header; ValueError for a bad layout or an empty bag."""
+def stored_rows(dataset) -> int | None:
+    """None when every element of an HDF5 dataset is stored, else the rows (axis 0) that hold data.
+
+    A dataset declared larger than what was written (a crashed writer, a resized dataset never filled)
+    reads its unwritten part as the fill value, zeros that look like real patches. HDF5 tracks the
+    allocation (``H5Dget_space_status``): compact and written contiguous data are allocated whole,
+    chunked data per chunk. For a partly allocated chunked dataset the stored rows are the end of the
+    last allocated chunk along axis 0 (rows before it in unallocated chunks are not counted back).
+    """
     import h5py
 
-    if not path.is_file():
-        raise FileNotFoundError("file not found")
+    status = dataset.id.get_space_status()
+    if status == h5py.h5d.SPACE_STATUS_ALLOCATED or dataset.size == 0:
+        return None
+    if dataset.chunks is None or status == h5py.h5d.SPACE_STATUS_NOT_ALLOCATED:
+        return 0
+    chunks = (dataset.id.get_chunk_info(i) for i in range(dataset.id.get_num_chunks()))
+    return min(dataset.shape[0], max((c.chunk_offset[0] + dataset.chunks[0] for c in chunks), default=0))
+
+
+def _check_stored(name: str, dataset) -> None:
+    rows = stored_rows(dataset)
+    if rows is not None:
+        raise ValueError(f"dataset {name!r} declares {dataset.shape[0]} rows but the file stores data for "
+                         f"{rows} (the rest would read as fill values); rewrite the file with its real length")
+
+
+def slide_shape(path: Path) -> tuple[int, int]:
+    """Cheap check: -> (N, F) from the HDF5 header; ValueError for a bad layout, an empty bag or a dataset
+    not stored in full (:func:`stored_rows`)."""
+    import h5py
+
+    check_regular(path)
     with h5py.File(path, "r") as f:
-        features = f[feature_key(f)]
+        key = feature_key(f)
+        features = f[key]
         if features.ndim != 2:
             raise ValueError(f"features must be (N, F), got shape {features.shape}")
         if features.shape[0] == 0:
             raise ValueError("empty bag: the slide has no patches")
-        if "coords" in f and (f["coords"].ndim != 2 or f["coords"].shape != (features.shape[0], 2)):
-            raise ValueError(f"coords must be ({features.shape[0]}, 2), got {f['coords'].shape}")
+        _check_stored(key, features)
+        if "coords" in f:
+            if f["coords"].ndim != 2 or f["coords"].shape != (features.shape[0], 2):
+                raise ValueError(f"coords must be ({features.shape[0]}, 2), got {f['coords'].shape}")
+            _check_stored("coords", f["coords"])
         return tuple(features.shape)
 
 
@@ -71,10 +104,10 @@ def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (features (N, F) float32, coords (N, 2) float32, zeros if the file has none)."""
     import h5py
 
-    slide_shape(path)
+    rows = slide_shape(path)[0]  # refuses datasets not stored in full: no fill values are read as patches
     with h5py.File(path, "r") as f:
-        features = torch.from_numpy(np.asarray(f[feature_key(f)], dtype=np.float32))
-        coords = (torch.from_numpy(np.asarray(f["coords"], dtype=np.float32)) if "coords" in f
+        features = torch.from_numpy(np.asarray(f[feature_key(f)][:rows], dtype=np.float32))
+        coords = (torch.from_numpy(np.asarray(f["coords"][:rows], dtype=np.float32)) if "coords" in f
                   else torch.zeros(features.shape[0], 2))
     if not torch.isfinite(features).all():
         bad = int((~torch.isfinite(features)).any(dim=1).sum())
@@ -185,6 +218,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
 
     records, column = keep_valid(records, column, check_headers if cfg.get("check_files", True) else None, bad,
                                  f"wsi_bags {clinical}")
+    records, column = resolve_duplicates(records, column, bad)
     if not dims:
         dims[slide_shape(records[0].paths[0])[1]] = records[0].where
     if len(dims) > 1:

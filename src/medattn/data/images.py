@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
+from .duplicates import resolve_duplicates
+from .files import check_regular
 from .options import check_keys, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
@@ -89,6 +91,7 @@ def _read_pillow(path: Path) -> torch.Tensor:
 
 def read_image(path: Path) -> torch.Tensor:
     """-> (C, H, W) float in [0, 1], C = 1 (gray) or 3 (RGB); ValueError for other shapes."""
+    check_regular(path)
     image = _read_dicom(path) if is_dicom(path) else _read_pillow(path)
     if image.ndim == 2:
         image = image[None]
@@ -99,21 +102,62 @@ def read_image(path: Path) -> torch.Tensor:
     return image
 
 
+def _check_dicom_header(path: Path) -> None:
+    """Header without pixels; uncompressed pixel data must fit in what follows the header in the file."""
+    import pydicom
+
+    with path.open("rb") as f:
+        ds = pydicom.dcmread(f, stop_before_pixels=True)
+        after_header = path.stat().st_size - f.tell()
+    if "Rows" not in ds or "Columns" not in ds:
+        raise ValueError("the DICOM file has no image (no Rows/Columns)")
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is None or syntax.is_compressed:
+        return  # encapsulated pixel data: its length is only known by reading it
+    frames = int(getattr(ds, "NumberOfFrames", 1) or 1)
+    expected = (int(ds.Rows) * int(ds.Columns) * int(getattr(ds, "SamplesPerPixel", 1) or 1) * frames
+                * int(getattr(ds, "BitsAllocated", 8) or 8) + 7) // 8
+    if after_header < expected:
+        raise ValueError(f"the DICOM file is truncated: the header declares {expected} bytes of pixel data, "
+                         f"{after_header} bytes follow it")
+
+
+def _check_pillow_complete(path: Path) -> None:
+    """Open (header only) and look for truncation where that is cheap: PNG chunk CRCs (``verify``, no
+    decoding), TIFF strips/tiles inside the file, a JPEG end marker in the last 4 KiB (a JPEG without
+    one is decoded once to decide, since data may follow the marker)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        fmt = img.format
+        if fmt == "TIFF":
+            size = path.stat().st_size
+            for offsets, counts in ((273, 279), (324, 325)):  # StripOffsets/-ByteCounts, TileOffsets/-ByteCounts
+                ends = [o + c for o, c in zip(img.tag_v2.get(offsets, ()), img.tag_v2.get(counts, ()))]
+                if ends and max(ends) > size:
+                    raise ValueError(f"image file is truncated: its data end at byte {max(ends)}, the file "
+                                     f"has {size}")
+        elif fmt == "PNG":
+            try:
+                img.verify()
+            except (OSError, SyntaxError) as exc:  # Pillow: OSError when cut short, SyntaxError for a bad CRC
+                raise ValueError(f"image file is truncated or corrupt ({exc})") from None
+    if fmt == "JPEG":
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            if b"\xff\xd9" not in f.read():
+                with Image.open(path) as img:
+                    img.load()
+
+
 def check_image_header(path: Path) -> None:
-    """Cheap check at build time: the file exists and its header is readable."""
-    if not path.is_file():
-        raise FileNotFoundError("file not found")
+    """Cheap check at build time: a regular file whose header reads, and that is not truncated where
+    that shows without decoding (uncompressed DICOM, PNG, TIFF, JPEG; see the two helpers above)."""
+    check_regular(path)
     if is_dicom(path):
-        import pydicom
-
-        ds = pydicom.dcmread(path, stop_before_pixels=True)
-        if "Rows" not in ds or "Columns" not in ds:
-            raise ValueError("the DICOM file has no image (no Rows/Columns)")
+        _check_dicom_header(path)
     else:
-        from PIL import Image
-
-        with Image.open(path):
-            pass
+        _check_pillow_complete(path)
 
 
 def match_channels(image: torch.Tensor, in_chans: int) -> torch.Tensor:
@@ -185,6 +229,7 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     plain = ImageLoader(size, in_chans, mean, std)
     check = plain if skip_bad else (lambda r: check_image_header(r.paths[0])) if cfg.get("check_files", True) else None
     records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
+    records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
     augment = RandomRotateFlip2d() if cfg.get("augment", True) else None
     train_loader = ImageLoader(size, in_chans, mean, std, augment)

@@ -21,7 +21,7 @@ from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .images import match_channels
 from .options import SPLITS, check_keys, int_tuple, require
-from .tables import BadSamples, infer_label_spec, label_options
+from .tables import BadSamples, infer_label_spec, inferred_class_problems, label_options
 from .transforms import RandomFlip3d, RandomRotateFlip2d
 
 KEYS = frozenset({"path", "task_type", "classes", "num_classes", "spatial_dims", "image_size", "in_chans", "mean",
@@ -123,8 +123,18 @@ def build_medmnist(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
         for i in np.flatnonzero(~ok):
             bad.report(f"medmnist {path} {s}_labels[{i}]: label {labels[s][i].tolist()} is not a non-negative integer")
         valid[s] = ok
-    spec = infer_label_spec([row for s in SPLITS for row in labels[s][valid[s]].tolist()], columns, task_type,
-                            None, num_classes)
+    rows = [(s, int(i)) for s in SPLITS for i in np.flatnonzero(valid[s])]
+    values = [labels[s][i].tolist() for s, i in rows]
+    spec = infer_label_spec(values, columns, task_type, None, num_classes)
+    problems, rare = inferred_class_problems(values, [f"medmnist {path} {s}_labels[{i}]" for s, i in rows],
+                                             columns[0], spec, num_classes is not None)
+    for message in problems:
+        bad.report(message)
+    for k in rare:
+        valid[rows[k][0]][rows[k][1]] = False
+    if rare:
+        spec = infer_label_spec([v for k, v in enumerate(values) if k not in rare], columns, task_type, None,
+                                num_classes)
     in_chans = int(cfg.get("in_chans", channels.pop() if ndim == 2 else 1))
     if (ndim == 2 and in_chans not in (1, 3)) or (ndim == 3 and in_chans != 1):
         raise UserError(f"medmnist: in_chans must be 1 or 3 for 2D and 1 for 3D images, got {in_chans}")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
+from .duplicates import resolve_duplicates
 from .options import check_keys, require
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
@@ -157,6 +158,7 @@ def build_nifti_segmentation(cfg: dict, seed: int = 0, skip_bad: bool = False) -
     plain = PairLoader(spacing, size, method, len(names))
     check = plain if skip_bad else check_pair_headers if cfg.get("check_files", True) else None
     records, column = keep_valid(records, column, check, bad, f"{KIND} {cfg['csv']}")
+    records, column = resolve_duplicates(records, column, bad, inputs=1)
     parts = split_records(records, cfg, seed, column)
     train_loader = PairLoader(spacing, size, method, len(names), RandomFlip3d() if cfg.get("augment") else None)
     task = TaskInfo("segmentation", "volume3d", len(names), (1, *size), names)

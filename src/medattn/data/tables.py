@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import TASK_TYPES
+from .files import check_regular
 
 #: Task types a label table can describe (segmentation labels come as label maps, not columns).
 CLASSIFICATION_TASKS = tuple(t for t in TASK_TYPES if t != "segmentation")
@@ -55,8 +56,10 @@ class BadSamples:
 def read_csv(path: str | Path, what: str = "table") -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """-> (column names, [(row number, {column: value})]); values are stripped strings."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} {path}: file not found")
+    try:
+        check_regular(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{what} {path}: {exc}") from None
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
@@ -92,10 +95,11 @@ def as_list(value, name: str) -> list[str]:
 
 
 def resolve_path(root: Path, value: str, where: str) -> Path:
-    """``value`` relative to ``root`` (or absolute); a path leaving ``root`` is an error.
+    """``value`` relative to ``root`` (or absolute); a path leaving ``root`` is an error, and so is one
+    naming a named pipe, socket or device (a reader would block on it or read without end).
 
-    The check is lexical (``..`` and absolute paths), so symbolic links inside the root may point
-    anywhere, as they often do for shared data sets.
+    The root check is lexical (``..`` and absolute paths), so symbolic links inside the root may point
+    anywhere, as they often do for shared data sets. A missing path is left to the file checks.
     """
     if not value:
         raise UserError(f"{where}: empty path")
@@ -103,6 +107,12 @@ def resolve_path(root: Path, value: str, where: str) -> Path:
     path = Path(os.path.abspath(base / value))
     if not path.is_relative_to(base):
         raise UserError(f"{where}: path {value!r} resolves to {path}, outside the data root {base}")
+    try:
+        check_regular(path, folders=True)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{where}: {path}: {exc}") from None
     return path
 
 
@@ -144,13 +154,20 @@ def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None)
     return values
 
 
+#: An inferred class (no ``classes``/``num_classes`` declared) needs this many rows: fewer cannot reach
+#: train, validation and test, and are most often a typo (a ``2`` in a 0/1 column).
+MIN_CLASS_ROWS = 3
+
+
 def infer_label_spec(values: list[list[float]], columns: list[str], task_type: str | None,
                      classes: list[str] | None, num_classes: int | None) -> LabelSpec:
     """Decide the task from the parsed labels unless ``task_type`` is given.
 
-    Several columns: multi-label (0/1 each). One column: binary when its values are 0/1 (or there are
-    two ``classes``), multi-class otherwise (classes 0..K-1, K = ``num_classes``, the number of
-    ``classes`` or the largest label + 1). Rows that do not fit are rejected by :meth:`LabelSpec.tensor`.
+    Several columns: multi-label (0/1 each). One column: binary when there are two ``classes``,
+    ``num_classes`` is 2, or (nothing declared) its values are 0/1; multi-class otherwise (classes
+    0..K-1, K = ``num_classes``, the number of ``classes`` or the largest label + 1). Rows that do not
+    fit are rejected by :meth:`LabelSpec.tensor`; an inferred class set is checked by
+    :func:`inferred_class_problems`.
     """
     if task_type is not None and task_type not in CLASSIFICATION_TASKS:
         raise UserError(f"task_type must be one of {CLASSIFICATION_TASKS}, got {task_type!r}")
@@ -160,8 +177,10 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
             task_type = "multilabel"
         elif classes is not None:
             task_type = "binary" if len(classes) == 2 else "multiclass"
+        elif num_classes is not None:
+            task_type = "binary" if num_classes == 2 else "multiclass"
         else:
-            task_type = "binary" if seen <= {0.0, 1.0} and num_classes in (None, 2) else "multiclass"
+            task_type = "binary" if seen <= {0.0, 1.0} else "multiclass"
     if task_type != "multilabel" and len(columns) != 1:
         raise UserError(f"a {task_type} task needs one label column, got {columns}")
     if task_type == "multiclass":
@@ -172,12 +191,51 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
     return LabelSpec(task_type, names, len(columns))
 
 
+def inferred_class_problems(values: list[list[float]], wheres: list[str], column: str, spec: LabelSpec,
+                            declared: bool) -> tuple[list[str], set[int]]:
+    """Check a multi-class set inferred from the labels (``declared`` False: no ``classes``/``num_classes``).
+
+    -> (one problem per row of a class seen in fewer than :data:`MIN_CLASS_ROWS` rows, naming the row,
+    the value and the counts of every class; the indices of those rows). A class 0..K-1 seen in no row
+    is a :class:`UserError`. The inferred classes and their counts are logged as a warning, so an
+    inferred task never goes unseen.
+    """
+    if declared or spec.task_type != "multiclass":
+        return [], set()
+    counts = {k: 0 for k in range(spec.num_outputs)}
+    for row in values:
+        counts[int(row[0])] = counts.get(int(row[0]), 0) + 1
+    summary = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+    rare = {k for k, n in counts.items() if 0 < n < MIN_CLASS_ROWS}
+    rows = {i for i, row in enumerate(values) if int(row[0]) in rare}
+    problems = [f"{wheres[i]}: label {int(values[i][0])} in column {column!r} occurs in fewer than "
+                f"{MIN_CLASS_ROWS} rows (rows per class {summary}); fix the row, or declare num_classes or "
+                f"classes to keep such a class" for i in sorted(rows)]
+    kept = sorted(k for k, n in counts.items() if n >= MIN_CLASS_ROWS)
+    if kept != list(range(len(kept))):  # without the rare rows the classes would not be 0..K-1
+        if problems:
+            raise UserError(problems[0])
+        raise UserError(f"label column {column!r} read as {spec.num_outputs} classes (rows per class {summary}), "
+                        f"but some never occur; declare num_classes or classes, or number the classes 0..K-1")
+    if not rows:
+        log.warning("label column %r: no classes or num_classes given; read as a %d-class task (rows per class "
+                    "%s)", column, len(kept), summary)
+    return problems, rows
+
+
 def label_options(cfg: dict) -> tuple[str | None, list[str] | None, int | None]:
     """The ``task_type``, ``classes`` and ``num_classes`` keys of a table config."""
     classes = cfg.get("classes")
     if classes is not None and (not isinstance(classes, list) or len(classes) < 2):
         raise UserError(f"classes must be a list of at least two class names, got {classes!r}")
+    if classes is not None and len({str(c) for c in classes}) != len(classes):
+        raise UserError(f"classes must be distinct names, got {classes!r}")
     num_classes = cfg.get("num_classes")
+    if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
+                                    or num_classes < 2):
+        raise UserError(f"num_classes must be an int >= 2, got {num_classes!r}")
+    if num_classes is not None and classes is not None and num_classes != len(classes):
+        raise UserError(f"num_classes ({num_classes}) differs from the {len(classes)} classes")
     return cfg.get("task_type"), None if classes is None else [str(c) for c in classes], num_classes
 
 
@@ -268,10 +326,17 @@ def table_records(cfg: dict, kind: str, label_columns: list[str], extra_columns:
 def label_entries(entries: list[tuple[Record, list[float], str | None]], label_columns: list[str],
                   cfg: dict) -> tuple[list[Record], LabelSpec, list[str | None], list[str]]:
     """(record, parsed label cells, split) -> records with label tensors, the spec, their splits and the
-    problems of rows whose labels do not fit the task."""
+    problems of rows whose labels do not fit the task (or, for an inferred class set, belong to a class
+    of too few rows: :func:`inferred_class_problems`; the spec is then inferred from the other rows)."""
     task_type, classes, num_classes = label_options(cfg)
     spec = infer_label_spec([e[1] for e in entries], label_columns, task_type, classes, num_classes)
-    records, splits, problems = [], [], []
+    declared = classes is not None or num_classes is not None
+    problems, rare = inferred_class_problems([e[1] for e in entries], [e[0].where for e in entries],
+                                             label_columns[0], spec, declared)
+    if rare:  # reported (or skipped): the task is the one the other rows describe
+        entries = [e for i, e in enumerate(entries) if i not in rare]
+        spec = infer_label_spec([e[1] for e in entries], label_columns, task_type, classes, num_classes)
+    records, splits = [], []
     for record, values, split in entries:
         try:
             record.label = spec.tensor(values)

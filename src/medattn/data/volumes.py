@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
+from .duplicates import resolve_duplicates
+from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
@@ -109,6 +111,7 @@ def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
     """-> (volume (H, W, D) float32 in RAS+ orientation, voxel spacing in mm along H, W, D)."""
     from nibabel import orientations as ornt
 
+    check_regular(path, folders=True)
     if path.is_dir():
         array, affine = _read_dicom_series(path)
     elif is_nifti(path):
@@ -128,24 +131,49 @@ def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)), tuple(reordered)
 
 
+def _check_nifti_complete(path: Path, image) -> None:
+    """The data the header declares are in the file: ``.nii``: the file size; ``.nii.gz``: the gzip
+    trailer's length of the uncompressed data (mod 2^32), and only when it differs (a truncated file,
+    or a file of several gzip members) the whole stream is decompressed once to decide."""
+    import gzip
+
+    header = image.header
+    expected = int(header.get_data_offset()) + int(np.prod(header.get_data_shape())) * header.get_data_dtype().itemsize
+    if not path.name.lower().endswith(".gz"):
+        if path.stat().st_size < expected:
+            raise ValueError(f"the NIfTI file is truncated: the header declares {expected} bytes, the file has "
+                             f"{path.stat().st_size}")
+        return
+    with path.open("rb") as f:
+        f.seek(-4, 2)
+        if int.from_bytes(f.read(4), "little") == expected % 2**32:
+            return
+    with gzip.open(path, "rb") as f:
+        total = sum(len(block) for block in iter(lambda: f.read(1 << 22), b""))
+    if total < expected:
+        raise ValueError(f"the NIfTI file is truncated: the header declares {expected} bytes, it holds {total}")
+
+
 def check_volume_header(path: Path) -> None:
-    """Cheap check at build time: the file or folder exists and its header reads as a 3D volume."""
+    """Cheap check at build time: a DICOM series folder whose first file's header reads, or a regular
+    NIfTI file whose header describes a 3D volume and whose data are not cut short."""
+    check_regular(path, folders=True)
     if path.is_dir():
         import pydicom
 
         ds = pydicom.dcmread(_dicom_files(path)[0], stop_before_pixels=True)
         if "Rows" not in ds or "Columns" not in ds:
             raise ValueError("the first DICOM file has no image (no Rows/Columns)")
-    elif path.is_file():
-        if not is_nifti(path):
-            raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
-        import nibabel as nib
+        return
+    if not is_nifti(path):
+        raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
+    import nibabel as nib
 
-        shape = nib.load(path).shape
-        if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
-            raise ValueError(f"expected a 3D volume, the header says shape {shape}")
-    else:
-        raise FileNotFoundError("file or folder not found")
+    image = nib.load(path)
+    shape = image.shape
+    if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
+        raise ValueError(f"expected a 3D volume, the header says shape {shape}")
+    _check_nifti_complete(path, image)
 
 
 def resample(volume: torch.Tensor, spacing: tuple[float, ...], target: tuple[float, ...]) -> torch.Tensor:
@@ -258,6 +286,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
 
     check = plain if skip_bad else check_headers if cfg.get("check_files", True) else None
     records, column = keep_valid(records, column, check, bad, f"volume_table {cfg['csv']}")
+    records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
     train_loader = VolumeLoader(spacing, size, method, RandomFlip3d() if cfg.get("augment", True) else None)
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
