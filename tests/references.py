@@ -44,6 +44,23 @@ def seqnorm_reference(attn, x):
     return merge(attn, scores @ v / x.shape[1])
 
 
+def seqnorm_core_reference(attn, q, k, v, mask=None):
+    """Per-head core out = Q' (K'^T V') / n on q, k, v (B, H, N, d), one sequence at a time over its real
+    tokens (torch.var_mean, biased), padded rows zero: written without the library's normalization helpers."""
+    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
+    for b in range(q.shape[0]):
+        real = slice(None) if mask is None else mask[b]
+        normed = []
+        for t, norm in zip((q, k, v), (attn.q_norm, attn.k_norm, attn.v_norm)):
+            t = t[b][:, real]  # (H, n, d_t)
+            var, mean = torch.var_mean(t, dim=1, keepdim=True, unbiased=False)
+            H, d = t.shape[0], t.shape[-1]
+            normed.append(norm.weight.view(H, 1, d) * (t - mean) / torch.sqrt(var + norm.eps) + norm.bias.view(H, 1, d))
+        qn, kn, vn = normed
+        out[b][:, real] = (qn @ kn.transpose(-1, -2)) @ vn / qn.shape[1]
+    return out
+
+
 def sima_reference(attn, x):
     """(Q^ K^T) V with Q, K divided by their per-channel l1 norm over tokens."""
     q, k, v = split_qkv(attn, x)
