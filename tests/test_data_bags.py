@@ -135,3 +135,57 @@ def test_bad_tables(tmp_path):
     write_h5(tmp_path / "features" / "s1a.h5", np.zeros((3, F_DIM + 1), np.float32))
     with pytest.raises(UserError, match="different feature dimensions"):
         build_datasets(cfg)
+
+
+def _declared(path, layout, written=1024, declared=3_000_000):
+    """A bag declaring ``declared`` rows of which ``written`` were stored (the writer stopped early)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        if layout == "chunked":
+            d = f.create_dataset("features", shape=(declared, F_DIM), dtype="f4", chunks=(1024, F_DIM))
+        elif layout == "resized":
+            d = f.create_dataset("features", shape=(written, F_DIM), maxshape=(None, F_DIM), dtype="f4", chunks=True)
+        else:  # contiguous, never written
+            d = f.create_dataset("features", shape=(declared, F_DIM), dtype="f4")
+        if layout != "contiguous":
+            d[:written] = 1.0
+        if layout == "resized":
+            d.resize((declared, F_DIM))
+
+
+@pytest.mark.parametrize("layout, stored", [("chunked", 1024), ("resized", 1024), ("contiguous", 0)])
+def test_partly_stored_bag_is_refused(tmp_path, layout, stored):
+    cfg = _slides(tmp_path, n_patients=4)
+    _declared(tmp_path / "features" / "s1a.h5", layout)
+    with pytest.raises(UserError) as err:
+        build_datasets(cfg)
+    message = str(err.value)
+    assert "clini.csv row 3" in message and "s1a.h5" in message and "\n" not in message
+    assert f"declares 3000000 rows but the file stores data for {stored}" in message
+    from medattn.data.bags import read_slide
+
+    with pytest.raises(ValueError, match="declares 3000000 rows"):  # the load path (and predict) refuses too
+        read_slide(tmp_path / "features" / "s1a.h5")
+    assert build_datasets(cfg, skip_bad=True).skipped == 1
+
+
+def test_fully_stored_bags_of_every_layout_are_read(tmp_path):
+    import h5py
+
+    from medattn.data.bags import read_slide, stored_rows
+
+    data = np.arange(5000 * F_DIM, dtype=np.float32).reshape(5000, F_DIM)
+    with h5py.File(tmp_path / "gz.h5", "w") as f:  # compressed chunks: stored bytes < declared bytes, all present
+        f.create_dataset("features", data=data, compression="gzip", chunks=(700, F_DIM))
+        f.create_dataset("coords", data=np.zeros((5000, 2)), chunks=(1000, 2))
+    with h5py.File(tmp_path / "compact.h5", "w") as f:
+        space = h5py.h5s.create_simple((3, F_DIM))
+        plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        plist.set_layout(h5py.h5d.COMPACT)
+        h5py.h5d.create(f.id, b"features", h5py.h5t.NATIVE_FLOAT, space, plist).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, np.ones((3, F_DIM), np.float32))
+    assert torch.equal(read_slide(tmp_path / "gz.h5")[0], torch.from_numpy(data))
+    assert read_slide(tmp_path / "compact.h5")[0].eq(1).all()
+    with h5py.File(tmp_path / "gz.h5") as f:
+        assert stored_rows(f["features"]) is None
