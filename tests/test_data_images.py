@@ -191,3 +191,36 @@ def test_bad_tables(tmp_path):
     write_csv(tmp_path / "s.csv", ["path", "label", "split"], [["img0.png", 0, "tarin"]])
     with pytest.raises(UserError, match="s.csv row 2: split 'tarin'"):
         build_datasets(_cfg(tmp_path / "s.csv", split_column="split"))
+
+
+def _labels_table(tmp_path, labels):
+    rows = [[write_pillow(tmp_path / f"y{i}.png", _distinct(i % 200)).name if i < 200 else "", v]
+            for i, v in enumerate(labels)]
+    return write_csv(tmp_path / "y.csv", ["path", "label"], rows)
+
+
+@pytest.mark.parametrize("declared", [{}, {"task_type": "binary"}, {"num_classes": 2}])
+def test_a_stray_label_in_a_binary_column_names_the_row(tmp_path, declared):
+    labels = [i % 2 for i in range(40)]
+    labels[16] = 2  # CSV row 18
+    csv = _labels_table(tmp_path, labels)
+    with pytest.raises(UserError) as err:
+        build_datasets(_cfg(csv, **declared))
+    message = str(err.value)
+    assert message.startswith("y.csv row 18: ") and "label 2" in message and "\n" not in message
+    skipped = build_datasets(_cfg(csv, **declared), skip_bad=True)  # the other rows make a binary task
+    assert skipped.skipped == 1 and (skipped.task.task_type, skipped.task.num_outputs) == ("binary", 1)
+
+
+def test_inferred_classes_are_reported_and_gaps_refused(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="medattn.data"):
+        bundle = build_datasets(_cfg(_labels_table(tmp_path, [i % 3 for i in range(30)])))
+    assert bundle.task.num_outputs == 3 and "read as a 3-class task (rows per class 0: 10, 1: 10, 2: 10)" in caplog.text
+    with pytest.raises(UserError, match=r"read as 6 classes .*but some never occur; declare num_classes"):
+        build_datasets(_cfg(_labels_table(tmp_path, [[0, 1, 5][i % 3] for i in range(30)])))
+    rare = build_datasets(_cfg(_labels_table(tmp_path, [i % 2 for i in range(30)] + [2]), num_classes=3))
+    assert rare.task.num_outputs == 3  # declared: a class of one row is kept
+    with pytest.raises(UserError, match="num_classes must be an int >= 2, got 'three'"):
+        build_datasets(_cfg(_labels_table(tmp_path, [0, 1] * 5), num_classes="three"))

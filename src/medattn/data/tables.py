@@ -131,7 +131,8 @@ class LabelSpec:
                 raise ValueError(f"label {int(values[0])} is out of range for {self.num_outputs} classes")
             return torch.tensor(int(values[0]), dtype=torch.int64)
         if any(v not in (0.0, 1.0) for v in values):
-            raise ValueError(f"a {self.task_type} task needs 0/1 labels, got {[int(v) for v in values]}")
+            shown = int(values[0]) if len(values) == 1 else [int(v) for v in values]
+            raise ValueError(f"label {shown} is not 0/1, as a {self.task_type} task needs")
         return torch.tensor(values, dtype=torch.float32)
 
 
