@@ -8,7 +8,9 @@ A new mechanism registered in :mod:`medattn.attention` is covered here without w
   or block, holes, a single real token) and every path (with and without gradient, bit kernel and float
   emulation, raw moments and centred statistics);
 * second derivatives are right (float64 ``gradgradcheck``) or refused with an error;
-* every mechanism works inside MONAI's transformer block, called the way MONAI calls it.
+* every mechanism works inside MONAI's transformer block, called the way MONAI calls it;
+* every mechanism compiles with ``fullgraph=True`` (no graph break) and exports with ``torch.export``
+  with a dynamic token count.
 """
 
 from __future__ import annotations
@@ -262,3 +264,35 @@ def test_seqnorm_uses_each_norms_own_eps():
             torch.testing.assert_close(changed, REFERENCES["seqnorm"](attn, x))
         assert not torch.allclose(changed, base)
         norm.eps = 1e-5
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_compiles_without_graph_breaks(name):
+    """``torch.compile(fullgraph=True)`` captures forward and backward whole (the bit kernel and the fused
+    SeqNorm's data-dependent choice give way to their PyTorch forms while compiling)."""
+    torch._dynamo.reset()  # a fresh cache: recompilation limits are shared across modules of one class
+    attn = make(name)
+    compiled = torch.compile(attn, fullgraph=True, backend="eager")  # capture only: graph breaks raise
+    x = torch.randn(2, 12, DIM, requires_grad=True)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    out = compiled(x, mask)
+    out.sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(out, attn(x, mask), rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(compiled(x, mask), out, rtol=2e-5, atol=2e-5)
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_torch_export_with_a_dynamic_token_count(name):
+    attn = make(name)
+    x = torch.randn(2, 12, DIM)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :5] = False
+    tokens = torch.export.Dim("tokens", min=2, max=4096)
+    program = torch.export.export(attn, (x, mask), dynamic_shapes=({1: tokens}, {1: tokens}))
+    with torch.no_grad():
+        for n in (12, 30):
+            x, mask = torch.randn(2, n, DIM), torch.arange(n) < torch.tensor([[n], [n - 3]])
+            torch.testing.assert_close(program.module()(x, mask), attn(x, mask), rtol=2e-5, atol=2e-5)

@@ -123,7 +123,10 @@ class Attention(nn.Module):
 
 
 def check_input(x: torch.Tensor, mask: torch.Tensor | None, dim: int) -> None:
-    """Raise ValueError unless x is (B, N, dim) and mask is None or a (B, N) bool with a real token per row."""
+    """Raise ValueError unless x is (B, N, dim) and mask is None or a (B, N) bool with a real token per row.
+
+    The last condition depends on the mask's values, so compiled and exported graphs do not check it.
+    """
     if x.ndim != 3 or x.shape[-1] != dim:
         raise ValueError(f"expected input of shape (B, N, {dim}), got {tuple(x.shape)}")
     if x.shape[1] == 0:
@@ -134,8 +137,18 @@ def check_input(x: torch.Tensor, mask: torch.Tensor | None, dim: int) -> None:
         raise ValueError(f"mask must be a bool tensor (True = real token), got {mask.dtype}")
     if mask.shape != x.shape[:2]:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (B, N) = {tuple(x.shape[:2])}")
-    if not bool(mask.any(dim=1).all()):
+    if not is_traced() and not bool(mask.any(dim=1).all()):  # a data-dependent check: eager mode only
         raise ValueError("mask has a sequence with no real token")
+
+
+def is_traced() -> bool:
+    """True while torch.compile, torch.export, ONNX export or the JIT tracer records the forward.
+
+    Mechanisms whose fast path chooses its route from the data (or leaves PyTorch, like the bit kernel)
+    take their plain PyTorch form then, so graphs have no break and export needs no data-dependent branch.
+    """
+    return (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+            or torch.jit.is_tracing())
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:

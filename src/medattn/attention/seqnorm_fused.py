@@ -107,7 +107,7 @@ def centred_seqnorm(q, k, v, affines, weights, count, eps):
     return q @ ((k.transpose(-2, -1) @ v) / count)
 
 
-def _affines(params, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def affine_views(params, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The six affine vectors (H * d_t,) as (1, H, 1, d_t) tensors in ``like``'s dtype (like is (B, H, N, d))."""
     return tuple(p.to(like.dtype).view(1, like.shape[1], 1, -1) for p in params)
 
@@ -127,7 +127,7 @@ class SeqNormCore(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, gq, bq, gk, bk, gv, bv, weights, count, eps):
-        affines = _affines((gq, bq, gk, bk, gv, bv), q)
+        affines = affine_views((gq, bq, gk, bk, gv, bv), q)
         moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights))
         g_kv = k.transpose(-2, -1) @ (v if weights is None else v * weights)  # (B, H, d, D_v)
         moments = moments + (g_kv,)
@@ -159,7 +159,7 @@ def _explicit_backward(q, k, v, params, weights, count, eps, grad_out):
         if not create_graph:  # a first derivative only: a private graph over detached copies
             inputs = [t.detach().requires_grad_(True) for t in inputs]
         wanted = [t for t in inputs if t.requires_grad]
-        out = centred_seqnorm(*inputs[:3], _affines(inputs[3:], q), weights, count, eps)
+        out = centred_seqnorm(*inputs[:3], affine_views(inputs[3:], q), weights, count, eps)
         grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=create_graph, allow_unused=True))
     return [next(grads) if t.requires_grad else None for t in inputs]
 
@@ -169,7 +169,7 @@ def _raw_moment_backward(q, k, v, params, weights, count, eps, moments, grad_out
     g = grad_out if weights is None else grad_out * weights
     with torch.enable_grad():
         small = [t.detach().requires_grad_(True) for t in (*moments, *params)]
-        a_q, b = _output_map(small[:7], count, _affines(small[7:], q), eps)
+        a_q, b = _output_map(small[:7], count, affine_views(small[7:], q), eps)
         grad_a_q = q.transpose(-2, -1) @ g  # (B, H, d, D_v)
         grad_b = g.sum(dim=2, keepdim=True)  # (B, H, 1, D_v)
         d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv, *d_params = torch.autograd.grad(

@@ -6,7 +6,8 @@ untouched; there is no softmax and no scaling::
     Q^ = Q / ||Q||_1,N      K^ = K / ||K||_1,N       (norm over tokens, per channel)
     out_j = (Q^_j K^_j^T) V_j    if N < d      else    Q^_j (K^_j^T V_j)
 
-Both orders give the same result; the cheaper one is chosen. The SimA repository's XCiT stem,
+Both orders give the same result; the cheaper one is chosen (compiled and exported graphs always
+take ``Q^ (K^T V)``, so one graph serves every N). The SimA repository's XCiT stem,
 local patch interaction and class-attention layers are not part of this baseline.
 With a mask, the norms and the sums count only real tokens. The norm is clamped at ``eps``
 (1e-6) so an all-zero channel gives zeros instead of NaN. The norms run in float32 under autocast.
@@ -14,7 +15,7 @@ With a mask, the norms and the sums count only real tokens. The norm is clamped 
 
 from __future__ import annotations
 
-from .base import Attention, at_least_float32, token_weights
+from .base import Attention, at_least_float32, is_traced, token_weights
 
 
 def l1_normalize_over_tokens(x, weights, eps: float):
@@ -39,6 +40,6 @@ class SimAAttention(Attention):
         weights, _ = token_weights(mask, q)
         q = l1_normalize_over_tokens(q, weights, self.eps)
         k = l1_normalize_over_tokens(k, weights, self.eps)  # padded keys are zero
-        if q.shape[-2] < q.shape[-1]:
+        if not is_traced() and q.shape[-2] < q.shape[-1]:  # graphs take the order that suits every N
             return (q @ k.transpose(-2, -1)) @ v  # (B, H, N, N) @ (B, H, N, d)
         return q @ (k.transpose(-2, -1) @ v)  # (B, H, N, d) @ (B, H, d, d)

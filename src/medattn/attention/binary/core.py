@@ -10,7 +10,8 @@ None for 1), likewise for keys; ``scale = 1 / sqrt(d)``. A subclass only impleme
 
 * float emulation (:func:`emulated_attention`): differentiable, used whenever a gradient is needed;
 * bit kernel (:func:`medattn.attention.binary.bits.binary_attention`): packed signs, popcount,
-  key tiles with an online softmax; used when no gradient is needed (inference, ``torch.no_grad``).
+  key tiles with an online softmax; used when no gradient is needed (inference, ``torch.no_grad``) on
+  CPU tensors, except while the forward is compiled or exported (Numba code is not a PyTorch graph).
 
 ``value_dim`` (per head, the base class's option) narrows the values as in the paper's Fig. 1
 (64 -> 16 per head).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import Attention
+from ..base import Attention, is_traced
 from .bits import Term, binary_attention
 
 
@@ -68,7 +69,7 @@ class BinaryAttention(Attention):
         tensors = [v] + [t for terms in (q_terms, k_terms) for pair in terms for t in pair if t is not None]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         dropout = self.attn_drop if self.training else 0.0
-        if self.bit_kernel and q.device.type == "cpu" and not needs_grad and dropout == 0.0:
+        if self.bit_kernel and q.device.type == "cpu" and not needs_grad and dropout == 0.0 and not is_traced():
             return binary_attention(q_terms, k_terms, v, scale, mask, self.tile_size)
         return emulated_attention(q_terms, k_terms, v, scale, mask, dropout)
 
