@@ -125,29 +125,29 @@ def _check_dicom_header(path: Path) -> None:
 def _check_pillow_complete(path: Path) -> None:
     """Open (header only) and look for truncation where that is cheap: PNG chunk CRCs (``verify``, no
     decoding), TIFF strips/tiles inside the file, a JPEG end marker in the last 4 KiB (a JPEG without
-    one is decoded once to decide, since data may follow the marker)."""
+    one is decoded once to decide, since data may follow the marker). Pillow's errors (OSError when
+    cut short, SyntaxError for a bad PNG CRC) become ValueError."""
     from PIL import Image
 
-    with Image.open(path) as img:
-        fmt = img.format
-        if fmt == "TIFF":
-            size = path.stat().st_size
-            for offsets, counts in ((273, 279), (324, 325)):  # StripOffsets/-ByteCounts, TileOffsets/-ByteCounts
-                ends = [o + c for o, c in zip(img.tag_v2.get(offsets, ()), img.tag_v2.get(counts, ()))]
-                if ends and max(ends) > size:
-                    raise ValueError(f"image file is truncated: its data end at byte {max(ends)}, the file "
-                                     f"has {size}")
-        elif fmt == "PNG":
-            try:
+    try:
+        with Image.open(path) as img:
+            fmt = img.format
+            if fmt == "TIFF":
+                size = path.stat().st_size
+                for offsets, counts in ((273, 279), (324, 325)):  # Strip/TileOffsets, Strip/TileByteCounts
+                    ends = [o + c for o, c in zip(img.tag_v2.get(offsets, ()), img.tag_v2.get(counts, ()))]
+                    if ends and max(ends) > size:
+                        raise OSError(f"its data end at byte {max(ends)}, the file has {size}")
+            elif fmt == "PNG":
                 img.verify()
-            except (OSError, SyntaxError) as exc:  # Pillow: OSError when cut short, SyntaxError for a bad CRC
-                raise ValueError(f"image file is truncated or corrupt ({exc})") from None
-    if fmt == "JPEG":
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - 4096))
-            if b"\xff\xd9" not in f.read():
-                with Image.open(path) as img:
-                    img.load()
+        if fmt == "JPEG":
+            with path.open("rb") as f:
+                f.seek(max(0, path.stat().st_size - 4096))
+                if b"\xff\xd9" not in f.read():
+                    with Image.open(path) as img:
+                        img.load()
+    except (OSError, SyntaxError) as exc:
+        raise ValueError(f"image file is truncated or corrupt ({exc})") from None
 
 
 def check_image_header(path: Path) -> None:

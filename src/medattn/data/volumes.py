@@ -136,6 +136,7 @@ def _check_nifti_complete(path: Path, image) -> None:
     trailer's length of the uncompressed data (mod 2^32), and only when it differs (a truncated file,
     or a file of several gzip members) the whole stream is decompressed once to decide."""
     import gzip
+    import zlib
 
     header = image.header
     expected = int(header.get_data_offset()) + int(np.prod(header.get_data_shape())) * header.get_data_dtype().itemsize
@@ -148,8 +149,11 @@ def _check_nifti_complete(path: Path, image) -> None:
         f.seek(-4, 2)
         if int.from_bytes(f.read(4), "little") == expected % 2**32:
             return
-    with gzip.open(path, "rb") as f:
-        total = sum(len(block) for block in iter(lambda: f.read(1 << 22), b""))
+    try:
+        with gzip.open(path, "rb") as f:
+            total = sum(len(block) for block in iter(lambda: f.read(1 << 22), b""))
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"the NIfTI file is truncated or corrupt ({exc})") from None
     if total < expected:
         raise ValueError(f"the NIfTI file is truncated: the header declares {expected} bytes, it holds {total}")
 
