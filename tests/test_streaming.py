@@ -54,3 +54,11 @@ def test_streaming_refuses_mechanisms_that_need_all_tokens():
 def test_streaming_rejects_bad_bags(features, message):
     with pytest.raises(ValueError, match=message):
         wsi_forward_streaming(seqnorm_model(), features)
+
+
+def test_streaming_refuses_an_hdf5_bag_declared_longer_than_stored(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "bag.h5", "w") as f:
+        f.create_dataset("features", shape=(3000, 16), chunks=(100, 16), dtype="f4")[:1000] = 1.0
+    with h5py.File(tmp_path / "bag.h5", "r") as f, pytest.raises(ValueError, match="declares 3000 rows"):
+        wsi_forward_streaming(seqnorm_model(), f["features"], chunk_size=256)

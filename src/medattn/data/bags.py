@@ -72,7 +72,8 @@ def stored_rows(dataset) -> int | None:
     return min(dataset.shape[0], max((c.chunk_offset[0] + dataset.chunks[0] for c in chunks), default=0))
 
 
-def _check_stored(name: str, dataset) -> None:
+def check_stored(name: str, dataset) -> None:
+    """ValueError naming ``name`` unless the HDF5 ``dataset`` is stored in full (:func:`stored_rows`)."""
     rows = stored_rows(dataset)
     if rows is not None:
         raise ValueError(f"dataset {name!r} declares {dataset.shape[0]} rows but the file stores data for "
@@ -92,11 +93,11 @@ def slide_shape(path: Path) -> tuple[int, int]:
             raise ValueError(f"features must be (N, F), got shape {features.shape}")
         if features.shape[0] == 0:
             raise ValueError("empty bag: the slide has no patches")
-        _check_stored(key, features)
+        check_stored(key, features)
         if "coords" in f:
             if f["coords"].ndim != 2 or f["coords"].shape != (features.shape[0], 2):
                 raise ValueError(f"coords must be ({features.shape[0]}, 2), got {f['coords'].shape}")
-            _check_stored("coords", f["coords"])
+            check_stored("coords", f["coords"])
         return tuple(features.shape)
 
 

@@ -9,16 +9,19 @@ O(L^2 / 2 * passes * N) layer evaluations. The class token is token 0 and enters
 as in the unchunked model; the result equals :meth:`WSITransformer.forward` up to float rounding.
 
 The features can be anything sliceable as ``features[start:stop]`` giving an (n, F) array: a
-torch tensor, a NumPy array or memory map, or an ``h5py`` dataset read straight from disk.
+torch tensor, a NumPy array or memory map, or an ``h5py`` dataset read straight from disk. An HDF5
+dataset declared longer than the file stores is refused (its unwritten rows would read as zeros).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import h5py
 import numpy as np
 import torch
 
+from ..data.bags import check_stored
 from .wsi import WSITransformer, sincos_2d
 
 
@@ -40,6 +43,8 @@ def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_si
         raise ValueError(f"expected a single bag of features (N, {model.feature_dim}), got {tuple(features.shape)}")
     if features.shape[0] == 0:
         raise ValueError("the bag is empty")
+    if isinstance(features, h5py.Dataset):
+        check_stored(features.name, features)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if model.pos_encoding == "sincos" and coords is None:
