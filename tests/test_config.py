@@ -1,7 +1,9 @@
+import re
+
 import pytest
 import yaml
 
-from medattn.config import DEFAULTS, load_config, packaged_configs, save_config
+from medattn.config import DEFAULTS, MAX_CONFIG_BYTES, load_config, packaged_configs, save_config
 from medattn.errors import UserError
 
 
@@ -25,7 +27,7 @@ def test_unknown_keys_and_bad_values_are_user_errors(tmp_path):
     path.write_text("data: {kind: x}\ntrian: {lr: 1}\n")
     with pytest.raises(UserError, match="c.yaml: unknown config key 'trian'"):
         load_config(str(path))
-    with pytest.raises(UserError, match="train.epochs must be a positive integer"):
+    with pytest.raises(UserError, match="train.epochs must be an integer from 1 to"):
         load_config(None, ["data.kind=x", "train.epochs=two"])
     with pytest.raises(UserError, match="not of the form key.sub=value"):
         load_config(None, ["data.kind"])
@@ -51,3 +53,65 @@ def test_packaged_configs_load():
         assert expected in names
     for name in names:
         assert load_config(name)["data"]["kind"]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("eval.bootstrap=-5", "eval.bootstrap"), ("eval.bootstrap=1.5", "eval.bootstrap"), ("eval.ci=x", "eval.ci"),
+    ("eval.ci=1", "eval.ci"), ("train.betas=x", "train.betas"), ("train.betas=[0.9, 1.0]", "train.betas"),
+    ("train.device=foo", "train.device"), ("train.device=cuda:x", "train.device"), ("train.threads=-1", "train.threads"),
+    ("train.threads=0", "train.threads"), ("train.warmup_epochs=.inf", "train.warmup_epochs"), ("model=3", "model"),
+    ("model.name=[1]", "model.name"), ("model.kwargs=[1]", "model.kwargs"), ("train.lr=.nan", "train.lr"),
+    ("train.lr=.inf", "train.lr"), ("train.lr=-1e-3", "train.lr"), ("train.lr=0", "train.lr"),
+    ("train.min_lr=-1", "train.min_lr"), ("train.epochs=0", "train.epochs"), ("train.epochs=true", "train.epochs"),
+    ("train.batch_size=0", "train.batch_size"), ("train.eval_batch_size=0", "train.eval_batch_size"),
+    ("train.grad_clip=-1", "train.grad_clip"), ("train.grad_accum=0", "train.grad_accum"),
+    ("train.num_workers=-1", "train.num_workers"), ("train.skip_bad=maybe", "train.skip_bad"), ("seed=-1", "seed"),
+    ("seed=2.5", "seed"), ("name=", "name"), ("name=2020-01-01", "name"), ("train=3", "train"), ("eval=[]", "eval"),
+    ("data.when=2020-01-01", "data.when"), ("model.kwargs.when=2020-01-01 10:00:00", "model.kwargs.when"),
+    ("data.kind=3", "data.kind"),
+])
+def test_values_of_the_wrong_type_or_range_name_the_key(override, key):
+    with pytest.raises(UserError, match=rf"^{re.escape(key)}\b") as error:
+        load_config(None, ["data.kind=x", override])
+    assert "\n" not in str(error.value)
+
+
+def test_good_values_pass_and_an_empty_section_keeps_its_defaults(tmp_path):
+    config = load_config(None, ["data.kind=x", "train.device=cuda:1", "train.threads=null", "train.grad_clip=null",
+                                "eval.bootstrap=0", "train.betas=[0, 0.5]", "train.warmup_epochs=0"])
+    assert config["train"]["device"] == "cuda:1" and config["eval"]["bootstrap"] == 0
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {kind: x}\ntrain:\neval:\n")
+    assert load_config(str(path))["train"] == DEFAULTS["train"]
+
+
+def _alias_bomb(levels: int) -> str:
+    """The "billion laughs": each level is a list of nine aliases of the one before (9**levels strings)."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "data:\n  kind: x\n  " + "\n  ".join(lines) + "\n"
+
+
+def test_yaml_alias_bomb_recursion_and_huge_files_are_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(_alias_bomb(8))  # 9**9 = 387 million strings once expanded
+    assert path.stat().st_size < 500
+    with pytest.raises(UserError, match="c.yaml: refused: the document's aliases expand to more than"):
+        load_config(str(path))
+    path.write_text(_alias_bomb(3))  # a few thousand values: aliases used as YAML intends still load
+    assert len(load_config(str(path))["data"]["l3"]) == 9
+    path.write_text("data: &d {kind: x, me: *d}\n")
+    with pytest.raises(UserError, match="c.yaml: refused: an alias refers to a value that contains it"):
+        load_config(str(path))
+    path.write_text("data: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(UserError, match="c.yaml: refused: the document is nested too deeply"):
+        load_config(str(path))
+    path.write_text("data: {kind: x}\n" + "#" * MAX_CONFIG_BYTES)
+    with pytest.raises(UserError, match="c.yaml: a config file may hold at most"):
+        load_config(str(path))
+    path.write_bytes(b"data: {kind: \xff}\n")
+    with pytest.raises(UserError, match="c.yaml: not a text file"):
+        load_config(str(path))
+    with pytest.raises(UserError, match="refused: the document's aliases expand"):
+        load_config(None, ["data.kind=x", "data.x=" + _alias_bomb(8).replace("\n  ", ", ").replace(
+            "data:, kind: x, ", "{").rstrip() + "}"])

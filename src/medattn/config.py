@@ -13,7 +13,10 @@ A config is named either by a path or by the name of a config shipped in ``medat
 from __future__ import annotations
 
 import copy
+import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -55,8 +58,42 @@ DEFAULTS: dict = {
 }
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused before it is read
+MAX_CONFIG_VALUES = 100_000  # nodes of the document with every alias expanded (a "billion laughs" bound)
+
+
+class ConfigTooLarge(yaml.YAMLError):
+    """A YAML document whose aliases expand beyond :data:`MAX_CONFIG_VALUES` nodes, or refer to themselves."""
+
+
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-3`` (no dot) as a float, as YAML 1.2 does."""
+    """``yaml.SafeLoader`` that also reads ``1e-3`` (no dot) as a float, as YAML 1.2 does, and refuses
+    documents that aliases would expand beyond :data:`MAX_CONFIG_VALUES` nodes (353 bytes of nested
+    aliases otherwise stand for gigabytes once the config is saved or flattened)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Nodes under ``node`` with aliases expanded (shared nodes counted once per use, memoised by id)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise ConfigTooLarge("an alias refers to a value that contains it (a recursive document)")
+    open_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    total = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in children)
+    if total > MAX_CONFIG_VALUES:
+        raise ConfigTooLarge(f"the document's aliases expand to more than {MAX_CONFIG_VALUES} values")
+    open_nodes.discard(id(node))
+    sizes[id(node)] = total
+    return total
 
 
 _Loader.add_implicit_resolver(
@@ -68,12 +105,15 @@ _Loader.add_implicit_resolver(
 
 
 def parse_yaml(text: str):
-    """``yaml.load`` with the safe loader (no code, no Python objects) and YAML 1.2 floats."""
-    return yaml.load(text, Loader=_Loader)
+    """``yaml.load`` with the safe loader (no code, no Python objects), YAML 1.2 floats and a bounded
+    expanded size; raises ``yaml.YAMLError`` (:class:`ConfigTooLarge` for a document too large or too deep)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise ConfigTooLarge("the document is nested too deeply") from None
 
 
 FREE_FORM = {("data",), ("model", "kwargs")}
-PRECISIONS = ("fp32", "bf16")
 
 
 def packaged_configs() -> list[str]:
@@ -93,26 +133,42 @@ def config_path(name_or_path: str) -> Path:
     raise UserError(f"config file not found: {name_or_path} (packaged configs: {', '.join(packaged_configs())})")
 
 
+def read_config_file(path: Path) -> dict:
+    """The mapping in a YAML config file; one-line UserErrors for a file too large, unreadable or not a mapping."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: a config file may hold at most {MAX_CONFIG_BYTES} bytes")
+        loaded = parse_yaml(path.read_text())
+    except ConfigTooLarge as error:
+        raise UserError(f"{path}: refused: {error}") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (UTF-8)") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"{path}: a config must be a mapping of keys to values")
+    return loaded
+
+
 def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """Resolve defaults, then the YAML config (path or packaged name), then ``key.sub=value`` overrides."""
+    """Resolve defaults, then the YAML config (path or packaged name), then ``key.sub=value`` overrides;
+    the result is checked against :data:`SCHEMA` (see :func:`validate`)."""
     config = copy.deepcopy(DEFAULTS)
     if name_or_path is not None:
         path = config_path(name_or_path)
-        try:
-            loaded = parse_yaml(path.read_text())
-        except yaml.YAMLError as error:
-            raise UserError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise UserError(f"{path}: a config must be a mapping of keys to values")
-        _merge(config, loaded, (), str(path))
+        _merge(config, read_config_file(path), (), str(path))
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise UserError(f"override {item!r} is not of the form key.sub=value")
         try:
             value = parse_yaml(text)
+        except ConfigTooLarge as error:
+            raise UserError(f"override {item!r}: refused: {error}") from None
         except yaml.YAMLError:
             raise UserError(f"override {item!r}: value is not valid YAML") from None
         _set(config, key.split("."), value, item)
@@ -120,23 +176,115 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
     return config
 
 
-def validate(config: dict) -> None:
-    """Check types and ranges of the engine's options; raises UserError naming the key."""
-    train = config["train"]
-    for key in ("epochs", "batch_size", "grad_accum"):
-        if not isinstance(train[key], int) or isinstance(train[key], bool) or train[key] < 1:
-            raise UserError(f"train.{key} must be a positive integer, got {train[key]!r}")
-    for key in ("lr", "min_lr", "weight_decay", "warmup_epochs"):
-        if not isinstance(train[key], (int, float)) or train[key] < 0:
-            raise UserError(f"train.{key} must be a non-negative number, got {train[key]!r}")
-    if train["precision"] not in PRECISIONS:
-        raise UserError(f"train.precision must be one of {PRECISIONS}, got {train['precision']!r}")
-    if not isinstance(config["seed"], int):
-        raise UserError(f"seed must be an integer, got {config['seed']!r}")
-    if not isinstance(config["data"], dict) or "kind" not in config["data"]:
-        raise UserError("the config needs a data section with a 'kind' (e.g. data.kind=synthetic_cxr)")
-    if not 0 < config["eval"]["ci"] < 1:
-        raise UserError(f"eval.ci must be in (0, 1), got {config['eval']['ci']!r}")
+@dataclass(frozen=True)
+class Rule:
+    """What one config key may hold: ``wants`` describes it in the error, ``test`` checks a value."""
+
+    wants: str
+    test: Callable[[object], bool]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(low: int, high: int, optional: bool = False) -> Rule:
+    return Rule(f"an integer from {low} to {high}" + (" or null" if optional else ""),
+                lambda v: (optional and v is None) or (_is_int(v) and low <= v <= high))
+
+
+def _number(low: float, low_open: bool = False, optional: bool = False) -> Rule:
+    bound = f"> {low}" if low_open else f">= {low}"
+    return Rule(f"a finite number {bound}" + (" or null" if optional else ""),
+                lambda v: (optional and v is None) or (_is_number(v) and (v > low if low_open else v >= low)))
+
+
+def _text(optional: bool = False) -> Rule:
+    return Rule("a non-empty string" + (" or null" if optional else ""),
+                lambda v: (optional and v is None) or (isinstance(v, str) and bool(v)))
+
+
+MAPPING = Rule("a mapping of keys to values", lambda v: isinstance(v, dict))
+PRECISIONS = ("fp32", "bf16")
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+# key -> what it may hold: the one table the resolved config is checked against, parents before children.
+SCHEMA: dict[str, Rule] = {
+    "name": _text(),
+    "seed": _integer(0, 2**32 - 1),
+    "out": _text(optional=True),
+    "data": MAPPING,
+    "data.kind": Rule("the name of a data kind (e.g. data.kind=synthetic_cxr)",
+                      lambda v: isinstance(v, str) and bool(v)),
+    "model": MAPPING,
+    "model.name": _text(),
+    "model.attention": _text(optional=True),
+    "model.kwargs": MAPPING,
+    "train": MAPPING,
+    "train.epochs": _integer(1, 1_000_000),
+    "train.batch_size": _integer(1, 1 << 20),
+    "train.eval_batch_size": _integer(1, 1 << 20, optional=True),
+    "train.lr": _number(0, low_open=True),
+    "train.min_lr": _number(0),
+    "train.weight_decay": _number(0),
+    "train.betas": Rule("two numbers in [0, 1), e.g. [0.9, 0.999]",
+                        lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                        and all(_is_number(b) and 0 <= b < 1 for b in v)),
+    "train.warmup_epochs": _number(0),
+    "train.grad_clip": _number(0, optional=True),
+    "train.grad_accum": _integer(1, 1 << 20),
+    "train.precision": Rule(f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
+    "train.num_workers": _integer(0, 1024),
+    "train.threads": _integer(1, 4096, optional=True),
+    "train.device": Rule("auto, cpu, mps, cuda or cuda:N", lambda v: isinstance(v, str)
+                         and DEVICE_PATTERN.fullmatch(v) is not None),
+    "train.skip_bad": Rule("true or false", lambda v: isinstance(v, bool)),
+    "eval": MAPPING,
+    "eval.bootstrap": _integer(0, 1_000_000),
+    "eval.ci": Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1),
+}
+
+
+def validate(config: dict, source: str = "") -> None:
+    """Check the resolved config against :data:`SCHEMA` and that every value is plain (text, number,
+    true/false, null, list, mapping: what YAML and JSON both write back); raises UserError naming the key."""
+    prefix = f"{source}: " if source else ""
+    missing = object()
+    for key, rule in SCHEMA.items():
+        value = _lookup(config, key.split("."), missing)
+        if value is missing and key == "data.kind":
+            raise UserError(f"{prefix}the config needs a data section with a 'kind' (e.g. data.kind=synthetic_cxr)")
+        if value is missing or not rule.test(value):
+            got = "nothing" if value is missing else repr(value)
+            raise UserError(f"{prefix}{key} must be {rule.wants}, got {got}")
+    _check_plain(config, prefix, ())
+
+
+def _lookup(config: dict, keys: list[str], missing):
+    node = config
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return missing
+        node = node[key]
+    return node
+
+
+def _check_plain(value, prefix: str, path: tuple[str, ...]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise UserError(f"{prefix}{'.'.join((*path, str(key)))}: keys must be text, got {key!r}")
+            _check_plain(item, prefix, (*path, key))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_plain(item, prefix, path)
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise UserError(f"{prefix}{'.'.join(path)} must be text, a number, true/false, null, a list or a mapping; "
+                        f"got a {type(value).__name__} ({value}); quote it to keep it as text")
 
 
 def save_config(config: dict, path: Path) -> None:
@@ -164,6 +312,8 @@ def _merge(base: dict, update: dict, path: tuple[str, ...], source: str) -> None
         here = (*path, str(key))
         if not _free(here) and key not in base:
             raise UserError(f"{source}: unknown config key {'.'.join(here)!r}; valid keys: {', '.join(base)}")
+        if value is None and isinstance(base.get(key), dict) and not _free(here):
+            continue  # an empty section (``train:`` with nothing below) keeps its defaults
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             _merge(base[key], value, here, source)
         else:
