@@ -22,6 +22,7 @@ COMMANDS = {
     "eval": "medattn.commands.evaluate",
     "predict": "medattn.commands.predict",
     "models": "medattn.commands.models",
+    "wsi": "medattn.commands.wsi",
 }
 BENCHES = {
     "attention": "medattn.bench.attention",

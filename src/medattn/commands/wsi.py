@@ -1,0 +1,157 @@
+"""Whole-slide images from the scanner file: medattn wsi tile | extract | synthetic.
+
+  medattn wsi tile SLIDES... --out TILES_DIR        coordinates (CSV), metadata (JSON), grid thumbnail (PNG)
+  medattn wsi extract SLIDES... --out FEATURES_DIR  <slide stem>.h5 per slide (CLAM layout, for wsi_bags)
+  medattn wsi synthetic OUT_DIR                     SYNTHETIC demo slides with slide and clinical tables
+
+SLIDES are slide files or folders of them (SVS, NDPI, MRXS, tiled TIFF, ... through OpenSlide).
+`extract` tiles by itself unless given --tiles, defaults to the weight-free descriptor, skips slides
+already done and takes its share of the slides under torchrun (RANK, WORLD_SIZE). See docs/slides.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from medattn.errors import UserError
+
+
+def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
+    from medattn.slides.tiling import TileSettings
+
+    d = TileSettings()
+    parser.add_argument("slides", nargs="+", type=Path, help="slide files or folders of slides")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--mpp", type=float, help="microns per level-0 pixel (overrides the slide's metadata)")
+    parser.add_argument("--patch-um", type=float, default=d.patch_um,
+                        help="patch side in microns (default %(default)s)")
+    parser.add_argument("--patch-px", type=int, default=d.patch_px,
+                        help="patch side after resizing (default %(default)s)")
+    parser.add_argument("--thumbnail-px", type=int, default=d.thumbnail_px,
+                        help="longer side of the thumbnail for the tissue mask (default %(default)s)")
+    parser.add_argument("--min-saturation", type=float, default=d.min_saturation,
+                        help="floor of the Otsu saturation threshold (default %(default)s)")
+    parser.add_argument("--min-tissue-area-um2", type=float, default=d.min_tissue_area_um2,
+                        help="smaller tissue pieces are ignored (default %(default)s)")
+    parser.add_argument("--min-tissue-fraction", type=float, default=d.min_tissue_fraction,
+                        help="tissue fraction for a grid cell to be read (default %(default)s)")
+    parser.add_argument("--white-level", type=int, default=d.white_level,
+                        help="a pixel is white when R, G, B >= this (default %(default)s)")
+    parser.add_argument("--max-white", type=float, default=d.max_white,
+                        help="drop patches with more white than this fraction (default %(default)s)")
+    parser.add_argument("--min-sharpness", type=float, default=d.min_sharpness,
+                        help="drop patches whose Laplacian variance is below this (default %(default)s)")
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers reading patches")
+    parser.add_argument("--skip-bad", action="store_true", help="report bad slides and continue with the others")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="wsi_command", required=True)
+    tile = sub.add_parser("tile", help="tissue mask, patch grid and quality filter per slide")
+    _tiling_arguments(tile)
+    tile.add_argument("--overwrite", action="store_true", help="tile slides again whose tiles exist")
+    tile.set_defaults(wsi_run=run_tile)
+    extract = sub.add_parser("extract", help="patch features per slide as CLAM-layout HDF5")
+    _tiling_arguments(extract)
+    extract.add_argument("--tiles", type=Path, help="use the tiles written by `medattn wsi tile` to this folder")
+    extract.add_argument("--extractor", default="descriptor",
+                         help="descriptor (default), a FILE (state dict, TorchScript, .onnx) or resnet50:FILE, "
+                              "torchscript:FILE, onnx:FILE")
+    extract.add_argument("--input-norm", choices=("imagenet", "none"), default="imagenet",
+                         help="normalisation of CNN inputs (default imagenet; the descriptor takes raw pixels)")
+    extract.add_argument("--stain-norm", choices=("none", "macenko"), default="none", help="stain normalisation")
+    extract.add_argument("--batch-size", type=int, default=64)
+    extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
+    extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
+    extract.set_defaults(wsi_run=run_extract)
+    synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)")
+    synthetic.add_argument("out", type=Path, help="output folder")
+    synthetic.add_argument("--count", type=int, default=8, help="number of slides, every other with a tumour")
+    synthetic.add_argument("--seed", type=int, default=0)
+    synthetic.set_defaults(wsi_run=run_synthetic)
+
+
+def _settings(args: argparse.Namespace):
+    from medattn.slides.tiling import TileSettings
+
+    settings = TileSettings(**{f.name: getattr(args, f.name) for f in fields(TileSettings)})
+    settings.check()
+    return settings
+
+
+def _summary(results: list, started: float) -> str:
+    done = [r for r in results if r.status == "done"]
+    kept = sum(r.kept for r in done)
+    seconds = time.perf_counter() - started
+    return (f"{len(done)} done, {sum(r.status == 'skipped' for r in results)} already done, "
+            f"{sum(r.status == 'failed' for r in results)} failed; {kept} patches kept, "
+            f"{sum(r.dropped.get('white', 0) for r in done)} white and {sum(r.dropped.get('blurry', 0) for r in done)} "
+            f"blurry dropped; {kept / max(seconds, 1e-9):.1f} patches/s")
+
+
+def run_tile(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from medattn.slides.extract import SlideResult, rank_and_world, shard
+    from medattn.slides.reader import list_slides
+    from medattn.slides.tiling import tile_slide, write_tiles
+
+    settings = _settings(args)
+    rank, world = rank_and_world()
+    started, results = time.perf_counter(), []
+    for path in tqdm(shard(list_slides(args.slides), rank, world), desc="slides", disable=args.no_progress):
+        if (args.out / f"{path.stem}.json").exists() and not args.overwrite:
+            results.append(SlideResult(path, "skipped"))
+            continue
+        try:
+            tiles = tile_slide(path, settings, args.num_workers)
+            write_tiles(tiles, args.out)
+        except UserError as error:
+            if not args.skip_bad:
+                raise
+            print(f"skipped {error}")
+            results.append(SlideResult(path, "failed", message=str(error)))
+            continue
+        counts = tiles.counts()
+        results.append(SlideResult(path, "done", counts["kept"], counts))
+    print(_summary(results, started))
+    return 0
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    from medattn.slides.extract import extract_slides, rank_and_world
+    from medattn.slides.extractors import build_extractor
+    from medattn.slides.reader import list_slides
+
+    settings = _settings(args)
+    if args.batch_size < 1 or args.num_workers < 0:
+        raise UserError("--batch-size must be >= 1 and --num-workers >= 0")
+    rank, world = rank_and_world()
+    slides = list_slides(args.slides)
+    extractor = build_extractor(args.extractor, args.device, imagenet=args.input_norm == "imagenet")
+    started = time.perf_counter()
+    results = extract_slides(slides, args.out, extractor, settings, args.tiles, args.stain_norm, args.batch_size,
+                             args.num_workers, args.skip_bad, args.overwrite, rank, world, not args.no_progress)
+    for result in results:
+        if result.status == "failed":
+            print(f"skipped {result.message}")
+    print(f"{_summary(results, started)} ({extractor.name} on {extractor.device})")
+    return 0
+
+
+def run_synthetic(args: argparse.Namespace) -> int:
+    from medattn.slides.synthetic import write_synthetic_cohort
+
+    if args.count < 1:
+        raise UserError(f"--count must be >= 1, got {args.count}")
+    paths = write_synthetic_cohort(args.out, args.count, args.seed)
+    print(f"wrote {len(paths)} SYNTHETIC slides, slide_table.csv and clinical_table.csv to {args.out}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.wsi_run(args)

@@ -1,0 +1,216 @@
+"""Features per slide as CLAM-layout HDF5, resumable and sharded across processes.
+
+One file per slide, ``<out>/<slide stem>.h5``: ``features`` (N, F) float32, ``coords`` (N, 2) int64
+level-0 top-left (x, y), and attributes ``patch_size_um``, ``patch_size_px``, ``patch_size_level0``,
+``mpp``, ``extractor``, ``stain_norm``, ``slide``; the ``wsi_bags`` data kind reads it as it is.
+A file is written under a temporary name and renamed when complete, so a file under the final name is
+whole; on a rerun a slide is skipped when its file reads (:func:`medattn.data.bags.slide_shape`) and
+was made with the same settings, redone when it does not read, and refused when made otherwise
+(``overwrite`` replaces it). Under ``torchrun`` (env ``RANK``, ``WORLD_SIZE``) rank r takes slides
+r, r + W, ... of the sorted list and writes only those.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from ..data.bags import slide_shape
+from ..errors import UserError
+from .extractors import Extractor
+from .reader import PatchGeometry, open_slide, thumbnail
+from .stain import MacenkoNormalizer
+from .tiling import (
+    DEFAULT_SETTINGS,
+    PatchDataset,
+    TileSettings,
+    atomic_write,
+    classify,
+    loader,
+    read_tiles,
+    tissue_candidates,
+)
+from .tissue import tissue_mask
+
+CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm")
+
+
+def rank_and_world(env: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) as torchrun sets them, (0, 1) without; UserError when they do not make sense."""
+    try:
+        rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise UserError(f"RANK={env.get('RANK')!r} and WORLD_SIZE={env.get('WORLD_SIZE')!r} must be integers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise UserError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
+    return rank, world
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank ``rank`` of ``world`` takes items[rank::world]: disjoint shards that together hold every item."""
+    return list(items)[rank::world]
+
+
+def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict) -> None:
+    """Write a CLAM-layout HDF5 file atomically (temporary name, then rename)."""
+    def write(temporary: Path) -> None:
+        with h5py.File(temporary, "w") as f:
+            f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
+            f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
+            f.attrs.update(attrs)
+
+    atomic_write(path, write)
+
+
+def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:
+    """Whether ``path`` already holds this slide's features made with ``attrs`` (module docstring)."""
+    if overwrite or not path.exists():
+        return False
+    try:
+        slide_shape(path)
+        with h5py.File(path, "r") as f:
+            stored = {k: f.attrs.get(k) for k in CHECKED_ATTRS}
+    except (OSError, ValueError):
+        return False  # unreadable or incomplete: redo
+    differs = [k for k in CHECKED_ATTRS if str(stored[k]) != str(attrs[k])]
+    if differs:
+        raise UserError(f"{path}: exists with other settings ({', '.join(f'{k}={stored[k]}' for k in differs)}); "
+                        f"use --overwrite or another --out")
+    return True
+
+
+@dataclass
+class SlideResult:
+    slide: Path
+    status: str  # "done", "skipped" (already done), "failed"
+    kept: int = 0
+    dropped: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    message: str = ""
+
+
+def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: str):
+    """-> (mpp, geometry, coords to read, whether to filter them, stain normaliser or None)."""
+    slide = open_slide(path)
+    if tiles_dir is None:
+        mpp, geometry, coords, _, thumb, downsample, mask = tissue_candidates(slide, path, settings)
+        check = True
+    else:
+        coords, meta = read_tiles(tiles_dir, path)
+        mpp, geometry, check = meta["mpp"], PatchGeometry(**meta["geometry"]), False
+        tiled = TileSettings(**meta["settings"])
+        if (tiled.patch_um, tiled.patch_px) != (settings.patch_um, settings.patch_px):
+            raise UserError(f"{path}: tiles in {tiles_dir} are {tiled.patch_um:g} um / {tiled.patch_px} px, "
+                            f"not {settings.patch_um:g} um / {settings.patch_px} px")
+        if len(coords) == 0:
+            raise UserError(f"{path}: the tiles in {tiles_dir} keep no patch")
+        if stain == "macenko":
+            thumb, downsample = thumbnail(slide, settings.thumbnail_px)
+            mask = tissue_mask(thumb, 0, settings.min_saturation)
+    normalizer = None
+    if stain == "macenko":
+        try:
+            normalizer = MacenkoNormalizer().fit(thumb[mask])
+        except UserError as error:
+            raise UserError(f"{path}: {error}") from None
+    return mpp, geometry, coords, check, normalizer
+
+
+def _one_line_errors(batches):
+    """Yield from ``batches``; a UserError re-raised by a DataLoader worker (its traceback in the message)
+    is raised again with its own last line only."""
+    try:
+        yield from batches
+    except UserError as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        if len(lines) > 1:
+            raise UserError(lines[-1].split("UserError: ", 1)[-1]) from None
+        raise
+
+
+def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
+                  tiles_dir: Path | None = None, stain: str = "none", batch_size: int = 64, num_workers: int = 0,
+                  progress=None) -> tuple[int, dict]:
+    """Features of one slide's kept patches -> ``out_path`` (module docstring); -> (kept, dropped per reason).
+
+    Without ``tiles_dir`` the slide is tiled on the fly (tissue mask, grid, white and blur filter on the
+    patches as they are read, each patch read once). ``progress`` wraps the batch iterable (e.g. tqdm)."""
+    path = Path(path)
+    mpp, geometry, coords, check, normalizer = _patches(path, settings, tiles_dir, stain)
+    dataset = PatchDataset(path, coords, geometry, settings.white_level, stain=normalizer)
+    features, kept_coords, statuses = [], [], []
+    start = 0
+    batches = loader(dataset, batch_size, num_workers)
+    for batch in _one_line_errors(progress(batches) if progress else batches):
+        n = len(batch["white"])
+        status = (classify(batch["white"].numpy(), batch["sharpness"].numpy(), settings) if check
+                  else np.full(n, "kept"))
+        keep = torch.from_numpy(status == "kept")
+        if keep.any():
+            features.append(extractor(batch["pixels"][keep]).numpy())
+            kept_coords.append(coords[start:start + n][status == "kept"])
+        statuses.append(status)
+        start += n
+    status = np.concatenate(statuses)
+    dropped = {s: int((status == s).sum()) for s in ("white", "blurry")}
+    if not features:
+        raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
+    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path)
+    try:
+        write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs)
+    except OSError as error:  # disk full, permissions: nothing is left under the final name
+        raise UserError(f"{out_path}: cannot write ({error.strerror or error})") from None
+    return int(sum(len(f) for f in features)), dropped
+
+
+def attributes(settings: TileSettings, mpp: float, geometry: PatchGeometry, extractor: str, stain: str,
+               slide: Path) -> dict:
+    return {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px), "mpp": float(mpp),
+            "patch_size_level0": int(geometry.size0), "extractor": extractor, "stain_norm": stain,
+            "slide": Path(slide).name}
+
+
+def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
+                   tiles_dir: Path | None = None, stain: str = "none", batch_size: int = 64, num_workers: int = 0,
+                   skip_bad: bool = False, overwrite: bool = False, rank: int = 0, world: int = 1,
+                   progress: bool = False) -> list[SlideResult]:
+    """Extract this rank's shard of ``slides`` into ``out_dir`` (module docstring); one result per slide.
+
+    A bad slide (unreadable, no mpp, no tissue, nothing kept, cannot write) raises UserError, or with
+    ``skip_bad`` is recorded as "failed" and the others continue."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mine = shard(sorted(slides), rank, world)
+    results = []
+    label = f"rank {rank}: " if world > 1 else ""
+    for path in tqdm(mine, desc=f"{label}slides", unit="slide", disable=not progress, position=0):
+        out_path = out_dir / f"{path.stem}.h5"
+        expected = {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px),
+                    "extractor": extractor.name, "stain_norm": stain}
+        if done(out_path, expected, overwrite):
+            results.append(SlideResult(path, "skipped"))
+            continue
+        start = time.perf_counter()
+
+        def bar(batches, path=path):
+            return tqdm(batches, desc=f"{label}{path.stem}", unit="batch", leave=False, position=1)
+
+        try:
+            kept, dropped = extract_slide(path, out_path, extractor, settings, tiles_dir, stain, batch_size,
+                                          num_workers, bar if progress else None)
+        except UserError as error:
+            if not skip_bad:
+                raise
+            results.append(SlideResult(path, "failed", message=str(error)))
+            continue
+        results.append(SlideResult(path, "done", kept, dropped, time.perf_counter() - start))
+    return results

@@ -1,0 +1,240 @@
+"""Tile a slide: tissue mask on a thumbnail -> grid of square patches of a physical size -> quality filter.
+
+The grid covers the slide with non-overlapping patches of ``patch_um`` microns (``size0`` level-0 px)
+from (0, 0); a cell is a candidate when at least ``min_tissue_fraction`` of it lies in the tissue mask.
+Each candidate is read at the best pyramid level, resized to ``patch_px`` and dropped when it is
+predominantly white (white fraction > ``max_white``) or blurry (sharpness < ``min_sharpness``); see
+:mod:`medattn.slides.tissue`. Coordinates are the patches' top-left corners in level-0 pixels (x, y),
+the convention of CLAM and STAMP.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from ..errors import UserError
+from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, slide_mpp, thumbnail
+from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
+
+STATUSES = ("kept", "white", "blurry")
+COLOURS = {"kept": (0, 160, 0), "white": (40, 90, 255), "blurry": (230, 40, 40)}
+
+
+@dataclass(frozen=True)
+class TileSettings:
+    """Tiling options with the defaults of the command line (docs/slides.md explains each threshold)."""
+
+    patch_um: float = 256.0  # patch side in microns (the SeqNorm paper: 256 um)
+    patch_px: int = 256  # patch side after resizing (the paper: 256 px)
+    mpp: float | None = None  # microns per level-0 pixel; None: from the slide
+    thumbnail_px: int = 2048  # longer side of the thumbnail the tissue mask is computed on
+    min_saturation: float = 0.08  # floor of the Otsu threshold on saturation
+    min_tissue_area_um2: float = 20_000.0  # tissue pieces smaller than this are dropped (0.02 mm^2)
+    min_tissue_fraction: float = 0.25  # a grid cell is a candidate with this much of it in the mask
+    white_level: int = 220  # a pixel is white when R, G and B are all >= this
+    max_white: float = 0.5  # a patch with more white than this is dropped
+    min_sharpness: float = 20.0  # a patch whose Laplacian variance (grey levels^2) is below is dropped
+
+    def check(self) -> None:
+        """UserError naming the option that is out of range."""
+        for name, ok in (("patch_um", self.patch_um > 0), ("patch_px", self.patch_px >= 8),
+                         ("thumbnail_px", self.thumbnail_px >= 64),
+                         ("min_tissue_fraction", 0 <= self.min_tissue_fraction <= 1),
+                         ("max_white", 0 <= self.max_white <= 1), ("white_level", 0 <= self.white_level <= 255),
+                         ("min_sharpness", self.min_sharpness >= 0), ("min_saturation", 0 <= self.min_saturation < 1),
+                         ("min_tissue_area_um2", self.min_tissue_area_um2 >= 0)):
+            if not ok:
+                raise UserError(f"--{name.replace('_', '-')} out of range: {getattr(self, name)}")
+
+
+DEFAULT_SETTINGS = TileSettings()
+
+
+@dataclass
+class Tiles:
+    """Tiling of one slide: every candidate (level-0 top-left (M, 2) int64, its tissue fraction, white
+    fraction, sharpness and status) plus what is needed to read the kept patches again and draw them."""
+
+    slide: Path
+    mpp: float
+    geometry: PatchGeometry
+    settings: TileSettings
+    coords: np.ndarray
+    tissue: np.ndarray
+    white: np.ndarray
+    sharp: np.ndarray
+    status: np.ndarray
+    thumbnail: np.ndarray
+    downsample: tuple[float, float]
+    mask: np.ndarray
+
+    @property
+    def kept(self) -> np.ndarray:
+        """(N, 2) int64 level-0 top-left corners of the kept patches."""
+        return self.coords[self.status == "kept"]
+
+    def counts(self) -> dict[str, int]:
+        return {s: int((self.status == s).sum()) for s in STATUSES}
+
+
+def candidate_grid(mask: np.ndarray, downsample: tuple[float, float], dimensions: tuple[int, int], size0: int,
+                   min_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Grid cells of ``size0`` level-0 px over a slide of ``dimensions`` (W, H) whose tissue fraction in
+    ``mask`` (thumbnail of ``downsample`` level-0 px per px along x, y) is >= ``min_fraction`` (and > 0).
+
+    -> (coords (M, 2) int64 level-0 top-left (x, y), row-major; tissue fractions (M,))."""
+    xs = np.arange(0, dimensions[0] - size0 + 1, size0)
+    ys = np.arange(0, dimensions[1] - size0 + 1, size0)
+    grid = np.stack(np.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2).astype(np.int64)  # (M, 2) row-major
+    dx, dy = downsample
+    boxes = np.stack([np.floor(grid[:, 0] / dx), np.floor(grid[:, 1] / dy), np.ceil((grid[:, 0] + size0) / dx),
+                      np.ceil((grid[:, 1] + size0) / dy)], axis=1).astype(np.int64)
+    fraction = window_fractions(mask, boxes)
+    keep = (fraction >= min_fraction) & (fraction > 0)
+    return grid[keep], fraction[keep]
+
+
+class PatchDataset(torch.utils.data.Dataset):
+    """Patches of one slide at level-0 top-left ``coords`` (M, 2) -> dict(pixels (P, P, 3) uint8 tensor,
+    white, sharpness). The slide is opened lazily in each DataLoader worker (OpenSlide handles do not
+    pickle); ``stain`` (a fitted :class:`MacenkoNormalizer` or None) is applied after the quality measures."""
+
+    def __init__(self, path: Path, coords: np.ndarray, geometry: PatchGeometry, white_level: int = 220,
+                 stain=None, pixels: bool = True) -> None:
+        self.path, self.coords, self.geometry = Path(path), np.asarray(coords), geometry
+        self.white_level, self.stain, self.pixels = white_level, stain, pixels
+        self._slide = None
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __getitem__(self, index: int) -> dict:
+        if self._slide is None:
+            self._slide = open_slide(self.path)
+        x, y = self.coords[index]
+        try:
+            patch = read_patch(self._slide, x, y, self.geometry)
+        except Exception as error:  # OpenSlideError from a truncated or corrupt tile, whatever the format
+            raise UserError(f"{self.path}: cannot read the patch at ({x}, {y}): {error}") from None
+        item = {"white": white_fraction(patch, self.white_level), "sharpness": sharpness(patch)}
+        if self.pixels:
+            item["pixels"] = torch.from_numpy(self.stain(patch) if self.stain is not None else patch)
+        return item
+
+
+def tissue_candidates(slide, path: Path, settings: TileSettings):
+    """-> (mpp, geometry, candidate coords (M, 2), tissue fractions (M,), thumbnail, downsample, mask);
+    UserError naming ``path`` when the slide has no tissue."""
+    settings.check()
+    mpp = slide_mpp(slide, path, settings.mpp)
+    geometry = patch_geometry(slide, mpp, settings.patch_um, settings.patch_px)
+    thumb, downsample = thumbnail(slide, settings.thumbnail_px)
+    min_area = settings.min_tissue_area_um2 / (mpp**2 * downsample[0] * downsample[1])
+    mask = tissue_mask(thumb, min_area, settings.min_saturation)
+    coords, fraction = candidate_grid(mask, downsample, slide.dimensions, geometry.size0,
+                                      settings.min_tissue_fraction)
+    if len(coords) == 0:
+        raise UserError(f"{path}: no tissue found (tissue mask covers {mask.mean():.1%} of the thumbnail; "
+                        f"no {settings.patch_um:g}-micron patch has {settings.min_tissue_fraction:.0%} tissue)")
+    return mpp, geometry, coords, fraction, thumb, downsample, mask
+
+
+def loader(dataset: torch.utils.data.Dataset, batch_size: int, num_workers: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                                       persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+def classify(white: np.ndarray, sharp: np.ndarray, settings: TileSettings) -> np.ndarray:
+    """-> status per patch: "white" when white > max_white, else "blurry" when sharp < min_sharpness, else "kept"."""
+    return np.where(white > settings.max_white, "white", np.where(sharp < settings.min_sharpness, "blurry", "kept"))
+
+
+def tile_slide(path: Path, settings: TileSettings = DEFAULT_SETTINGS, num_workers: int = 0, progress=None) -> Tiles:
+    """Tile one slide (module docstring). ``progress``: a callable wrapping an iterable (e.g. tqdm) or None."""
+    path = Path(path)
+    slide = open_slide(path)
+    mpp, geometry, coords, fraction, thumb, downsample, mask = tissue_candidates(slide, path, settings)
+    dataset = PatchDataset(path, coords, geometry, settings.white_level, pixels=False)
+    white, sharp = [], []
+    batches = loader(dataset, 64, num_workers)
+    for batch in progress(batches) if progress else batches:
+        white.append(batch["white"].numpy())
+        sharp.append(batch["sharpness"].numpy())
+    white, sharp = np.concatenate(white), np.concatenate(sharp)
+    return Tiles(path, mpp, geometry, settings, coords, fraction, white, sharp, classify(white, sharp, settings),
+                 thumb, downsample, mask)
+
+
+def draw_grid(thumb: np.ndarray, downsample: tuple[float, float], coords: np.ndarray, size0: int,
+              status: np.ndarray | None = None) -> Image.Image:
+    """The thumbnail with each patch outlined: green kept, blue white, red blurry (``status`` None: all kept)."""
+    image = Image.fromarray(thumb).convert("RGB")
+    draw = ImageDraw.Draw(image)
+    for i, (x, y) in enumerate(coords):
+        colour = COLOURS["kept" if status is None else status[i]]
+        box = (x / downsample[0], y / downsample[1], (x + size0) / downsample[0] - 1, (y + size0) / downsample[1] - 1)
+        draw.rectangle(box, outline=colour, width=1)
+    return image
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(temporary path)`` then rename it to ``path`` (atomic on one file system), so a crash
+    never leaves a partial file under the final name; the temporary file is removed on failure."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
+    """Write ``<stem>.csv`` (x, y, tissue_fraction, white_fraction, sharpness, status: every candidate;
+    x, y level-0 px), ``<stem>.json`` (slide, mpp, geometry, settings, counts) and ``<stem>.png`` (the
+    thumbnail with the grid drawn). The JSON is written last and marks the slide as done."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = tiles.slide.stem
+    paths = {kind: out_dir / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
+
+    def write_csv(path: Path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["x", "y", "tissue_fraction", "white_fraction", "sharpness", "status"])
+            for (x, y), t, w, s, status in zip(tiles.coords, tiles.tissue, tiles.white, tiles.sharp, tiles.status):
+                writer.writerow([int(x), int(y), f"{t:.4f}", f"{w:.4f}", f"{s:.2f}", status])
+
+    atomic_write(paths["csv"], write_csv)
+    image = draw_grid(tiles.thumbnail, tiles.downsample, tiles.coords, tiles.geometry.size0, tiles.status)
+    atomic_write(paths["png"], lambda p: image.save(p, format="PNG"))
+    meta = {"slide": str(tiles.slide), "mpp": tiles.mpp, "geometry": asdict(tiles.geometry),
+            "settings": asdict(tiles.settings), "counts": tiles.counts()}
+    atomic_write(paths["json"], lambda p: p.write_text(json.dumps(meta, indent=2)))
+    return paths
+
+
+def read_tiles(tiles_dir: Path, slide: Path) -> tuple[np.ndarray, dict]:
+    """-> (kept coords (N, 2) int64, the JSON metadata) written by :func:`write_tiles` for ``slide``;
+    UserError naming the file when missing or malformed."""
+    meta_path, csv_path = (Path(tiles_dir) / f"{Path(slide).stem}.{kind}" for kind in ("json", "csv"))
+    for path in (meta_path, csv_path):
+        if not path.is_file():
+            raise UserError(f"{path}: tiles not found (run medattn wsi tile first)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        with open(csv_path, newline="") as f:
+            rows = [(int(r["x"]), int(r["y"])) for r in csv.DictReader(f) if r["status"] == "kept"]
+        PatchGeometry(**meta["geometry"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{csv_path}: malformed tiles ({type(error).__name__}: {error})") from None
+    return np.array(rows, dtype=np.int64).reshape(-1, 2), meta
