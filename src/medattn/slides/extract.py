@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..data.bags import slide_shape
-from ..errors import UserError
+from ..errors import UserError, writing
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, thumbnail
 from .stain import MacenkoNormalizer
@@ -163,10 +163,8 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
     attrs = attributes(settings, mpp, geometry, extractor.name, stain, path)
-    try:
+    with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
         write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs)
-    except OSError as error:  # disk full, permissions: nothing is left under the final name
-        raise UserError(f"{out_path}: cannot write ({error.strerror or error})") from None
     return int(sum(len(f) for f in features)), dropped
 
 
@@ -188,7 +186,8 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     mine = shard(sorted(slides), rank, world)
     results = []
     label = f"rank {rank}: " if world > 1 else ""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ..errors import UserError
+from ..errors import UserError, writing
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, slide_mpp, thumbnail
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
 
@@ -203,7 +203,8 @@ def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
     x, y level-0 px), ``<stem>.json`` (slide, mpp, geometry, settings, counts) and ``<stem>.png`` (the
     thumbnail with the grid drawn). The JSON is written last and marks the slide as done."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     stem = tiles.slide.stem
     paths = {kind: out_dir / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
 
@@ -214,12 +215,13 @@ def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
             for (x, y), t, w, s, status in zip(tiles.coords, tiles.tissue, tiles.white, tiles.sharp, tiles.status):
                 writer.writerow([int(x), int(y), f"{t:.4f}", f"{w:.4f}", f"{s:.2f}", status])
 
-    atomic_write(paths["csv"], write_csv)
     image = draw_grid(tiles.thumbnail, tiles.downsample, tiles.coords, tiles.geometry.size0, tiles.status)
-    atomic_write(paths["png"], lambda p: image.save(p, format="PNG"))
     meta = {"slide": str(tiles.slide), "mpp": tiles.mpp, "geometry": asdict(tiles.geometry),
             "settings": asdict(tiles.settings), "counts": tiles.counts()}
-    atomic_write(paths["json"], lambda p: p.write_text(json.dumps(meta, indent=2)))
+    with writing(out_dir):
+        atomic_write(paths["csv"], write_csv)
+        atomic_write(paths["png"], lambda p: image.save(p, format="PNG"))
+        atomic_write(paths["json"], lambda p: p.write_text(json.dumps(meta, indent=2)))
     return paths
 
 
