@@ -1,10 +1,18 @@
 import csv
+import errno
+import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from engine_data import image_bundle, tiny_config
+from medattn.commands.evaluate import load_trained
+from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model
 from medattn.train import checkpoint, fit
@@ -16,6 +24,17 @@ class Killed(Exception):
 
 def _fit(config, run_dir, **kwargs):
     return fit(config, image_bundle(), run_dir, progress=False, log=lambda m: None, **kwargs)
+
+
+def _meta(**extra) -> dict:
+    """A valid checkpoint.json for a tiny ViT on (1, 32, 32) images."""
+    task = TaskInfo("binary", "image2d", 1, (1, 32, 32))
+    return {"config": tiny_config(), "task": checkpoint.task_to_dict(task), **extra}
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+            and p.name != ".lock"}
 
 
 def _kill_after(epoch):
@@ -70,7 +89,7 @@ def test_init_from_another_mechanism_reports_new_tensors(tmp_path):
 
 def test_atomic_write_keeps_the_previous_checkpoint(tmp_path):
     model = torch.nn.Linear(2, 1)
-    checkpoint.save(tmp_path / "ck", model, {"config": {}, "task": {}, "epoch": 1})
+    checkpoint.save(tmp_path / "ck", model, _meta(epoch=1))
     with pytest.raises(RuntimeError):
         with checkpoint.atomic_dir(tmp_path / "ck") as tmp:
             (tmp / "model.safetensors").write_text("half written")
@@ -81,7 +100,7 @@ def test_atomic_write_keeps_the_previous_checkpoint(tmp_path):
 
 def test_corrupt_or_missing_checkpoint_is_a_user_error(tmp_path):
     model = torch.nn.Linear(2, 1)
-    checkpoint.save(tmp_path / "ck", model, {"config": {}, "task": {}})
+    checkpoint.save(tmp_path / "ck", model, _meta())
     (tmp_path / "ck/model.safetensors").write_bytes(b"\x80\x04not safetensors")
     with pytest.raises(UserError, match="unreadable weights"):
         checkpoint.load_model(tmp_path / "ck", model)
@@ -94,7 +113,7 @@ def test_optimizer_and_rng_state_round_trip(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    checkpoint.save(tmp_path / "ck", model, {"config": {}, "task": {}}, optimizer, {"epoch": 3})
+    checkpoint.save(tmp_path / "ck", model, _meta(), optimizer, {"epoch": 3})
     expected = torch.rand(5)
     other = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=0.5)
     state = checkpoint.load_training_state(tmp_path / "ck", other)
@@ -102,3 +121,184 @@ def test_optimizer_and_rng_state_round_trip(tmp_path):
     for a, b in zip(optimizer.state_dict()["state"].values(), other.state_dict()["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert other.param_groups[0]["lr"] == 0.1
+
+
+def test_disk_full_is_one_line_naming_the_folder_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = torch.nn.Linear(2, 1)
+    checkpoint.save(tmp_path / "ck", model, _meta(epoch=1))
+    before = _snapshot(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    with pytest.raises(UserError, match=rf"^cannot write {tmp_path / 'ck'}: No space left on device$"):
+        checkpoint.save(tmp_path / "ck", model, _meta(epoch=2))
+    assert _snapshot(tmp_path) == before
+
+
+def test_stale_tmp_and_old_folders_are_cleaned_up(tmp_path):
+    folder = tmp_path / "checkpoints"
+    for name in (".last.tmp-123", ".best.tmp-9", "last", "last.old", "best.old", "notes.tmp-1", ".keep"):
+        (folder / name).mkdir(parents=True)
+    (folder / "best.old" / "checkpoint.json").write_text("{}")
+    checkpoint.clean_stale(folder)
+    # tmp folders gone; last.old dropped (last exists); best.old renamed back to best; foreign names kept
+    assert sorted(p.name for p in folder.iterdir()) == [".keep", "best", "last", "notes.tmp-1"]
+    assert (folder / "best" / "checkpoint.json").exists()
+
+
+def test_resume_after_a_crash_removes_unfinished_checkpoint_writes(tmp_path):
+    config = tiny_config("train.epochs=2")
+    with pytest.raises(Killed):
+        _fit(config, tmp_path / "run", on_epoch_end=_kill_after(1))
+    stale = tmp_path / "run/checkpoints/.last.tmp-99999"
+    stale.mkdir()
+    (stale / "model.safetensors").write_text("half written")
+    _fit(config, tmp_path / "run", resume=True)
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["best", "last"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("task"), "must be a mapping with 'config' and 'task'"),
+    (lambda m: m["task"].update(num_outputs="1"), r"task.num_outputs is missing or invalid \(got '1'\)"),
+    (lambda m: m["task"].update(input_shape=[1, 10**6, 10**6]), "task.input_shape is missing or invalid"),
+    (lambda m: m["task"].update(task_type="regression"), "task.task_type"),
+    (lambda m: m["task"].update(evil=1), r"task has unknown keys \['evil'\]"),
+    (lambda m: m["config"]["model"]["kwargs"].update(depth=10**9), "config.model.kwargs.depth is 1000000000"),
+    (lambda m: m["config"]["model"]["kwargs"].update(embed_dim=10**7), "config.model.kwargs.embed_dim is 10000000"),
+    (lambda m: m["config"]["model"]["kwargs"].update(dilations=list(range(5000))), "a list of 5000 items"),
+    (lambda m: m["config"]["train"].update(lr=-1), "config: train.lr must be"),
+    (lambda m: m.update(config=[]), "must be a mapping"),
+])
+def test_checkpoint_json_is_checked_against_its_schema(tmp_path, edit, message):
+    meta = _meta()
+    edit(meta)
+    (tmp_path / "checkpoint.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=message) as error:
+        checkpoint.load_meta(tmp_path)
+    assert str(error.value).startswith(str(tmp_path / "checkpoint.json")) and "\n" not in str(error.value)
+
+
+def test_weights_are_checked_against_the_model_before_any_is_read(tmp_path, monkeypatch):
+    config = tiny_config("train.epochs=1")
+    _fit(config, tmp_path / "run")
+    best = tmp_path / "run/checkpoints/best"
+    weights = load_file(best / "model.safetensors")
+    model = create_model("vit2d_tiny", num_classes=1)
+    read = []
+    monkeypatch.setattr(checkpoint, "load_file", lambda *a, **k: read.append(a) or {})
+    cases = {
+        "head.weight": (lambda w: w.update({"head.weight": w["head.weight"][:, :-1].contiguous()}),
+                        "tensor head.weight has shape [1, 31], the model expects [1, 32]"),
+        "missing": (lambda w: w.pop("encoder.norm.bias"), "the model's tensor encoder.norm.bias [32] is missing"),
+        "unexpected": (lambda w: w.update({"extra.weight": torch.zeros(2)}), "tensor extra.weight is not part of"),
+    }
+    for edit, message in cases.values():
+        edited = dict(weights)
+        edit(edited)
+        save_file(edited, best / "model.safetensors")
+        with pytest.raises(UserError, match=re.escape(message)):
+            checkpoint.load_model(best, model)
+    assert read == []
+
+
+def test_a_checkpoint_asking_for_a_huge_model_fails_before_allocating_it(tmp_path):
+    _fit(tiny_config("train.epochs=1"), tmp_path / "run")
+    path = tmp_path / "run/checkpoints/best/checkpoint.json"
+    meta = json.loads(path.read_text())
+    # 1,000 blocks of width 65,536: about 50 TB of float32 if it were built for real
+    meta["config"]["model"]["kwargs"].update(depth=1000, embed_dim=65536, attn_dim=65536, mlp_dim=65536)
+    path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="model.safetensors: tensor .* has shape .*, the model expects"):
+        load_trained(tmp_path / "run")
+
+
+def test_init_from_needs_a_valid_checkpoint_sharing_tensors(tmp_path):
+    _fit(tiny_config("train.epochs=1"), tmp_path / "run")
+    best = tmp_path / "run/checkpoints/best"
+    model = create_model("vit2d_tiny", num_classes=1)
+    save_file({f"other.{k}": v for k, v in load_file(best / "model.safetensors").items()}, best / "model.safetensors")
+    with pytest.raises(UserError, match="shares no tensor"):
+        checkpoint.init_from(model, best)
+    (best / "checkpoint.json").write_text("{")
+    with pytest.raises(UserError, match="checkpoint.json: unreadable checkpoint metadata"):
+        checkpoint.init_from(model, best)
+
+
+def test_training_state_that_does_not_fit_the_optimizer_is_a_user_error(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    checkpoint.save(tmp_path / "ck", model, _meta(), optimizer, {"epoch": 3})
+    other = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters(), lr=0.5)
+    with pytest.raises(UserError, match=r"training state does not fit this run \(ValueError: optim.0.exp_avg"):
+        checkpoint.load_training_state(tmp_path / "ck", other)
+    (tmp_path / "ck/training_state.json").write_text("{}")
+    with pytest.raises(UserError, match=r"training_state.json: training state does not fit this run \(KeyError"):
+        checkpoint.load_training_state(tmp_path / "ck", optimizer)
+
+
+def test_a_second_run_on_a_locked_folder_is_refused_at_once(tmp_path):
+    """Another process holds the run folder (as a running `medattn train` does); ours must not start."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom medattn.train.engine import run_folder\n"
+         "with run_folder(sys.argv[1], False, False):\n    print('held', flush=True)\n    time.sleep(60)\n", str(run)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"output folder {run} is in use by another medattn run"):
+            _fit(tiny_config("train.epochs=1"), run)
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    _fit(tiny_config("train.epochs=1"), run)  # the lock died with its holder
+    assert (run / "checkpoints/best/model.safetensors").is_file()
+
+
+class Broken(torch.utils.data.Dataset):
+    """Training data that fails on first use, as a corrupt file or a bug would."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict:
+        raise RuntimeError("unreadable sample")
+
+
+def test_overwrite_that_fails_before_its_first_checkpoint_keeps_the_previous_run(tmp_path):
+    config = tiny_config("train.epochs=1")
+    _fit(config, tmp_path / "run")
+    before = _snapshot(tmp_path / "run")
+    bundle = image_bundle()
+    bundle.train = Broken()
+    with pytest.raises(RuntimeError, match="unreadable sample"):
+        fit(config, bundle, tmp_path / "run", overwrite=True, progress=False, log=lambda m: None)
+    assert _snapshot(tmp_path / "run") == before
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")) == [".lock"]
+    # a fresh run that fails leaves no half run behind either: the same folder can be used again
+    with pytest.raises(RuntimeError, match="unreadable sample"):
+        fit(config, bundle, tmp_path / "fresh", progress=False, log=lambda m: None)
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == [".lock"]
+    # once the new run has a checkpoint, it replaces the previous run
+    _fit(tiny_config("train.epochs=1", "seed=3"), tmp_path / "run", overwrite=True)
+    assert _snapshot(tmp_path / "run")["config.yaml"] != before["config.yaml"]
+    assert not (tmp_path / "run/.previous").exists()
+
+
+def test_a_killed_overwrite_gets_the_previous_run_back(tmp_path):
+    """SIGKILL after the old run was set aside but before the new run's first checkpoint."""
+    config = tiny_config("train.epochs=1")
+    _fit(config, tmp_path / "run")
+    before = _snapshot(tmp_path / "run")
+    run = tmp_path / "run"
+    (run / ".previous").mkdir()
+    for name in ("config.yaml", "metrics.csv", "checkpoints", "predictions_test.csv", "roc_test.png", "results.json"):
+        os.replace(run / name, run / ".previous" / name)
+    (run / "config.yaml").write_text("the killed run's config")
+    with pytest.raises(UserError, match="already holds a run"):
+        _fit(config, run)
+    assert _snapshot(run) == before and not (run / ".previous").exists()

@@ -58,7 +58,8 @@ def test_packaged_configs_load():
 @pytest.mark.parametrize("override, key", [
     ("eval.bootstrap=-5", "eval.bootstrap"), ("eval.bootstrap=1.5", "eval.bootstrap"), ("eval.ci=x", "eval.ci"),
     ("eval.ci=1", "eval.ci"), ("train.betas=x", "train.betas"), ("train.betas=[0.9, 1.0]", "train.betas"),
-    ("train.device=foo", "train.device"), ("train.device=cuda:x", "train.device"), ("train.threads=-1", "train.threads"),
+    ("train.device=foo", "train.device"), ("train.device=cuda:x", "train.device"),
+    ("train.threads=-1", "train.threads"),
     ("train.threads=0", "train.threads"), ("train.warmup_epochs=.inf", "train.warmup_epochs"), ("model=3", "model"),
     ("model.name=[1]", "model.name"), ("model.kwargs=[1]", "model.kwargs"), ("train.lr=.nan", "train.lr"),
     ("train.lr=.inf", "train.lr"), ("train.lr=-1e-3", "train.lr"), ("train.lr=0", "train.lr"),

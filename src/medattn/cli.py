@@ -1,8 +1,9 @@
 """The ``medattn`` command line: a thin layer over the library.
 
 Each command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
-this file only wires them into argparse. Errors meant for the user (:class:`medattn.errors.UserError`
-and ``ValueError`` from argument checks) print one line and exit with status 2, with no traceback.
+this file only wires them into argparse. Errors meant for the user (:class:`medattn.errors.UserError`)
+print one line and exit with status 2, with no traceback (``--debug`` shows it); every other exception
+is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ BENCHES = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, like every other error (the usage is in ``--help``)."""
+
+    def error(self, message: str):
+        print(f"medattn: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _load(module_name: str):
     """Import a command module; None while that capability is not installed in this version."""
     try:
@@ -40,6 +49,12 @@ def _load(module_name: str):
         if error.name == module_name:
             return None
         raise
+
+
+def _debug_option(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:
+    """``--debug`` before or after the command name (a command's parser leaves an unset value alone)."""
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the full traceback of errors in the input too")
 
 
 def _add_commands(subparsers, table: dict[str, str]) -> None:
@@ -51,12 +66,14 @@ def _add_commands(subparsers, table: dict[str, str]) -> None:
         parser = subparsers.add_parser(name, help=doc[0] if doc else None, description=module.__doc__,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(parser)
+        _debug_option(parser)
         parser.set_defaults(run=module.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medattn", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="medattn", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"medattn {__version__}")
+    _debug_option(parser, default=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_commands(subparsers, COMMANDS)
     bench = subparsers.add_parser("bench", help="benchmarks: time and memory, written as CSV/JSON/PNG")
@@ -76,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *overrides]
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValueError) as error:
+    except UserError as error:
+        if args.debug:
+            raise
         print(f"medattn: error: {error}", file=sys.stderr)
         return 2
 

@@ -12,11 +12,13 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.errors import UserError
+from medattn.errors import UserError, writing
 from medattn.train import checkpoint, distributed
-from medattn.train.engine import build_model, make_loader, objective_for, predict, score_split
+from medattn.train.engine import build_model, check_device, make_loader, objective_for, predict, score_split
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,16 +27,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the data config")
     parser.add_argument("--split", choices=("train", "val", "test"), default="test")
     parser.add_argument("--out", help="output folder (default: eval_<name>_<split> in the checkpoint's run folder)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: the run's eval batch size")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="default: the run's eval batch size")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
     parser.add_argument("--no-progress", action="store_true")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def load_trained(path: str | Path):
-    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode."""
+    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode.
+
+    Nothing in the folder is trusted: checkpoint.json is checked against its schema, and the model is
+    first built on the meta device (shapes only, no memory) and compared with the weights file's header,
+    so a mismatch is a one-line error naming the tensor before any weight is allocated.
+    """
     folder = checkpoint.resolve(path)
     meta = checkpoint.load_meta(folder)
     task = checkpoint.task_from_dict(meta["task"])
+    with torch.device("meta"):
+        checkpoint.check_shapes(folder, build_model(meta["config"]["model"], task))
     model = build_model(meta["config"]["model"], task)
     checkpoint.load_model(folder, model)
     return model.eval(), meta["config"], task, folder
@@ -52,17 +72,20 @@ def run(args: argparse.Namespace) -> int:
                         f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
     default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     out = Path(args.out or default_root / f"eval_{config['name']}_{args.split}")
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+    check_device(run_config["train"]["device"])
     device = distributed.setup(run_config["train"]["device"])
     batch_size = args.batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(getattr(bundle, args.split), batch_size, False, config["seed"])
     pred = predict(model.to(device), loader, data_task, device, run_config["train"]["precision"], args.split,
                    not args.no_progress)
     if distributed.is_main():
-        result = score_split(pred, data_task, args.split, out, config["eval"], config["seed"])
-        result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
-                      synthetic=data_task.synthetic)
-        (out / "eval.json").write_text(json.dumps(result, indent=1))
+        with writing(out):
+            result = score_split(pred, data_task, args.split, out, config["eval"], config["seed"])
+            result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
+                          synthetic=data_task.synthetic)
+            (out / "eval.json").write_text(json.dumps(result, indent=1))
         if bundle.skipped:
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
         tag = " [SYNTHETIC data]" if data_task.synthetic else ""

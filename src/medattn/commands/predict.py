@@ -15,17 +15,18 @@ from pathlib import Path
 import torch
 
 from medattn.data.base import collate
-from medattn.errors import UserError
+from medattn.data.files import check_regular
+from medattn.errors import UserError, writing
 from medattn.train.engine import forward, probabilities
 
-from .evaluate import load_trained
+from .evaluate import load_trained, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
     parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files")
     parser.add_argument("--out", required=True, help="CSV to write")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
 
 
 def file_loader(data_cfg: dict, task):
@@ -71,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if task.input_kind == "volume3d" and config["data"].get("split_sides"):
         raise UserError("this checkpoint was trained on left/right halves; give one half-volume per file")
     paths = [Path(f) for f in args.files]
-    for path in paths:
-        if not path.exists():
-            raise UserError(f"{path}: no such file")
+    for path in paths:  # before anything opens them: a named pipe would block the reader
+        try:
+            check_regular(path, folders=task.input_kind == "volume3d")
+        except (FileNotFoundError, ValueError) as error:
+            raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") from None
     read = file_loader(config["data"], task)
     names = task.class_names if len(task.class_names) == task.num_outputs else [str(i) for i in
                                                                                  range(task.num_outputs)]
@@ -84,10 +87,11 @@ def run(args: argparse.Namespace) -> int:
             probs = probabilities(forward(model, batch, task.input_kind), task.task_type)
             rows += [[i, *[f"{p:.6f}" for p in row]] for i, row in zip(batch["id"], probs.tolist())]
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["file", *[f"prob_{n}" for n in names]])
-        writer.writerows(rows)
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["file", *[f"prob_{n}" for n in names]])
+            writer.writerows(rows)
     print(f"wrote {len(rows)} prediction(s) to {out}")
     return 0

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.train import distributed
-from medattn.train.engine import check_run_dir, fit
+from medattn.train import checkpoint, distributed
+from medattn.train.engine import check_device, check_model_config, check_run_dir, fit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,14 +36,18 @@ def run_dir_of(config: dict, out: str | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.resume and args.overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
+    """Check everything that is cheap to check (config, model section, device, output folder) before any
+    data is read; :func:`medattn.train.engine.fit` holds the output folder while it trains."""
     config = load_config(args.config, args.overrides)
     if args.skip_bad:
         config["train"]["skip_bad"] = True
     run_dir = run_dir_of(config, args.out)
     config["out"] = str(run_dir)
+    check_model_config(config["model"])
+    check_device(config["train"]["device"])
     check_run_dir(run_dir, args.resume, args.overwrite)
+    if args.init_from:
+        checkpoint.load_meta(checkpoint.resolve(args.init_from))
     try:
         bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
         if bundle.skipped and distributed.is_main():

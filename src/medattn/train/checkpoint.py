@@ -9,9 +9,14 @@ A checkpoint is a folder:
   states) and ``training_state.json`` (optimizer hyper-parameters, step, epoch, best score, Python's
   RNG state).
 
-A folder is written under a temporary name and renamed into place, so a run killed while writing
-leaves the previous checkpoint intact (a crash between the two renames leaves it as ``<name>.old``,
-which :func:`resolve` falls back to).
+A folder is written under a temporary name (``.<name>.tmp-<pid>``) and renamed into place, so a run
+killed while writing leaves the previous checkpoint intact (a crash between the two renames leaves it
+as ``<name>.old``, which :func:`resolve` falls back to); :func:`clean_stale` tidies both up.
+
+Loading trusts nothing in the folder: ``checkpoint.json`` is checked against a schema with bounded
+sizes (:func:`load_meta`), and the tensor names and shapes in the safetensors header are compared with
+the model's before any weight is read (:func:`check_shapes`), so a mismatch is one line naming the
+first differing tensor and a hostile file cannot make the loader allocate more than the file holds.
 """
 
 from __future__ import annotations
@@ -21,21 +26,28 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from medattn.data.base import TaskInfo
-from medattn.errors import UserError
+from medattn.config import validate
+from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo
+from medattn.errors import UserError, writing
 
 MODEL_FILE = "model.safetensors"
 META_FILE = "checkpoint.json"
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
+STALE_TMP = re.compile(r"^\..+\.tmp-\d+$")  # what atomic_dir writes into before the rename
+MAX_SIZE = 1 << 16  # largest integer checkpoint.json may give a size (input side, width, class count)
+MAX_COUNT = 1 << 10  # largest repeat count (depth, blocks, heads) and list length in model.kwargs
+COUNT_KEYS = ("depth", "num_blocks", "num_heads")
 
 
 @contextlib.contextmanager
@@ -80,8 +92,9 @@ def task_from_dict(data: dict) -> TaskInfo:
 
 def save(path: Path, model: nn.Module, meta: dict, optimizer: torch.optim.Optimizer | None = None,
          state: dict | None = None) -> None:
-    """Write a checkpoint folder atomically; ``meta`` must hold ``config`` and ``task`` (JSON-able)."""
-    with atomic_dir(path) as tmp:
+    """Write a checkpoint folder atomically; ``meta`` must hold ``config`` and ``task`` (JSON-able).
+    An OSError (disk full, read-only) becomes a UserError naming ``path``; the previous checkpoint stays."""
+    with writing(path), atomic_dir(path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if optimizer is not None:
@@ -90,26 +103,126 @@ def save(path: Path, model: nn.Module, meta: dict, optimizer: torch.optim.Optimi
             (tmp / STATE_JSON).write_text(json.dumps({**extra, **(state or {})}))
 
 
+def clean_stale(folder: Path) -> None:
+    """Tidy a checkpoints folder after a killed run (call it holding the run's lock): remove the
+    ``.<name>.tmp-<pid>`` folders of unfinished saves, and settle each ``<name>.old`` (deleted when
+    ``<name>`` exists, else renamed back to it)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir() and STALE_TMP.match(entry.name):
+            shutil.rmtree(entry)
+        elif entry.is_dir() and entry.name.endswith(".old"):
+            live = entry.with_name(entry.name[: -len(".old")])
+            if live.exists():
+                shutil.rmtree(entry)
+            else:
+                os.replace(entry, live)
+
+
 def load_meta(folder: Path) -> dict:
+    """``checkpoint.json``, checked by :func:`check_meta`; a one-line UserError naming the file otherwise."""
+    path = Path(folder) / META_FILE
     try:
-        return json.loads((Path(folder) / META_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise UserError(f"{Path(folder) / META_FILE}: unreadable checkpoint metadata ({error})") from None
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserError(f"{path}: unreadable checkpoint metadata ({error})") from None
+    check_meta(meta, str(path))
+    return meta
 
 
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
+def check_meta(meta, source: str) -> None:
+    """The schema of ``checkpoint.json``: a mapping with ``config`` (a valid run config whose integers in
+    ``model.kwargs`` are bounded) and ``task`` (a :class:`TaskInfo` with bounded sizes)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or not isinstance(meta.get("task"),
+                                                                                                dict):
+        raise UserError(f"{source}: a checkpoint's metadata must be a mapping with 'config' and 'task' mappings")
+    validate(meta["config"], f"{source}: config")
+    _check_bounded(meta["config"]["model"]["kwargs"], f"{source}: config.model.kwargs", None)
+    task = meta["task"]
+    fields = {f.name for f in dataclasses.fields(TaskInfo)}
+    problems = {
+        "task_type": task.get("task_type") in TASK_TYPES,
+        "input_kind": task.get("input_kind") in INPUT_KINDS,
+        "num_outputs": _is_size(task.get("num_outputs")),
+        "input_shape": isinstance(task.get("input_shape"), list) and 1 <= len(task["input_shape"]) <= 4
+        and all(_is_size(v) for v in task["input_shape"]),
+        "class_names": isinstance(task.get("class_names", []), list) and len(task.get("class_names", [])) <= MAX_SIZE
+        and all(isinstance(v, str) for v in task.get("class_names", [])),
+        "synthetic": isinstance(task.get("synthetic", False), bool),
+        "unknown keys": set(task) <= fields,
+    }
+    bad = next((key for key, ok in problems.items() if not ok), None)
+    if bad == "unknown keys":
+        raise UserError(f"{source}: task has unknown keys {sorted(set(task) - fields)}")
+    if bad is not None:
+        raise UserError(f"{source}: task.{bad} is missing or invalid (got {task.get(bad)!r}); sizes are integers "
+                        f"from 1 to {MAX_SIZE}")
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE
+
+
+def _check_bounded(value, where: str, key: str | None) -> None:
+    """Integers within +-MAX_SIZE (+-MAX_COUNT for repeat counts), lists of at most MAX_COUNT items."""
+    limit = MAX_COUNT if key in COUNT_KEYS else MAX_SIZE
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check_bounded(item, f"{where}.{name}", name)
+    elif isinstance(value, list):
+        if len(value) > MAX_COUNT:
+            raise UserError(f"{where}: a list of {len(value)} items (at most {MAX_COUNT})")
+        for item in value:
+            _check_bounded(item, where, key)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+        raise UserError(f"{where} is {value}, more than a checkpoint may ask for ({limit})")
+
+
+def header_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the safetensors header, without reading any weight."""
+    path = Path(folder) / MODEL_FILE
     try:
-        return load_file(Path(folder) / MODEL_FILE)
+        with safe_open(path, "pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
     except Exception as error:  # safetensors raises its own error types for corrupt files
-        raise UserError(f"{Path(folder) / MODEL_FILE}: unreadable weights ({error})") from None
+        raise UserError(f"{path}: unreadable weights ({error})") from None
+
+
+def check_shapes(folder: Path, model: nn.Module) -> None:
+    """The weights file holds exactly ``model``'s tensors with its shapes (the model may be on the meta
+    device); a UserError names the first tensor that is missing, unexpected or of another shape."""
+    path = Path(folder) / MODEL_FILE
+    stored = header_shapes(folder)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name, shape in expected.items():
+        if name not in stored:
+            raise UserError(f"{path}: the model's tensor {name} {list(shape)} is missing (the checkpoint holds "
+                            f"{len(stored)} tensors, the model {len(expected)})")
+        if stored[name] != shape:
+            raise UserError(f"{path}: tensor {name} has shape {list(stored[name])}, the model expects {list(shape)}")
+    unexpected = [name for name in stored if name not in expected]
+    if unexpected:
+        raise UserError(f"{path}: tensor {unexpected[0]} is not part of the model ({len(unexpected)} unexpected)")
+
+
+def load_weights(folder: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file (only ``names`` when given)."""
+    path = Path(folder) / MODEL_FILE
+    try:
+        if names is None:
+            return load_file(path)
+        with safe_open(path, "pt") as f:
+            return {name: f.get_tensor(name) for name in names}
+    except Exception as error:  # safetensors raises its own error types for corrupt files
+        raise UserError(f"{path}: unreadable weights ({error})") from None
 
 
 def load_model(folder: Path, model: nn.Module) -> None:
-    """Load weights that must match ``model`` exactly."""
-    missing, unexpected = model.load_state_dict(load_weights(folder), strict=False)
-    if missing or unexpected:
-        raise UserError(f"{folder}: checkpoint does not match the model (missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]})")
+    """Load weights that must match ``model`` exactly (names and shapes checked before reading)."""
+    check_shapes(folder, model)
+    model.load_state_dict(load_weights(folder))
 
 
 def init_from(model: nn.Module, folder: Path) -> tuple[list[str], list[str]]:
@@ -117,14 +230,19 @@ def init_from(model: nn.Module, folder: Path) -> tuple[list[str], list[str]]:
 
     Returns (new, unused): the model's tensors that kept their fresh initialisation, and the
     checkpoint's tensors the model has no place for. This is :func:`medattn.models.convert_attention`'s
-    rule (shared ``qkv``/``proj`` layout) applied to a whole state dict.
+    rule (shared ``qkv``/``proj`` layout) applied to a whole state dict. The metadata must be valid and
+    at least one tensor shared; only shared tensors are read.
     """
-    weights = load_weights(folder)
+    load_meta(folder)
+    stored = header_shapes(folder)
     own = model.state_dict()
-    shared = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(shared, strict=False)
+    shared = [k for k, shape in stored.items() if k in own and tuple(own[k].shape) == shape]
+    if not shared:
+        raise UserError(f"{Path(folder) / MODEL_FILE}: shares no tensor (name and shape) with the model; "
+                        f"--init-from needs a checkpoint of the same architecture")
+    model.load_state_dict(load_weights(folder, shared), strict=False)
     new = [k for k in own if k not in shared]
-    unused = [k for k in weights if k not in shared]
+    unused = [k for k in stored if k not in shared]
     return new, unused
 
 
@@ -159,17 +277,31 @@ def _plain(value):
 
 
 def load_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore the optimizer and RNG states saved by :func:`save`; returns the JSON state (epoch, step, ...)."""
+    """Restore the optimizer and RNG states saved by :func:`save`; returns the JSON state (epoch, step, ...).
+    A state that does not fit ``optimizer`` (or is malformed) is a UserError naming the folder."""
     folder = Path(folder)
     try:
         tensors = load_file(folder / STATE_TENSORS)
         extra = json.loads((folder / STATE_JSON).read_text())
     except Exception as error:
         raise UserError(f"{folder}: unreadable training state ({error})") from None
+    try:
+        _restore(tensors, extra, optimizer)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as error:
+        raise UserError(f"{folder / STATE_JSON}: training state does not fit this run ({type(error).__name__}: "
+                        f"{error})") from None
+    return extra
+
+
+def _restore(tensors: dict[str, torch.Tensor], extra: dict, optimizer: torch.optim.Optimizer) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
             _, index, key = name.split(".", 2)
+            expected = params[int(index)].shape
+            if value.ndim and value.shape != expected:
+                raise ValueError(f"{name} has shape {list(value.shape)}, the parameter {list(expected)}")
             state.setdefault(int(index), {})[key] = value
     for index, values in extra["optimizer"]["plain_state"].items():
         state.setdefault(int(index), {}).update(values)
@@ -182,4 +314,3 @@ def load_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> dict:
     np.random.set_state((name, tensors["rng.numpy"].numpy().astype(np.uint32), *rest))
     version, internal, gauss = extra["rng"]["python"]
     random.setstate((version, tuple(internal), gauss))
-    return extra

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import inspect
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -51,10 +53,11 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from medattn import metrics
-from medattn.config import flatten, save_config
+from medattn.attention import available_attentions
+from medattn.config import flatten, save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
-from medattn.errors import UserError
-from medattn.models import create_model
+from medattn.errors import UserError, writing
+from medattn.models import create_model, takes_attention
 from medattn.models.presets import PRESETS
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.models.wsi import WSITransformer
@@ -62,6 +65,8 @@ from medattn.models.wsi import WSITransformer
 from . import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "checkpoints", "predictions_test.csv", "roc_test.png", "results.json")
+LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
+PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run's first checkpoint
 
 
 @dataclass
@@ -91,12 +96,39 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
-    """The configured preset with its input and output sizes taken from the task (explicit kwargs win)."""
-    name = model_cfg["name"]
+def check_model_config(model_cfg: dict) -> None:
+    """The model section names a preset, a registered mechanism (or none, for models without one) and
+    only keyword arguments the preset's class takes; a UserError names the key. Cheap: builds nothing."""
+    name, attention, kwargs = model_cfg["name"], model_cfg.get("attention"), model_cfg.get("kwargs") or {}
     if name not in PRESETS:
-        raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(PRESETS))}")
-    kwargs = dict(model_cfg.get("kwargs") or {})
+        raise UserError(f"model.name: unknown model {name!r}; available: {', '.join(sorted(PRESETS))}")
+    if attention is not None:
+        if not takes_attention(name):
+            raise UserError(f"model.attention: model {name!r} has no attention mechanism; got {attention!r} "
+                            f"(set model.attention=null)")
+        if attention not in available_attentions():
+            raise UserError(f"model.attention: unknown attention {attention!r}; available: "
+                            f"{', '.join(available_attentions())}")
+    parameters = inspect.signature(PRESETS[name][0]).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        accepted = sorted(k for k in parameters if k not in ("self", "attention"))
+        unknown = [k for k in kwargs if k not in accepted]
+        if unknown:
+            raise UserError(f"model.kwargs.{unknown[0]}: model {name!r} takes no argument {unknown[0]!r}; "
+                            f"it takes {', '.join(accepted)}")
+
+
+def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
+    """The configured preset with its input and output sizes taken from the task (explicit kwargs win).
+
+    Built on the current default device (``with torch.device("meta")`` builds shapes only). Values the
+    model refuses (``ValueError``/``TypeError`` from its constructor) become a UserError naming
+    ``model.kwargs`` and the sizes taken from the data.
+    """
+    check_model_config(model_cfg)
+    name = model_cfg["name"]
+    given = dict(model_cfg.get("kwargs") or {})
+    kwargs = {**given}
     kwargs.setdefault("num_classes", task.num_outputs)
     is_bag_model = PRESETS[name][0] is WSITransformer
     if is_bag_model != (task.input_kind == "bag"):
@@ -108,7 +140,12 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
         kwargs.setdefault("in_chans", task.input_shape[0])
         if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the pixel model takes any size
             kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
-    return create_model(name, attention=model_cfg.get("attention"), **kwargs)
+    try:
+        return create_model(name, attention=model_cfg.get("attention"), **kwargs)
+    except (ValueError, TypeError) as error:
+        from_data = {k: v for k, v in kwargs.items() if k not in given}
+        raise UserError(f"model.kwargs {given or '{}'} (with {from_data} from the data) do not build model "
+                        f"{name!r}: {error}") from error
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
@@ -361,6 +398,10 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse a folder that holds a run unless resuming (then it must hold a checkpoint) or overwriting."""
     run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"output folder {run_dir} is a file, not a folder")
     if resume:
         if not (run_dir / "checkpoints" / "last").exists() and not (run_dir / "checkpoints" / "last.old").exists():
             raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
@@ -369,19 +410,104 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
                         f"--overwrite to replace it")
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """:func:`check_run_dir`, then remove an overwritten run's files (only those) and create the folder."""
+@contextlib.contextmanager
+def run_folder(run_dir: Path, resume: bool, overwrite: bool):
+    """Hold ``run_dir`` for one run: lock it, tidy up after a killed run, check it, set an overwritten run aside.
+
+    Yields ``keep``, to call once the new run has written a checkpoint: from then on the new run stands
+    and the previous one (moved to ``.previous``) is deleted. If the block fails before that, the new
+    run's files are removed and the previous run is put back, so ``--overwrite`` with bad input loses
+    nothing. A second run on a locked folder gets a UserError at once. Only the main rank touches files.
+    """
     run_dir = Path(run_dir)
-    check_run_dir(run_dir, resume, overwrite)
-    if not resume and distributed.is_main():
-        for name in RUN_FILES:
-            target = run_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+    if not distributed.is_main():
+        distributed.barrier()
+        yield lambda: None
+        return
+    with _locked(run_dir):
+        _recover(run_dir)
+        check_run_dir(run_dir, resume, overwrite)
+        if not resume:
+            _move_run(run_dir, run_dir / PREVIOUS)
+        distributed.barrier()
+        kept = resume
+
+        def keep() -> None:
+            nonlocal kept
+            if not kept:
+                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)
+                kept = True
+
+        try:
+            yield keep
+        except BaseException:
+            if not kept:
+                _put_back(run_dir)
+            raise
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path):
+    """Create ``run_dir`` and hold an exclusive ``flock`` on its lock file (released when the block ends,
+    or by the kernel when the process dies)."""
+    with writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-    distributed.barrier()
+        handle = open(run_dir / LOCK_FILE, "a")  # noqa: SIM115 (held for the whole block)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UserError(f"output folder {run_dir} is in use by another medattn run (it holds "
+                        f"{run_dir / LOCK_FILE}); wait for it to end or choose another --out") from None
+    try:
+        yield
+    finally:
+        handle.close()
+
+
+def _move_run(source: Path, target: Path) -> None:
+    """Move the run files (:data:`RUN_FILES`, nothing else) from ``source`` into ``target`` by rename."""
+    present = [name for name in RUN_FILES if (source / name).exists()]
+    if present:
+        with writing(target):
+            target.mkdir(exist_ok=True)
+            for name in present:
+                os.replace(source / name, target / name)
+
+
+def _put_back(run_dir: Path) -> None:
+    """Remove an unfinished run's files and restore the run set aside in ``.previous`` (if any)."""
+    for name in RUN_FILES:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    if (run_dir / PREVIOUS).is_dir():
+        _move_run(run_dir / PREVIOUS, run_dir)
+        shutil.rmtree(run_dir / PREVIOUS)
+
+
+def _recover(run_dir: Path) -> None:
+    """After a run killed outright (the lock is ours, so its owner is gone): a previous run it had set
+    aside comes back unless the killed run got as far as a checkpoint; unfinished checkpoint writes go."""
+    checkpoint.clean_stale(run_dir / "checkpoints")
+    if (run_dir / PREVIOUS).is_dir():
+        if (run_dir / "checkpoints" / "last").is_dir():
+            shutil.rmtree(run_dir / PREVIOUS)
+        else:
+            _put_back(run_dir)
+
+
+def check_device(name: str) -> None:
+    """``train.device`` names a device this machine has (CUDA/MPS present, the CUDA index in range)."""
+    if name.startswith("cuda"):
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise UserError(f"train.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                            f"use train.device=auto or cpu")
+    elif name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("train.device=mps: MPS is not available on this machine; use train.device=auto or cpu")
 
 
 def _config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[str]:
@@ -395,14 +521,29 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     """Train, select the best epoch by the validation score (AUROC, or Dice for segmentation), test it;
     returns the results (also results.json).
 
-    ``on_epoch_end(epoch, row)`` is called after each epoch's checkpoint is written (tests use it to
-    interrupt a run). With ``init_from`` the model starts from another checkpoint's shared tensors.
+    The config is checked first (:func:`medattn.config.validate`, the model section, the device); the
+    run folder is held for the whole run (:func:`run_folder`: locked; an overwritten run is deleted only
+    once this run has written its first checkpoint). ``on_epoch_end(epoch, row)`` is called after each
+    epoch's checkpoint is written (tests use it to interrupt a run). With ``init_from`` the model starts
+    from another checkpoint's shared tensors.
     """
+    validate(config)
+    check_model_config(config["model"])
+    if device is None:
+        check_device(config["train"]["device"])
     run_dir = Path(run_dir)
+    with run_folder(run_dir, resume, overwrite) as keep:
+        return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
+                    device=device, on_epoch_end=on_epoch_end, log=log)
+
+
+def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
+         init_from: str | Path | None, progress: bool, device: torch.device | None,
+         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> dict:
+    """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see :func:`run_folder`)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     device = device or distributed.setup(train_cfg["device"])
     log = log if distributed.is_main() else (lambda message: None)
-    prepare_run_dir(run_dir, resume, overwrite)
     if resume:
         saved = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
         changed = _config_diff(saved, config)
@@ -443,7 +584,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
         _truncate_metrics(run_dir / "metrics.csv", state["epoch"], fields)
     elif distributed.is_main():
-        save_config(config, run_dir / "config.yaml")
+        with writing(run_dir / "config.yaml"):
+            save_config(config, run_dir / "config.yaml")
     meta = {"config": config, "task": checkpoint.task_to_dict(task)}
     started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
@@ -497,6 +639,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
                                 {**meta, "epoch": epoch, score_key: val_score})
             checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, score_key: val_score},
                             optimizer, state)
+            keep()
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
             f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
@@ -516,8 +659,9 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     }
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
-        results["test"] = objective.score(test, "test", run_dir, config["eval"], seed, label)
-        (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+        with writing(run_dir):
+            results["test"] = objective.score(test, "test", run_dir, config["eval"], seed, label)
+            (run_dir / "results.json").write_text(json.dumps(results, indent=1))
         log(summary(results, objective))
     distributed.barrier()
     return results
@@ -546,7 +690,7 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
 
 def _append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
     new = not path.exists()
-    with open(path, "a", newline="") as f:
+    with writing(path), open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         if new:
             writer.writeheader()
