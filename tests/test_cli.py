@@ -12,6 +12,7 @@ from PIL import Image
 
 from medattn.cli import main
 from medattn.data import build_datasets
+from medattn.errors import UserError
 
 TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
         "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
@@ -68,18 +69,9 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 def test_skip_bad_reports_the_count(tmp_path, capsys):
-    rng = np.random.default_rng(0)
-    with open(tmp_path / "labels.csv", "w") as f:
-        f.write("path,label,patient\n")
-        for i in range(40):
-            Image.fromarray(rng.integers(0, 255, (32, 32), dtype=np.uint8)).save(tmp_path / f"{i}.png")
-            f.write(f"{i}.png,{i % 2},p{i}\n")
+    config = _image_table(tmp_path)
+    with open(tmp_path / "labels.csv", "a") as f:
         f.write("gone.png,1,p99\n")
-    (tmp_path / "c.yaml").write_text(
-        f"data: {{kind: image_table, csv: {tmp_path / 'labels.csv'}, label_columns: [label], patient_column: patient,"
-        " image_size: 32, in_chans: 1, val_fraction: 0.25, test_fraction: 0.25}\n"
-        "model: {name: vit2d_tiny}\ntrain: {epochs: 1, batch_size: 8, threads: 1}\neval: {bootstrap: 20}\n")
-    config = str(tmp_path / "c.yaml")
     assert "gone.png" in _error(capsys, ["train", config, "--out", str(tmp_path / "a")])
     assert main(["train", config, "--out", str(tmp_path / "b"), "--skip-bad", "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -93,7 +85,66 @@ def test_demo_quick(tmp_path, capsys):
     rows = list(csv.DictReader(open(tmp_path / "demo/table.csv")))
     assert [r["mechanism"] for r in rows] == ["softmax", "sima", "seqnorm"]
     assert json.loads((tmp_path / "demo/table.json").read_text())["data"].startswith("SYNTHETIC")
-    assert (tmp_path / "demo/roc_synthetic_wsi_seqnorm.png").exists()
+    with Image.open(tmp_path / "demo/roc_synthetic_wsi_seqnorm.png") as png:  # a real image, not just a file
+        assert png.format == "PNG" and min(png.size) >= 200
+        assert len(np.unique(np.asarray(png.convert("L")))) > 2  # axes and a curve, not a blank canvas
+
+
+def _image_table(folder, n: int = 40) -> str:
+    """PNG files (positives carry a bright square) with a labels CSV and a tiny config reading them."""
+    rng = np.random.default_rng(0)
+    with open(folder / "labels.csv", "w") as f:
+        f.write("path,label,patient\n")
+        for i in range(n):
+            image = rng.integers(0, 120, (40, 36), dtype=np.uint8)
+            image[5:15, 5:15] += 130 * (i % 2)
+            Image.fromarray(image).save(folder / f"{i}.png")
+            f.write(f"{i}.png,{i % 2},p{i}\n")
+    (folder / "c.yaml").write_text(
+        f"data: {{kind: image_table, csv: {folder / 'labels.csv'}, label_columns: [label], patient_column: patient,"
+        " image_size: 32, in_chans: 1, val_fraction: 0.25, test_fraction: 0.25}\n"
+        "model: {name: vit2d_tiny}\ntrain: {epochs: 1, batch_size: 8, threads: 1}\neval: {bootstrap: 20}\n")
+    return str(folder / "c.yaml")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_predict_gives_the_probabilities_eval_gives_on_the_same_files(tmp_path, capsys, precision):
+    """One prediction path: predict on the test split's files equals eval's predictions_test.csv per file
+    (predict ignored the run's bf16 autocast before, off by up to 1e-3)."""
+    config = _image_table(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", config, f"train.precision={precision}", "--out", str(run), "--no-progress"]) == 0
+    assert main(["eval", str(run), config, "--out", str(tmp_path / "eval"), "--no-progress", "--batch-size", "3"]) == 0
+    evaluated = {r["id"]: float(r["prob_label"]) for r in csv.DictReader(open(tmp_path / "eval/predictions_test.csv"))}
+    files = [str(tmp_path / name) for name in evaluated]
+    assert main(["predict", str(run), *files, "--out", str(tmp_path / "p.csv"), "--batch-size", "4"]) == 0
+    predicted = {r["file"]: float(r["prob_label"]) for r in csv.DictReader(open(tmp_path / "p.csv"))}
+    assert len(predicted) == len(evaluated) == 10
+    for name, probability in evaluated.items():
+        assert abs(predicted[str(tmp_path / name)] - probability) <= 1e-6, name
+
+
+def test_only_user_errors_are_one_line_and_debug_shows_their_traceback(monkeypatch, capsys):
+    def bug(args):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr("medattn.commands.models.run", bug)
+    with pytest.raises(ValueError, match="an internal bug"):  # a real bug keeps its traceback
+        main(["models"])
+    assert "unknown config key" in _error(capsys, ["train", "synthetic_cxr", "train.lrr=1"])
+    for argv in (["--debug", "train", "synthetic_cxr", "train.lrr=1"], ["train", "synthetic_cxr", "train.lrr=1",
+                                                                        "--debug"]):
+        with pytest.raises(UserError, match="unknown config key"):
+            main(argv)
+
+
+def test_usage_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "run", "synthetic_cxr", "--batch-size", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["medattn: error: argument --batch-size: must be a positive integer, got '0' "
+                   "(see medattn eval --help)"]
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@
 Each file is read and preprocessed as the checkpoint's run read its data (its data config: image size,
 channels, normalisation; voxel spacing, size, subtraction excluded; feature bags from HDF5). Images:
 PNG, JPEG, TIFF, DICOM. Volumes: NIfTI or a DICOM series folder. Bags: one HDF5 file per slide.
-The CSV has one row per file: the file and one probability column per output.
+The CSV has one row per file: the file and one probability column per output. The files go through
+the engine's prediction path with the run's device and precision, so a file gives the probability
+`medattn eval` gives it.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import csv
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 
-from medattn.data.base import collate
 from medattn.data.files import check_regular
 from medattn.errors import UserError, writing
-from medattn.train.engine import forward, probabilities
+from medattn.train import distributed
+from medattn.train.engine import check_device, make_loader, predict
 
 from .evaluate import load_trained, positive_int
 
@@ -60,9 +63,23 @@ def file_loader(data_cfg: dict, task):
             raise
         except Exception as error:  # readers raise many types for corrupt files
             raise UserError(f"{path}: cannot read ({error})") from None
-        return {**sample, "id": str(path), "label": torch.zeros(task.num_outputs)}
+        label = torch.tensor(0) if task.task_type == "multiclass" else torch.zeros(task.num_outputs)
+        return {**sample, "id": str(path), "label": label}  # a placeholder label: only the outputs are kept
 
     return read
+
+
+class Files(Dataset):
+    """The given files as samples, read on use by ``read`` (see :func:`file_loader`)."""
+
+    def __init__(self, paths: list[Path], read) -> None:
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.read(self.paths[index])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,15 +94,14 @@ def run(args: argparse.Namespace) -> int:
             check_regular(path, folders=task.input_kind == "volume3d")
         except (FileNotFoundError, ValueError) as error:
             raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") from None
-    read = file_loader(config["data"], task)
     names = task.class_names if len(task.class_names) == task.num_outputs else [str(i) for i in
                                                                                  range(task.num_outputs)]
-    rows = []
-    with torch.no_grad():
-        for start in range(0, len(paths), args.batch_size):
-            batch = collate([read(p) for p in paths[start : start + args.batch_size]])
-            probs = probabilities(forward(model, batch, task.input_kind), task.task_type)
-            rows += [[i, *[f"{p:.6f}" for p in row]] for i, row in zip(batch["id"], probs.tolist())]
+    # the engine's own prediction path, as eval runs it: the run's device and precision, same batching code
+    check_device(config["train"]["device"])
+    device = distributed.setup(config["train"]["device"])
+    loader = make_loader(Files(paths, file_loader(config["data"], task)), args.batch_size, False, config["seed"])
+    pred = predict(model.to(device), loader, task, device, config["train"]["precision"], "predict", progress=False)
+    rows = [[i, *[f"{p:.6f}" for p in row]] for i, row in zip(pred.ids, pred.outputs.tolist())]
     out = Path(args.out)
     with writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
