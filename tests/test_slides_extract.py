@@ -226,12 +226,19 @@ def test_resume_skips_done_slides_and_redoes_a_broken_one(cohort, descriptor, tm
     out = tmp_path / "features"
     extract_slides(cohort[:2], out, descriptor, SMALL)
     first, second = out / "slide_000.h5", out / "slide_001.h5"
-    stamp = second.stat().st_mtime_ns
     first.write_bytes(first.read_bytes()[:200])  # a truncated file under the final name
     (out / ".slide_002.h5.partial-1").write_bytes(b"half")  # a crashed writer's leftover
+    with h5py.File(second, "a") as f:  # same settings, but 10 rows declared and only the first stored
+        del f["features"]
+        f.create_dataset("features", shape=(10, 32), chunks=(1, 32), dtype="f4")[0] = 1.0
+        del f["coords"]
+        f["coords"] = np.zeros((10, 2), np.int64)
+    extract_slides(cohort[2:3], out, descriptor, SMALL)
+    stamp = (out / "slide_002.h5").stat().st_mtime_ns
     results = extract_slides(cohort[:3], out, descriptor, SMALL)
-    assert [r.status for r in results] == ["done", "skipped", "done"]
-    assert second.stat().st_mtime_ns == stamp and read_slide(first)[0].shape[1] == 32
+    assert [r.status for r in results] == ["done", "done", "skipped"]
+    assert (out / "slide_002.h5").stat().st_mtime_ns == stamp
+    assert read_slide(first)[0].shape[1] == 32 and len(read_slide(second)[0]) == results[1].kept
     with pytest.raises(UserError, match=r"slide_000\.h5: exists with other settings \(extractor=descriptor\)"):
         torch.jit.script(Pooled()).save(str(tmp_path / "pooled.pt"))
         extract_slides(cohort[:1], out, build_extractor(str(tmp_path / "pooled.pt")), SMALL)

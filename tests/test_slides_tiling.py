@@ -107,6 +107,15 @@ def test_tissue_mask_finds_the_blobs_and_not_the_background_or_dust(slide):
         0, 4, (64, 64, 3), dtype=np.uint8), min_area=1).sum() == 0  # an empty slide stays empty
 
 
+def test_tissue_mask_fills_holes_and_drops_specks():
+    rgb = np.full((100, 100, 3), 240, np.uint8)
+    rgb[20:60, 20:60] = (200, 100, 170)  # a tissue piece of 1600 px ...
+    rgb[35:45, 35:45] = 240  # ... with a hole (a vessel lumen)
+    rgb[80:83, 80:83] = (200, 100, 170)  # a speck of 9 px
+    mask = tissue_mask(rgb, min_area=100, median=1)
+    assert mask[20:60, 20:60].all() and mask.sum() == 1600
+
+
 def test_quality_measures_on_crafted_patches():
     rng = np.random.default_rng(0)
     white = np.full((32, 32, 3), 240, np.uint8)
