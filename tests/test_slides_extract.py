@@ -341,3 +341,19 @@ def test_workers_read_the_same_patches(cohort, descriptor, tmp_path):
     extract_slides(cohort[:1], tmp_path / "b", descriptor, SMALL, num_workers=2, batch_size=8)
     a, b = read_slide(tmp_path / "a" / "slide_000.h5"), read_slide(tmp_path / "b" / "slide_000.h5")
     assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0])
+
+
+def test_a_corrupt_tile_is_one_line_naming_the_slide_even_from_workers(cohort, tmp_path, capsys):
+    import tifffile
+
+    data = bytearray(cohort[1].read_bytes())
+    with tifffile.TiffFile(cohort[1]) as tif:  # zero the compressed tiles of level 0; levels 1 and 2 stay whole
+        for offset, count in zip(tif.pages[0].dataoffsets, tif.pages[0].databytecounts):
+            data[offset:offset + count] = bytes(count)
+    (tmp_path / "corrupt.tif").write_bytes(data)
+    argv = ["wsi", "extract", str(tmp_path / "corrupt.tif"), "--out", str(tmp_path / "f"), "--patch-um", "64",
+            "--patch-px", "32", "--thumbnail-px", "192", "--num-workers", "1", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corrupt.tif at (" in err[0] and "cannot read the slide" in err[0]
+    assert not (tmp_path / "f" / "corrupt.h5").exists()

@@ -25,7 +25,7 @@ import torch
 from ..data.bags import slide_shape
 from ..errors import UserError, writing
 from .extractors import Extractor
-from .reader import PatchGeometry, open_slide, thumbnail
+from .reader import PatchGeometry, open_slide, reading, thumbnail
 from .stain import MacenkoNormalizer
 from .tiling import (
     DEFAULT_SETTINGS,
@@ -34,6 +34,7 @@ from .tiling import (
     atomic_write,
     classify,
     loader,
+    one_line_errors,
     read_tiles,
     tissue_candidates,
 )
@@ -112,7 +113,8 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
         if len(coords) == 0:
             raise UserError(f"{path}: the tiles in {tiles_dir} keep no patch")
         if stain == "macenko":
-            thumb, downsample = thumbnail(slide, settings.thumbnail_px)
+            with reading(path):
+                thumb, downsample = thumbnail(slide, settings.thumbnail_px)
             mask = tissue_mask(thumb, 0, settings.min_saturation)
     normalizer = None
     if stain == "macenko":
@@ -121,18 +123,6 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
         except UserError as error:
             raise UserError(f"{path}: {error}") from None
     return mpp, geometry, coords, check, normalizer
-
-
-def _one_line_errors(batches):
-    """Yield from ``batches``; a UserError re-raised by a DataLoader worker (its traceback in the message)
-    is raised again with its own last line only."""
-    try:
-        yield from batches
-    except UserError as error:
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        if len(lines) > 1:
-            raise UserError(lines[-1].split("UserError: ", 1)[-1]) from None
-        raise
 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
@@ -148,7 +138,7 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     features, kept_coords, statuses = [], [], []
     start = 0
     batches = loader(dataset, batch_size, num_workers)
-    for batch in _one_line_errors(progress(batches) if progress else batches):
+    for batch in one_line_errors(progress(batches) if progress else batches):
         n = len(batch["white"])
         status = (classify(batch["white"].numpy(), batch["sharpness"].numpy(), settings) if check
                   else np.full(n, "kept"))

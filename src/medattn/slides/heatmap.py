@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
-from .reader import open_slide, thumbnail
+from .reader import open_slide, reading, thumbnail
 
 
 def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.ndarray, scores: np.ndarray,
@@ -46,6 +46,7 @@ def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.
 def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
                   thumbnail_px: int = 2048, **options) -> Path:
     """:func:`draw_heatmap` on the slide's own thumbnail, written to ``out_png``; ``options`` go to it."""
-    thumb, downsample = thumbnail(open_slide(slide_path), thumbnail_px)
+    with reading(slide_path):
+        thumb, downsample = thumbnail(open_slide(slide_path), thumbnail_px)
     draw_heatmap(thumb, downsample, coords, scores, size0, **options).save(out_png, format="PNG")
     return Path(out_png)

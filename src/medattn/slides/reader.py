@@ -8,6 +8,7 @@ with ``tiff.ResolutionUnit`` centimeter or inch); an explicit ``mpp`` overrides 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,17 @@ def open_slide(path: Path):
     except (openslide.OpenSlideError, OSError) as error:  # unsupported format is a subclass of OpenSlideError
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise UserError(f"{path}: not a slide OpenSlide can read ({reason})") from None
+
+
+@contextlib.contextmanager
+def reading(path: Path):
+    """Turn an OpenSlide error raised while reading ``path`` (a corrupt or truncated tile) into a one-line
+    :class:`UserError` naming the file."""
+    openslide = _openslide()
+    try:
+        yield
+    except openslide.OpenSlideError as error:
+        raise UserError(f"{path}: cannot read the slide ({str(error).strip().splitlines()[-1]})") from None
 
 
 def _tiff_mpp(properties, axis: str) -> float | None:

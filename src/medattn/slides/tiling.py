@@ -21,7 +21,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from ..errors import UserError, writing
-from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, slide_mpp, thumbnail
+from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
 
 STATUSES = ("kept", "white", "blurry")
@@ -120,10 +120,8 @@ class PatchDataset(torch.utils.data.Dataset):
         if self._slide is None:
             self._slide = open_slide(self.path)
         x, y = self.coords[index]
-        try:
+        with reading(f"{self.path} at ({x}, {y})"):
             patch = read_patch(self._slide, x, y, self.geometry)
-        except Exception as error:  # OpenSlideError from a truncated or corrupt tile, whatever the format
-            raise UserError(f"{self.path}: cannot read the patch at ({x}, {y}): {error}") from None
         item = {"white": white_fraction(patch, self.white_level), "sharpness": sharpness(patch)}
         if self.pixels:
             item["pixels"] = torch.from_numpy(self.stain(patch) if self.stain is not None else patch)
@@ -135,8 +133,12 @@ def tissue_candidates(slide, path: Path, settings: TileSettings):
     UserError naming ``path`` when the slide has no tissue."""
     settings.check()
     mpp = slide_mpp(slide, path, settings.mpp)
-    geometry = patch_geometry(slide, mpp, settings.patch_um, settings.patch_px)
-    thumb, downsample = thumbnail(slide, settings.thumbnail_px)
+    try:
+        geometry = patch_geometry(slide, mpp, settings.patch_um, settings.patch_px)
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
+    with reading(path):
+        thumb, downsample = thumbnail(slide, settings.thumbnail_px)
     min_area = settings.min_tissue_area_um2 / (mpp**2 * downsample[0] * downsample[1])
     mask = tissue_mask(thumb, min_area, settings.min_saturation)
     coords, fraction = candidate_grid(mask, downsample, slide.dimensions, geometry.size0,
@@ -152,6 +154,18 @@ def loader(dataset: torch.utils.data.Dataset, batch_size: int, num_workers: int)
                                        persistent_workers=False, pin_memory=torch.cuda.is_available())
 
 
+def one_line_errors(batches):
+    """Yield from ``batches``; a UserError re-raised by a DataLoader worker (its traceback in the message)
+    is raised again with its own last line only."""
+    try:
+        yield from batches
+    except UserError as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        if len(lines) > 1:
+            raise UserError(lines[-1].split("UserError: ", 1)[-1]) from None
+        raise
+
+
 def classify(white: np.ndarray, sharp: np.ndarray, settings: TileSettings) -> np.ndarray:
     """-> status per patch: "white" when white > max_white, else "blurry" when sharp < min_sharpness, else "kept"."""
     return np.where(white > settings.max_white, "white", np.where(sharp < settings.min_sharpness, "blurry", "kept"))
@@ -165,7 +179,7 @@ def tile_slide(path: Path, settings: TileSettings = DEFAULT_SETTINGS, num_worker
     dataset = PatchDataset(path, coords, geometry, settings.white_level, pixels=False)
     white, sharp = [], []
     batches = loader(dataset, 64, num_workers)
-    for batch in progress(batches) if progress else batches:
+    for batch in one_line_errors(progress(batches) if progress else batches):
         white.append(batch["white"].numpy())
         sharp.append(batch["sharpness"].numpy())
     white, sharp = np.concatenate(white), np.concatenate(sharp)
