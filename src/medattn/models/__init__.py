@@ -4,7 +4,8 @@
 >>> model = create_model("vit2d", attention="seqnorm", num_classes=1, img_size=224)
 
 Presets (:mod:`medattn.models.presets`) are the paper's Table 1 (``vit2d``, ``vit3d``, ``vitwsi``)
-plus ``*_small`` and ``*_tiny`` ones for CPU demos and tests.
+plus ``*_small`` and ``*_tiny`` ones for CPU demos and tests, and baselines without attention
+(``resnet2d``/``resnet3d``, gated attention-MIL ``abmil``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import inspect
 from torch import nn
 
 from .convert import convert_attention
+from .mil import AttentionMIL
 from .presets import PRESETS
+from .resnet import ResNet
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -24,11 +27,21 @@ def available_models() -> list[str]:
     return sorted(PRESETS)
 
 
-def takes_attention(name: str) -> bool:
-    """Whether preset ``name``'s class takes an attention mechanism (an ``attention`` argument)."""
+def _preset_class(name: str) -> type:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
-    return "attention" in inspect.signature(PRESETS[name][0]).parameters
+    return PRESETS[name][0]
+
+
+def takes_attention(name: str) -> bool:
+    """Whether preset ``name``'s class takes an attention mechanism (an ``attention`` argument)."""
+    return "attention" in inspect.signature(_preset_class(name)).parameters
+
+
+def input_contract(name: str) -> str:
+    """What preset ``name``'s forward takes: ``"bag"`` (features (B, N, F), mask, coords) or ``"image"``
+    ((B, C, *spatial)); a model class declares it as its ``input_contract`` attribute (default "image")."""
+    return getattr(_preset_class(name), "input_contract", "image")
 
 
 def create_model(name: str, attention: str | None = None, **kwargs) -> nn.Module:
@@ -45,5 +58,5 @@ def create_model(name: str, attention: str | None = None, **kwargs) -> nn.Module
     return cls(**{**preset, **({"attention": attention} if attention is not None else {}), **kwargs})
 
 
-__all__ = ["VisionTransformer", "WSITransformer", "available_models", "convert_attention", "create_model",
-           "takes_attention"]
+__all__ = ["AttentionMIL", "ResNet", "VisionTransformer", "WSITransformer", "available_models", "convert_attention",
+           "create_model", "input_contract", "takes_attention"]

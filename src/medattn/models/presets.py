@@ -25,12 +25,23 @@ MLP dim           1024       1024      512
 The U-Nets default to ``depth=1`` (receptive field about 18 voxels), small enough that the synthetic
 vertebra task needs the PAM's non-local context; the paper's U-Net is deeper (``model.kwargs.depth``).
 
+Baselines a user would pick instead of a transformer (issue 10), trained by the same commands:
+
+==================  =====================================================================
+``resnet2d/3d``     ResNet-18 layout (BasicBlocks, widths 64-512, 7x7 stride-2 stem, max-pool)
+``*_small``         widths 16-128, one block per stage, 3x3 stride-1 stem, no pool (CPU, 64 px)
+``*_tiny``          widths 8-32, three stages, for tests
+``abmil``           gated attention-MIL (Ilse et al. 2018) on 2048-d features, M = 512, L = 128
+==================  =====================================================================
+
 Any keyword given to :func:`medattn.models.create_model` overrides the preset's value.
 """
 
 from __future__ import annotations
 
+from .mil import AttentionMIL
 from .pixel import PixelTransformer
+from .resnet import ResNet
 from .segmentation import DilatedFCN3D, UNet3D
 from .vit import VisionTransformer
 from .wsi import WSITransformer
@@ -66,4 +77,18 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                        use_pam=False)),
     "dilated_fcn_pam": (DilatedFCN3D, dict(in_chans=1, num_classes=2, width=18, num_blocks=4,
                                            dilations=(1, 2, 4), use_pam=True)),
+    # Baselines without attention (issue 10): a small ResNet and gated attention-MIL.
+    "resnet2d": (ResNet, dict(spatial_dims=2, in_chans=3, widths=(64, 128, 256, 512), depths=(2, 2, 2, 2))),
+    "resnet3d": (ResNet, dict(spatial_dims=3, in_chans=1, widths=(64, 128, 256, 512), depths=(2, 2, 2, 2))),
+    "resnet2d_small": (ResNet, dict(spatial_dims=2, in_chans=1, widths=(16, 32, 64, 128), depths=(1, 1, 1, 1),
+                                    stem_kernel=3, stem_stride=1, stem_pool=False)),
+    "resnet3d_small": (ResNet, dict(spatial_dims=3, in_chans=1, widths=(16, 32, 64, 128), depths=(1, 1, 1, 1),
+                                    stem_kernel=3, stem_stride=1, stem_pool=False)),
+    "resnet2d_tiny": (ResNet, dict(spatial_dims=2, in_chans=1, widths=(8, 16, 32), depths=(1, 1, 1), stem_kernel=3,
+                                   stem_stride=1, stem_pool=False)),
+    "resnet3d_tiny": (ResNet, dict(spatial_dims=3, in_chans=1, widths=(8, 16, 32), depths=(1, 1, 1), stem_kernel=3,
+                                   stem_stride=1, stem_pool=False)),
+    "abmil": (AttentionMIL, dict(feature_dim=2048, embed_dim=512, attn_dim=128)),
+    "abmil_small": (AttentionMIL, dict(feature_dim=64, embed_dim=128, attn_dim=64)),
+    "abmil_tiny": (AttentionMIL, dict(feature_dim=16, embed_dim=32, attn_dim=16)),
 }

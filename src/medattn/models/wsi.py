@@ -40,6 +40,8 @@ class WSITransformer(nn.Module):
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     """
 
+    input_contract = "bag"  # see medattn.models.input_contract
+
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, depth: int = 2,
                  num_heads: int = 8, attn_dim: int | None = None, mlp_dim: int = 512, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,

@@ -57,10 +57,9 @@ from medattn.attention import available_attentions
 from medattn.config import flatten, save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.errors import UserError, writing
-from medattn.models import create_model, takes_attention
+from medattn.models import create_model, input_contract, takes_attention
 from medattn.models.presets import PRESETS
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
-from medattn.models.wsi import WSITransformer
 
 from . import checkpoint, distributed
 
@@ -130,7 +129,7 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
     given = dict(model_cfg.get("kwargs") or {})
     kwargs = {**given}
     kwargs.setdefault("num_classes", task.num_outputs)
-    is_bag_model = PRESETS[name][0] is WSITransformer
+    is_bag_model = input_contract(name) == "bag"
     if is_bag_model != (task.input_kind == "bag"):
         wants = "feature bags" if is_bag_model else "images or volumes"
         raise UserError(f"model {name!r} takes {wants} but the data gives {task.input_kind} inputs")
