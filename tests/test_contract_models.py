@@ -26,8 +26,10 @@ import torch
 
 from medattn.attention import Attention, available_attentions
 from medattn.models import available_models, create_model, takes_attention
+from medattn.models.mil import AttentionMIL
 from medattn.models.pixel import PixelTransformer
 from medattn.models.presets import PRESETS
+from medattn.models.resnet import ResNet
 from medattn.models.segmentation import DilatedFCN3D, UNet3D
 from medattn.models.vit import VisionTransformer
 from medattn.models.wsi import WSITransformer
@@ -87,6 +89,8 @@ INPUTS = {
     PixelTransformer: lambda model: (torch.randn(2, model.in_chans, 3, 4),),
     UNet3D: lambda model: (torch.randn(2, model.encoders[0][0][0].in_channels, 8, 8, 8),),
     DilatedFCN3D: lambda model: (torch.randn(2, model.stem[0].in_channels, 8, 8, 8),),
+    ResNet: lambda model: (torch.randn(2, model.in_chans, *(16,) * model.spatial_dims),),
+    AttentionMIL: bag_inputs,
 }
 
 CASES = [(name, None) for name in available_models()] + [
