@@ -28,6 +28,18 @@ def _as_tuple(value, spatial_dims: int, name: str) -> tuple[int, ...]:
     return values
 
 
+def resample_position_embedding(pos_embed: torch.Tensor, grid: tuple[int, ...],
+                                new_grid: tuple[int, ...]) -> torch.Tensor:
+    """(1, 1 + prod(grid), D') -> (1, 1 + prod(new_grid), D'): the patch positions interpolated (bicubic in
+    2D, trilinear in 3D, ``align_corners=False``), the class token's position kept."""
+    cls_pos, patch_pos = pos_embed[:, :1], pos_embed[:, 1:]
+    patch_pos = patch_pos.reshape(1, *grid, pos_embed.shape[-1]).movedim(-1, 1)  # (1, D', *grid)
+    mode = "bicubic" if len(grid) == 2 else "trilinear"
+    patch_pos = F.interpolate(patch_pos, size=tuple(new_grid), mode=mode, align_corners=False)
+    patch_pos = patch_pos.flatten(2).transpose(1, 2)  # (1, prod(new_grid), D')
+    return torch.cat([cls_pos, patch_pos], dim=1)
+
+
 class VisionTransformer(nn.Module):
     """ViT classifier with a class token and a pluggable attention.
 
@@ -85,12 +97,7 @@ class VisionTransformer(nn.Module):
         """(1, 1 + prod(grid), D'): the learned embedding, interpolated if ``grid`` is not the training grid."""
         if grid == self.grid_size:
             return self.pos_embed
-        cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
-        patch_pos = patch_pos.reshape(1, *self.grid_size, self.embed_dim).movedim(-1, 1)  # (1, D', *grid)
-        mode = "bicubic" if self.spatial_dims == 2 else "trilinear"
-        patch_pos = F.interpolate(patch_pos, size=grid, mode=mode, align_corners=False)
-        patch_pos = patch_pos.flatten(2).transpose(1, 2)  # (1, prod(grid), D')
-        return torch.cat([cls_pos, patch_pos], dim=1)
+        return resample_position_embedding(self.pos_embed, self.grid_size, grid)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 2 + self.spatial_dims or x.shape[1] != self.in_chans:
