@@ -1,0 +1,131 @@
+"""Baselines (issue 10): the small ResNet and gated attention-MIL, alone and through the engine."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from engine_data import bag_bundle, image_bundle, tiny_config
+from medattn.data.base import TaskInfo
+from medattn.errors import UserError
+from medattn.models import AttentionMIL, ResNet, create_model, input_contract
+from medattn.train import build_model, fit
+
+
+def test_gated_attention_follows_ilse_et_al():
+    """a_k = softmax_k(w^T (tanh(V h_k) * sigmoid(U h_k))), h_k = ReLU(W x_k + b), logits = head(sum a_k h_k)."""
+    torch.manual_seed(0)
+    model = AttentionMIL(feature_dim=6, embed_dim=5, attn_dim=4).double()
+    x = torch.randn(1, 7, 6, dtype=torch.float64)
+    h = torch.relu(x[0] @ model.embed.weight.T + model.embed.bias)  # (7, 5)
+    v = torch.tanh(h @ model.attention_v.weight.T + model.attention_v.bias)
+    u = torch.sigmoid(h @ model.attention_u.weight.T + model.attention_u.bias)
+    a = torch.softmax((v * u) @ model.attention_w.weight[0], dim=0)  # (7,)
+    expected = (a @ h) @ model.head.weight.T + model.head.bias
+    torch.testing.assert_close(model(x)[0], expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.attention_weights(x)[0], a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("padding", [0.0, 1e6, float("nan")])
+def test_a_padded_bag_equals_the_bag_alone(padding):
+    """Padding (whatever it holds) changes neither the logits, the attention nor the gradients."""
+    torch.manual_seed(0)
+    model = AttentionMIL(feature_dim=8, embed_dim=16, attn_dim=8).double()
+    bag = torch.randn(1, 5, 8, dtype=torch.float64)
+    padded = torch.cat([bag, torch.full((1, 3, 8), padding, dtype=torch.float64)], dim=1)
+    mask = torch.tensor([[True] * 5 + [False] * 3])
+
+    alone = model(bag)
+    grads_alone = torch.autograd.grad(alone.sum(), list(model.parameters()))
+    with_padding = model(padded, mask=mask)
+    grads_padded = torch.autograd.grad(with_padding.sum(), list(model.parameters()))
+    torch.testing.assert_close(with_padding, alone, rtol=1e-13, atol=1e-13)
+    for g_pad, g_alone in zip(grads_padded, grads_alone, strict=True):
+        torch.testing.assert_close(g_pad, g_alone, rtol=1e-12, atol=1e-13)
+    a = model.attention_weights(padded, mask)
+    assert (a[0, 5:] == 0).all() and torch.isclose(a.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_a_batch_of_bags_equals_each_bag_alone_and_order_does_not_matter():
+    torch.manual_seed(1)
+    model = AttentionMIL(feature_dim=8, embed_dim=16, attn_dim=8).double().eval()
+    bags = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 6)]
+    batch = torch.zeros(2, 6, 8, dtype=torch.float64)
+    mask = torch.zeros(2, 6, dtype=torch.bool)
+    for i, bag in enumerate(bags):
+        batch[i, : len(bag)], mask[i, : len(bag)] = bag, True
+    out = model(batch, mask=mask, coords=torch.zeros(2, 6, 2))
+    for i, bag in enumerate(bags):
+        torch.testing.assert_close(out[i], model(bag[None])[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(model(bag.flip(0)[None]), model(bag[None]), rtol=1e-12, atol=1e-12)
+
+
+def test_mil_rejects_bad_bags():
+    model = AttentionMIL(feature_dim=8)
+    with pytest.raises(ValueError, match="expected features"):
+        model(torch.randn(2, 5, 9))
+    with pytest.raises(ValueError, match="mask shape"):
+        model(torch.randn(2, 5, 8), mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="at least one real instance"):
+        model(torch.randn(2, 5, 8), mask=torch.tensor([[True] * 5, [False] * 5]))
+
+
+@pytest.mark.parametrize("name, shape, features", [
+    ("resnet2d_tiny", (2, 1, 32, 32), (2, 32)),
+    ("resnet3d_tiny", (2, 1, 16, 16, 8), (2, 32)),
+    ("resnet2d", (1, 3, 64, 64), (1, 512)),
+])
+def test_resnet_shapes(name, shape, features):
+    model = create_model(name, num_classes=3).eval()
+    x = torch.randn(*shape)
+    assert model.forward_features(x).shape == features and model(x).shape == (shape[0], 3)
+
+
+def test_resnet_stages_halve_the_resolution():
+    model = ResNet(in_chans=1, widths=(4, 8, 16), depths=(1, 2, 1), stem_kernel=3, stem_stride=1, stem_pool=False)
+    sizes = []
+    x = model.stem(torch.randn(1, 1, 32, 32))
+    for stage in model.stages:
+        x = stage(x)
+        sizes.append(tuple(x.shape[1:]))
+    assert sizes == [(4, 32, 32), (8, 16, 16), (16, 8, 8)]
+    assert len(model.stages[1]) == 2
+
+
+def test_resnet_rejects_bad_arguments_and_inputs():
+    with pytest.raises(ValueError, match="widths and depths"):
+        ResNet(widths=(8, 16), depths=(1,))
+    with pytest.raises(ValueError, match="spatial_dims"):
+        ResNet(spatial_dims=4)
+    with pytest.raises(ValueError, match=r"expected input \(B, 1, \*, \*, \*\)"):
+        create_model("resnet3d_tiny")(torch.randn(1, 1, 16, 16))
+
+
+def test_models_declare_their_input_contract():
+    assert input_contract("abmil") == input_contract("vitwsi") == "bag"
+    assert input_contract("resnet2d") == input_contract("vit2d") == input_contract("unet3d") == "image"
+    with pytest.raises(ValueError, match="unknown model"):
+        input_contract("nope")
+
+
+def test_engine_builds_baselines_from_the_task():
+    bag = build_model({"name": "abmil_tiny", "attention": None}, TaskInfo("binary", "bag", 1, (24,)))
+    assert isinstance(bag, AttentionMIL) and bag.feature_dim == 24
+    image = build_model({"name": "resnet2d_tiny", "attention": None}, TaskInfo("multiclass", "image2d", 4, (3, 32, 32)))
+    assert image.in_chans == 3 and image.num_classes == 4
+    with pytest.raises(UserError, match="model 'abmil_tiny' takes feature bags but the data gives image2d"):
+        build_model({"name": "abmil_tiny", "attention": None}, TaskInfo("binary", "image2d", 1, (1, 32, 32)))
+    with pytest.raises(UserError, match="^model.attention: model 'resnet2d_tiny' has no attention mechanism"):
+        build_model({"name": "resnet2d_tiny", "attention": "softmax"}, TaskInfo("binary", "image2d", 1, (1, 32, 32)))
+
+
+@pytest.mark.parametrize("name, bundle", [("resnet2d_tiny", image_bundle(48)), ("abmil_tiny", bag_bundle(32))])
+def test_baselines_learn_through_the_engine(tmp_path, name, bundle):
+    """Each baseline trains (loss falls) and is evaluated by the same fit() as the ViTs."""
+    config = tiny_config(f"model.name={name}", "model.attention=null", "train.epochs=3", "train.lr=3e-3")
+    results = fit(config, bundle, tmp_path / name, progress=False, log=lambda m: None)
+    losses = [float(r["train_loss"]) for r in csv.DictReader(open(tmp_path / name / "metrics.csv"))]
+    assert losses[-1] < losses[0]
+    assert results["val_auroc"] > 0.7 and results["test"]["auroc"] is not None
