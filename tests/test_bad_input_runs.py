@@ -191,6 +191,10 @@ CASES = {
                                   "scratch", None),
     "predict --batch-size 0": (lambda t, r: ["predict", str(r), str(r / "roc_test.png"), "--out",
                                              str(t / "p.csv"), "--batch-size", "0"], "--batch-size", None),
+    "bench scaling --mechanisms nope": (lambda t, r: ["bench", "scaling", "--mechanisms", "nope", "--model",
+                                                      "vit2d_tiny", "--out", str(t)], "nope", None),
+    "bench pam --sizes 0": (lambda t, r: ["bench", "pam", "--sizes", "0", "--out", str(t)], "--sizes", None),
+    "bench binary --sizes 0": (lambda t, r: ["bench", "binary", "--sizes", "0", "--out", str(t)], "--sizes", None),
 }
 
 
@@ -239,7 +243,7 @@ def test_bad_input_is_one_line_and_loses_nothing(case, tmp_path, finished_run, m
     assert len(err) == 1 and err[0].startswith("medattn: error: ") and "Traceback" not in err[0], err[-5:]
     assert CASES[case][1] in err[0]
     if case not in ("--resume: weights do not match", "--resume: training state corrupt") \
-            and not case.startswith(("eval", "predict", "--init-from")):
+            and not case.startswith(("eval", "predict", "--init-from", "bench")):
         assert _snapshot(tmp_path / "run") == before, "the previous run lost or changed files"
     lock = getattr(_locked, "held", None)
     if lock is not None:

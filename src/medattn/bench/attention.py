@@ -34,6 +34,7 @@ from contextlib import nullcontext
 import torch
 
 from medattn.attention import available_attentions, build_attention, get_attention_class
+from medattn.errors import UserError
 
 from .common import (
     comma_list,
@@ -151,7 +152,7 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
         for value in values:
             _check_choice(value, allowed, name)
     if repeats < 1 or budget_s <= 0 or memory_budget_gb <= 0:
-        raise ValueError("repeats, the time budget and the memory budget must be positive")
+        raise UserError("repeats, the time budget and the memory budget must be positive")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if threads:
         torch.set_num_threads(threads)
@@ -239,23 +240,26 @@ def _check_mechanisms(mechanisms, include_peers: bool) -> list[str]:
     if mechanisms is None:
         return available_attentions() + (list(PEERS) if include_peers else [])
     if not mechanisms:
-        raise ValueError("no mechanism given")
+        raise UserError("no mechanism given")
     for name in mechanisms:
         if name not in PEERS:
-            get_attention_class(name)  # ValueError listing the valid names
+            try:
+                get_attention_class(name)
+            except ValueError as error:  # an unknown name: the message lists the valid ones
+                raise UserError(str(error)) from None
     return list(mechanisms)
 
 
 def _check_positive(values, name: str) -> list[int]:
     values = [int(v) for v in values]
     if not values or any(v <= 0 for v in values):
-        raise ValueError(f"{name} must be a non-empty list of positive integers, got {values}")
+        raise UserError(f"{name} must be a non-empty list of positive integers, got {values}")
     return values
 
 
 def _check_choice(value: str, allowed, name: str) -> None:
     if value not in allowed:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+        raise UserError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
 
 
 TABLE = [("mechanism", "mechanism", ""), ("part", "part", ""), ("n", "N", ""), ("pass", "pass", ""),

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
 from medattn.bench.common import environment, median_time, peak_rss_bytes, write_results
+from medattn.errors import UserError
 
 ATTENTION_METHODS = ("fp32-sdpa", "bf16-sdpa", "bits-sg", "bits-hamming")
 
@@ -45,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args) -> None:
     if any(n <= 0 for n in args.sizes) or any(d <= 0 for d in args.dims):
-        raise ValueError("--sizes and --dims must be positive")
+        raise UserError("--sizes and --dims must be positive")
     if args.block <= 0 or args.tile_size <= 0 or args.repeats <= 0:
-        raise ValueError("--block, --tile-size and --repeats must be positive")
+        raise UserError("--block, --tile-size and --repeats must be positive")
     if args.value_dim is not None and args.value_dim <= 0:
-        raise ValueError("--value-dim must be positive")
+        raise UserError("--value-dim must be positive")
 
 
 def _time(fn, args) -> float:

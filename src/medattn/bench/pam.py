@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from medattn.errors import UserError
+
 from .common import environment, median_time, peak_rss_bytes, write_results
 
 FULL_SIZES = [10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000]
@@ -130,10 +132,10 @@ def scaling_ratio(rows: list[dict], method: str, pass_name: str, low: int = 100_
 
 def run(args) -> int:
     if args.dim < 1 or args.channels < 1 or args.repeats < 1:
-        raise ValueError("--dim, --channels and --repeats must be positive")
+        raise UserError("--dim, --channels and --repeats must be positive")
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     if min(sizes) < 1:
-        raise ValueError(f"--sizes must be positive, got {sizes}")
+        raise UserError(f"--sizes must be positive, got {sizes}")
     brute_max = args.brute_max if args.brute_max is not None else 3_000 if args.quick else 10_000
     rows = []
     for num_points in sizes:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from medattn.attention import get_attention_class
+from medattn.errors import UserError
 from medattn.models import available_models, create_model
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
@@ -95,7 +96,7 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
     """
     resolutions = _check_arguments(mechanisms, resolutions, model, precision)
     if batch_size < 1 or repeats < 1 or images_per_epoch < 1 or time_budget_s <= 0 or memory_budget_gb <= 0:
-        raise ValueError("batch size, repeats, images per epoch and the budgets must be positive")
+        raise UserError("batch size, repeats, images per epoch and the budgets must be positive")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if threads:
         torch.set_num_threads(threads)
@@ -145,16 +146,19 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
 
 
 def _check_arguments(mechanisms, resolutions, model: str, precision: str) -> list[int]:
-    """Raise ValueError on an unknown mechanism, model or precision; the resolutions as sorted ints."""
+    """Raise UserError on an unknown mechanism, model or precision; the resolutions as sorted ints."""
     for name in mechanisms:
-        get_attention_class(name)  # ValueError listing the valid names
+        try:
+            get_attention_class(name)
+        except ValueError as error:  # an unknown name: the message lists the valid ones
+            raise UserError(str(error)) from None
     if model not in available_models():
-        raise ValueError(f"unknown model {model!r}; available: {', '.join(available_models())}")
+        raise UserError(f"unknown model {model!r}; available: {', '.join(available_models())}")
     if precision not in DTYPES:
-        raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
+        raise UserError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
     resolutions = sorted(int(r) for r in resolutions)
     if not resolutions or resolutions[0] <= 0:
-        raise ValueError(f"resolutions must be positive integers, got {resolutions}")
+        raise UserError(f"resolutions must be positive integers, got {resolutions}")
     return resolutions
 
 

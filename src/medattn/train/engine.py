@@ -420,6 +420,7 @@ def run_folder(run_dir: Path, resume: bool, overwrite: bool):
     """
     run_dir = Path(run_dir)
     if not distributed.is_main():
+        check_run_dir(run_dir, resume, overwrite)  # every rank stops on a folder it may not use
         distributed.barrier()
         yield lambda: None
         return
@@ -530,6 +531,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     check_model_config(config["model"])
     if device is None:
         check_device(config["train"]["device"])
+        device = distributed.setup(config["train"]["device"])  # joins the process group: ranks known from here
     run_dir = Path(run_dir)
     with run_folder(run_dir, resume, overwrite) as keep:
         return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
@@ -537,11 +539,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 
 
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
-         init_from: str | Path | None, progress: bool, device: torch.device | None,
+         init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> dict:
     """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see :func:`run_folder`)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
-    device = device or distributed.setup(train_cfg["device"])
     log = log if distributed.is_main() else (lambda message: None)
     if resume:
         saved = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
