@@ -8,6 +8,7 @@ are taken from an instantiated ``monai.networks.nets.ViT``) and random values.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import pytest
@@ -262,3 +263,26 @@ def test_without_a_class_position_the_grid_is_the_square_root():
     assert torch.equal(model.pos_embed[0, 0], torch.zeros(DIM))
     assert torch.equal(model.pos_embed[:, 1:], state["pos_embed"]) and "pos_embed" in report["adapted"]
     assert math.isqrt(state["pos_embed"].shape[1]) ** 2 == state["pos_embed"].shape[1]
+
+
+def test_train_init_from_a_timm_weights_file(tmp_path, capsys):
+    """`medattn train --init-from vit.safetensors`: the run prints the report, results.json keeps it."""
+    from medattn.cli import main
+
+    save_file(timm_state(), tmp_path / "vit.safetensors")  # RGB, patch 8, grid 4: the tiny preset's grey 32 px
+    argv = ["train", "synthetic_cxr", "data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny",
+            "model.attention=seqnorm", "train.epochs=1", "train.batch_size=8", "eval.bootstrap=20", "train.threads=1",
+            "--no-progress", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "vit.safetensors")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "initialised from" in out and "timm weights:" in out and "patch_embed.weight: input channels 3 -> 1" in out
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    report = results["init_from"]
+    assert report["family"] == "timm" and "encoder.blocks.0.attn.q_norm.weight" in report["new"]
+
+    torch.save({"model": argparse.Namespace(lr=1)}, tmp_path / "pickled.pth")
+    argv[argv.index("--out") + 1] = str(tmp_path / "run2")
+    argv[-1] = str(tmp_path / "pickled.pth")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a plain weights file" in err[0]

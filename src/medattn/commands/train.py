@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in the output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in the output folder")
     parser.add_argument("--init-from", metavar="CHECKPOINT",
-                        help="start from another run's checkpoint (any mechanism); new tensors are reported")
+                        help="start from another run's checkpoint (any mechanism), or from a timm, DINO, MAE or "
+                             "MONAI ViT weights file (.safetensors, or .pth read with weights_only); loaded, "
+                             "adapted, new and dropped tensors are reported")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_config(config["model"])
     check_device(config["train"]["device"])
     check_run_dir(run_dir, args.resume, args.overwrite)
-    if args.init_from:
+    if args.init_from and not checkpoint.is_plain_weights(args.init_from):
         checkpoint.load_meta(checkpoint.resolve(args.init_from))
     try:
         bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])

@@ -101,6 +101,15 @@ def load_pretrained(model: VisionTransformer, source, family: str | None = None,
     return {"family": family, **report}
 
 
+def describe(report: dict) -> str:
+    """One line for a run's log: counts, each adaptation, and the new and dropped tensors by name."""
+    adapted = "; ".join(f"{k}: {how}" for k, how in report["how"].items())
+    return (f"{report['family']} weights: {len(report['loaded'])} tensor(s) loaded, {len(report['adapted'])} adapted"
+            + (f" ({adapted})" if adapted else "") + f", {len(report['new'])} new"
+            + (f" ({', '.join(report['new'])})" if report["new"] else "") + f", {len(report['dropped'])} dropped"
+            + (f" ({', '.join(report['dropped'])})" if report["dropped"] else ""))
+
+
 def read_state_dict(source) -> dict[str, torch.Tensor]:
     """Name -> tensor from a safetensors file, a ``torch.load(weights_only=True)`` file or a dict,
     unwrapped from a training checkpoint's container (:data:`CONTAINERS`)."""

@@ -82,6 +82,13 @@ def resolve(path: str | Path) -> Path:
                     f"{META_FILE})")
 
 
+def is_plain_weights(path: str | Path) -> bool:
+    """Whether ``path`` is a weights file that is not part of a medattn checkpoint (no checkpoint.json beside
+    it), e.g. timm, DINO, MAE or MONAI weights for :func:`medattn.models.pretrained.load_pretrained`."""
+    path = Path(path)
+    return path.is_file() and not (path.name == MODEL_FILE and (path.parent / META_FILE).is_file())
+
+
 def task_to_dict(task: TaskInfo) -> dict:
     return {**dataclasses.asdict(task), "input_shape": list(task.input_shape)}
 

@@ -59,6 +59,7 @@ from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.errors import UserError, writing
 from medattn.models import create_model, input_contract, takes_attention
 from medattn.models.presets import PRESETS
+from medattn.models.pretrained import describe, load_pretrained
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 
 from . import checkpoint, distributed
@@ -525,7 +526,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     run folder is held for the whole run (:func:`run_folder`: locked; an overwritten run is deleted only
     once this run has written its first checkpoint). ``on_epoch_end(epoch, row)`` is called after each
     epoch's checkpoint is written (tests use it to interrupt a run). With ``init_from`` the model starts
-    from another checkpoint's shared tensors.
+    from another checkpoint's shared tensors, or from a plain weights file of a timm, DINO, MAE or MONAI
+    ViT (:func:`medattn.models.pretrained.load_pretrained`).
     """
     validate(config)
     check_model_config(config["model"])
@@ -557,7 +559,11 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     model = build_model(config["model"], task).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     init_report = None
-    if init_from is not None and not resume:
+    if init_from is not None and not resume and checkpoint.is_plain_weights(init_from):
+        report = load_pretrained(model, init_from)  # timm, DINO, MAE or MONAI ViT weights
+        init_report = {"from": str(init_from), **report}
+        log(f"initialised from {init_from}: {describe(report)}")
+    elif init_from is not None and not resume:
         new, unused = checkpoint.init_from(model, checkpoint.resolve(init_from))
         init_report = {"from": str(init_from), "new_tensors": new, "unused_tensors": unused}
         log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {', '.join(new)}" if new else "")
