@@ -240,6 +240,9 @@ def test_files_that_are_not_plain_weights_are_refused(tmp_path):
     torch.save({"epoch": 3, "lr": 0.1}, tmp_path / "nostate.pth")
     with pytest.raises(UserError, match="nostate.pth: holds no state dict"):
         load_pretrained(tiny(), tmp_path / "nostate.pth")
+    (tmp_path / "junk.pth").write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match="junk.pth: unreadable PyTorch weights file"):
+        load_pretrained(tiny(), tmp_path / "junk.pth")
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(UserError, match="junk.safetensors: unreadable safetensors file"):
         load_pretrained(tiny(), tmp_path / "junk.safetensors")

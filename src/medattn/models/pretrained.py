@@ -51,6 +51,7 @@ the tensor; nothing is written to the model before every tensor has been checked
 from __future__ import annotations
 
 import math
+import pickle
 import re
 from pathlib import Path
 
@@ -141,10 +142,15 @@ def _read_file(path: Path):
             raise UserError(f"{path}: unreadable safetensors file ({error})") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # pickle.UnpicklingError for code or unknown objects, RuntimeError for garbage
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"{path}: not a plain weights file (torch.load with weights_only=True refused it: "
-                        f"{first})") from None
+    except pickle.UnpicklingError as error:  # torch's message is many lines; keep the unpickler's reason
+        if "Unsupported global" not in str(error):  # not a pickle, or a corrupt one
+            reason = [line.strip() for line in str(error).splitlines() if "Unsupported" in line or "invalid" in line]
+            raise UserError(f"{path}: unreadable PyTorch weights file ({(reason or ['not a pickle'])[0]})") from None
+        raise UserError(f"{path}: not a plain weights file (torch.load with weights_only=True refused it: it holds "
+                        f"objects other than tensors and plain containers; save a state dict or safetensors)") from None
+    except Exception as error:  # a corrupt or foreign file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{path}: unreadable PyTorch weights file ({first})") from None
 
 
 def _strip_prefixes(state: dict) -> tuple[dict, list[str]]:
