@@ -181,3 +181,13 @@ def test_overrides_after_options_join_the_command_overrides(monkeypatch):
     assert seen["overrides"] == ["train.epochs=1", "train.lr=0.1"]
     with pytest.raises(SystemExit):
         main(["train", "synthetic_cxr", "--overwrite", "--no-such-option"])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["predict", "--help"],
+                                  ["demo", "--help"], ["train", "synthetic_cxr", "train.lr=-1"], ["trian"]])
+def test_help_and_config_errors_answer_without_importing_torch(argv):
+    """Help, usage and config errors come before any heavy import (they answered in about 3 s before)."""
+    code = ("import sys\nfrom medattn.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

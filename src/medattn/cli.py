@@ -1,7 +1,9 @@
 """The ``medattn`` command line: a thin layer over the library.
 
 Each command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
-this file only wires them into argparse. Errors meant for the user (:class:`medattn.errors.UserError`)
+this file only wires them into argparse. Only the module of the command being run is imported (the
+others are listed with the first line of their docstring, read from the source), so ``medattn --help``
+and usage errors answer without importing torch. Errors meant for the user (:class:`medattn.errors.UserError`)
 print one line and exit with status 2, with no traceback (``--debug`` shows it); every other exception
 is a bug and shows its traceback.
 """
@@ -9,10 +11,13 @@ is a bug and shows its traceback.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import platform
 import sys
+from pathlib import Path
 
 from medattn import __version__
 from medattn.errors import UserError
@@ -41,14 +46,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _load(module_name: str):
-    """Import a command module; None while that capability is not installed in this version."""
+def _summary(module_name: str) -> str | None:
+    """First docstring line of a command module, read from its source without importing it; None if absent."""
     try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name == module_name:
-            return None
-        raise
+        spec = importlib.util.find_spec(module_name)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _first_word(argv: list[str]) -> str | None:
+    """The first token of ``argv`` that is not an option (the command, or the bench under ``bench``)."""
+    return next((token for token in argv if not token.startswith("-")), None)
 
 
 def _debug_option(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:
@@ -57,32 +69,41 @@ def _debug_option(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) ->
                         help="show the full traceback of errors in the input too")
 
 
-def _add_commands(subparsers, table: dict[str, str]) -> None:
+def _add_commands(subparsers, table: dict[str, str], argv: list[str] | None) -> None:
+    """One sub-parser per command of ``table``; with ``argv`` only the command it names is imported and
+    given its arguments (the others are a help line), without ``argv`` every command is."""
+    chosen = None if argv is None else _first_word(argv)
     for name, module_name in table.items():
-        module = _load(module_name)
-        if module is None:
+        summary = _summary(module_name)
+        if summary is None:  # that capability is not installed in this version
             continue
-        doc = (module.__doc__ or "").strip().splitlines()
-        parser = subparsers.add_parser(name, help=doc[0] if doc else None, description=module.__doc__,
+        if argv is not None and name != chosen:
+            subparsers.add_parser(name, help=summary)
+            continue
+        module = importlib.import_module(module_name)
+        parser = subparsers.add_parser(name, help=summary, description=module.__doc__,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(parser)
         _debug_option(parser)
         parser.set_defaults(run=module.run)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser; given the ``argv`` it will parse, it imports only the command named there."""
     parser = _Parser(prog="medattn", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"medattn {__version__}")
     _debug_option(parser, default=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    _add_commands(subparsers, COMMANDS)
+    _add_commands(subparsers, COMMANDS, argv)
     bench = subparsers.add_parser("bench", help="benchmarks: time and memory, written as CSV/JSON/PNG")
-    _add_commands(bench.add_subparsers(dest="bench", required=True), BENCHES)
+    bench_argv = None if argv is None else argv[argv.index("bench") + 1:] if _first_word(argv) == "bench" else []
+    _add_commands(bench.add_subparsers(dest="bench", required=True), BENCHES, bench_argv)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # argparse stops collecting positionals once an option has been seen, so `key=value` overrides
     # given after options arrive here; they join the command's overrides wherever they stood.
@@ -101,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+#: Commands that allocate no large tensors, so they start without the allocator restart.
+LIGHT_COMMANDS = ("models",)
 
 
 def entry() -> None:
@@ -109,10 +132,14 @@ def entry() -> None:
     PyTorch's CPU tensors of 32 MiB and more are mmap-ed fresh by glibc at every allocation and
     page-faulted back in, which dominated time on large sequences (docs/performance.md). With
     ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc backs them with transparent huge pages. The tunable
-    is read only at process start, hence the single re-exec. ``MEDATTN_MALLOC=default`` turns it off.
+    is read only at process start, hence the single re-exec, made only for commands that compute (not for
+    help, the version, ``medattn models`` or a command line without a command). ``MEDATTN_MALLOC=default``
+    turns it off.
     """
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if (os.environ.get("MEDATTN_MALLOC", "hugepages") != "default" and platform.libc_ver()[0] == "glibc"
+    argv = sys.argv[1:]
+    computes = _first_word(argv) not in (None, *LIGHT_COMMANDS) and not {"-h", "--help", "--version"} & set(argv)
+    if (computes and os.environ.get("MEDATTN_MALLOC", "hugepages") != "default" and platform.libc_ver()[0] == "glibc"
             and "glibc.malloc.hugetlb" not in tunables):
         os.environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE
         os.execv(sys.executable, [sys.executable, "-m", "medattn", *sys.argv[1:]])

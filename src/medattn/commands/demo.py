@@ -17,13 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-from torch.utils.data import Dataset
-
-from medattn.bench.common import environment
 from medattn.config import load_config
-from medattn.data import build_datasets
-from medattn.train.engine import fit
 
 MECHANISMS = {"softmax": "ViT (softmax)", "sima": "SimA", "seqnorm": "SeqNorm (ours)"}
 # task -> (label, config overrides at demo size, extra overrides for --quick)
@@ -45,10 +39,11 @@ QUICK = ["data.num_samples={train: 24, val: 16, test: 16}", "train.epochs=1", "t
          "eval.bootstrap=100"]
 
 
-class Cached(Dataset):
-    """Keeps every generated sample, so the three mechanisms (and every epoch) see one generation pass."""
+class Cached:
+    """Keeps every generated sample, so the three mechanisms (and every epoch) see one generation pass:
+    a map-style dataset over ``dataset``."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset) -> None:
         self.dataset, self.cache = dataset, {}
 
     def __len__(self) -> int:
@@ -72,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from medattn.bench.common import environment
+    from medattn.data import build_datasets
+    from medattn.train.engine import fit
+
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out / "runs", ignore_errors=True)

@@ -12,13 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from medattn.config import load_config
-from medattn.data import build_datasets
 from medattn.errors import UserError, writing
-from medattn.train import checkpoint, distributed
-from medattn.train.engine import build_model, check_device, make_loader, objective_for, predict, score_split
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +45,11 @@ def load_trained(path: str | Path):
     first built on the meta device (shapes only, no memory) and compared with the weights file's header,
     so a mismatch is a one-line error naming the tensor before any weight is allocated.
     """
+    import torch
+
+    from medattn.train import checkpoint
+    from medattn.train.engine import build_model
+
     folder = checkpoint.resolve(path)
     meta = checkpoint.load_meta(folder)
     task = checkpoint.task_from_dict(meta["task"])
@@ -61,8 +61,12 @@ def load_trained(path: str | Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    config = load_config(args.data_config, args.overrides)  # config errors answer before torch is imported
+    from medattn.data import build_datasets
+    from medattn.train import distributed
+    from medattn.train.engine import check_device, make_loader, objective_for, predict, score_split
+
     model, run_config, task, folder = load_trained(args.checkpoint)
-    config = load_config(args.data_config, args.overrides)
     bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=args.skip_bad)
     data_task = bundle.task
     if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \

@@ -14,13 +14,7 @@ import argparse
 import csv
 from pathlib import Path
 
-import torch
-from torch.utils.data import Dataset
-
-from medattn.data.files import check_regular
 from medattn.errors import UserError, writing
-from medattn.train import distributed
-from medattn.train.engine import check_device, make_loader, predict
 
 from .evaluate import load_trained, positive_int
 
@@ -34,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def file_loader(data_cfg: dict, task):
     """path -> sample dict, preprocessing as the run's data config did (no augmentation)."""
+    import torch
+
     from medattn.data.tables import Record
 
     if task.input_kind == "image2d":
@@ -69,8 +65,8 @@ def file_loader(data_cfg: dict, task):
     return read
 
 
-class Files(Dataset):
-    """The given files as samples, read on use by ``read`` (see :func:`file_loader`)."""
+class Files:
+    """The given files as samples, read on use by ``read`` (see :func:`file_loader`): a map-style dataset."""
 
     def __init__(self, paths: list[Path], read) -> None:
         self.paths, self.read = paths, read
@@ -83,6 +79,10 @@ class Files(Dataset):
 
 
 def run(args: argparse.Namespace) -> int:
+    from medattn.data.files import check_regular
+    from medattn.train import distributed
+    from medattn.train.engine import check_device, make_loader, predict
+
     model, config, task, _ = load_trained(args.checkpoint)
     if task.task_type == "segmentation":
         raise UserError("predict writes class probabilities; for a segmentation checkpoint use medattn eval")
