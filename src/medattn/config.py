@@ -47,7 +47,7 @@ DEFAULTS: dict = {
         "grad_accum": 1,  # micro-batches per optimizer step
         "precision": "fp32",  # fp32 | bf16 (autocast)
         "num_workers": 0,
-        "threads": None,  # torch intra-op threads; None -> torch's default (all cores)
+        "threads": None,  # torch intra-op threads; None -> medattn.threads.default_threads (free cores)
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "skip_bad": False,
     },

@@ -35,6 +35,7 @@ import torch
 
 from medattn.attention import available_attentions, build_attention, get_attention_class
 from medattn.errors import UserError
+from medattn.threads import set_threads
 
 from .common import (
     comma_list,
@@ -292,8 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.threads = set_threads(args.threads)  # isolated runs get the same count
     _check_mechanisms(args.mechanisms, not args.no_peers)  # before measuring
     rates = measure_rates(device=device)
     print(f"matmul GFLOP/s: {rates.matmul_gflops}; bandwidth {rates.bandwidth_gbs:.1f} GB/s", flush=True)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
 from medattn.bench.common import environment, median_time, peak_rss_bytes, write_results
 from medattn.errors import UserError
+from medattn.threads import set_threads
 
 ATTENTION_METHODS = ("fp32-sdpa", "bf16-sdpa", "bits-sg", "bits-hamming")
 
@@ -159,6 +160,7 @@ def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
 
 def run(args) -> int:
     _check(args)
+    set_threads()
     env = environment("fp32/bf16/int1")
     scores, attention = [], []
     for d in args.dims:

@@ -22,6 +22,7 @@ import time
 import torch
 
 from medattn.errors import UserError
+from medattn.threads import set_threads
 
 from .common import environment, median_time, peak_rss_bytes, write_results
 
@@ -131,6 +132,7 @@ def scaling_ratio(rows: list[dict], method: str, pass_name: str, low: int = 100_
 
 
 def run(args) -> int:
+    args.threads = set_threads(args.threads)  # each worker gets the same count
     if args.dim < 1 or args.channels < 1 or args.repeats < 1:
         raise UserError("--dim, --channels and --repeats must be positive")
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from medattn.attention import get_attention_class
 from medattn.errors import UserError
 from medattn.models import available_models, create_model
+from medattn.threads import set_threads
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
 from .common import (
@@ -201,8 +202,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.threads = set_threads(args.threads)  # isolated runs get the same count
     _check_arguments(args.mechanisms, args.resolutions, args.model, args.precision)  # before measuring
     rates = measure_rates(device=device)
     print(f"matmul GFLOP/s: {rates.matmul_gflops}; bandwidth {rates.bandwidth_gbs:.1f} GB/s", flush=True)

@@ -61,6 +61,7 @@ from medattn.models import create_model, input_contract, takes_attention
 from medattn.models.presets import PRESETS
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
+from medattn.threads import set_threads
 
 from . import checkpoint, distributed
 
@@ -551,8 +552,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         changed = _config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
-    if train_cfg["threads"]:
-        torch.set_num_threads(train_cfg["threads"])
+    set_threads(train_cfg["threads"], log)
     seed_everything(seed)
     objective = objective_for(task)
     fields, score_key = metric_fields(objective), f"val_{objective.metric}"
