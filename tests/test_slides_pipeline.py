@@ -12,7 +12,8 @@ pytest.importorskip("openslide")
 pytest.importorskip("tifffile")
 
 from medattn.cli import build_parser, main  # noqa: E402
-from medattn.slides import read_tiles, write_synthetic_cohort  # noqa: E402
+from medattn.errors import UserError  # noqa: E402
+from medattn.slides import load_truth, read_tiles, write_synthetic_cohort  # noqa: E402
 
 SMALL = ["--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]
 
@@ -65,3 +66,43 @@ def test_command_shapes_take_the_documented_options(command):
     if command == "extract":
         assert args.extractor == "resnet50:retccl.pth" and args.tiles is None
         assert build_parser(argv[:5]).parse_args(argv[:5]).extractor == "descriptor"
+
+
+def test_heatmap_scales_scores_to_their_own_range_or_to_percentiles():
+    import matplotlib
+
+    from medattn.slides import draw_heatmap
+
+    thumb = np.full((10, 30, 3), 200, np.uint8)
+    coords = np.array([[0, 0], [10, 0], [20, 0]])
+    ends = [np.round(np.array(matplotlib.colormaps["viridis"](v)[:3]) * 255) for v in (0.0, 1.0)]
+    image = np.asarray(draw_heatmap(thumb, (1.0, 1.0), coords, np.array([0.02, 0.03, 0.04]), 10, alpha=1.0,
+                                    cmap="viridis"))
+    assert (image[:, :10] == ends[0]).all() and (image[:, 20:] == ends[1]).all()  # attention-sized scores span it
+    ranked = np.asarray(draw_heatmap(thumb, (1.0, 1.0), coords, np.array([0.0, 0.001, 1.0]), 10, alpha=1.0,
+                                     cmap="viridis", percentile=True))
+    middle = np.round(np.array(matplotlib.colormaps["viridis"](0.5)[:3]) * 255)
+    assert np.abs(ranked[:, 10:20].astype(float) - middle).max() <= 1  # the middle rank, not the bottom colour
+
+
+def test_heatmap_mass_on_a_region_and_its_chance_level():
+    from medattn.slides import heatmap_mass, tile_overlap
+
+    mask = np.zeros((40, 60), bool)
+    mask[:20, :30] = True  # the top-left 30 x 20 px
+    coords = np.array([[0, 0], [20, 0], [40, 0], [0, 20]])  # 20-px tiles: inside, half inside, outside, outside
+    overlap = tile_overlap(mask, coords, 20)
+    assert overlap.tolist() == [1.0, 0.5, 0.0, 0.0]
+    assert heatmap_mass(np.ones(4), overlap) == overlap.mean() == 0.375  # uniform scores: the chance level
+    assert heatmap_mass(np.array([3.0, 2.0, 0.0, 5.0]), overlap) == 0.4
+    for scores in (np.array([1.0, -1.0, 1.0, 1.0]), np.zeros(4), np.ones(3)):
+        with pytest.raises(UserError, match="heatmap mass"):
+            heatmap_mass(scores, overlap)
+
+
+def test_the_synthetic_cohort_keeps_its_ground_truth(tmp_path):
+    paths = write_synthetic_cohort(tmp_path, count=2, shape=(256, 384))
+    normal, tumour = (load_truth(p) for p in paths)
+    assert set(normal) == {"tissue", "blurry", "tumour", "dust"} and normal["tissue"].shape == (256, 384)
+    assert not normal["tumour"].any() and tumour["tumour"].any() and (tumour["tumour"] <= tumour["tissue"]).all()
+    assert sorted(p.name for p in tmp_path.glob("*.tif")) == ["slide_000.tif", "slide_001.tif"]

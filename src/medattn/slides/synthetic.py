@@ -22,6 +22,8 @@ BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
 NUCLEUS = np.array([82, 38, 128], dtype=np.float32)
 BLUR_SIGMA = 6.0
+MASKS = ("tissue", "blurry", "tumour", "dust")
+TRUTH_DIR = "truth"
 
 
 @dataclass(frozen=True)
@@ -118,13 +120,16 @@ def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=
 def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1536, 2048)) -> list[Path]:
     """``count`` SYNTHETIC slides ``slide_000.tif``... in ``folder``, every other one with a tumour, plus
     ``slide_table.csv`` (PATIENT, FILENAME) and ``clinical_table.csv`` (PATIENT, TUMOUR 0/1) in the
-    layout of the ``wsi_bags`` data kind, so extracted features train with ``medattn train``."""
+    layout of the ``wsi_bags`` data kind, so extracted features train with ``medattn train``, and the
+    ground truth of each slide as ``truth/<stem>.npz`` (:func:`load_truth`)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TRUTH_DIR).mkdir(parents=True, exist_ok=True)
     paths, rows = [], []
     for i in range(count):
         path = folder / f"slide_{i:03d}.tif"
-        write_synthetic_slide(path, tumour=i % 2 == 1, seed=seed * 100_003 + i, shape=shape)
+        slide = write_synthetic_slide(path, tumour=i % 2 == 1, seed=seed * 100_003 + i, shape=shape)
+        np.savez_compressed(folder / TRUTH_DIR / f"{path.stem}.npz",
+                            **{name: getattr(slide, name) for name in MASKS})
         paths.append(path)
         rows.append((f"patient_{i:03d}", path.stem, int(i % 2 == 1)))
     with open(folder / "slide_table.csv", "w", newline="") as f:
@@ -132,3 +137,10 @@ def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1
     with open(folder / "clinical_table.csv", "w", newline="") as f:
         csv.writer(f).writerows([("PATIENT", "TUMOUR"), *((p, t) for p, _, t in rows)])
     return paths
+
+
+def load_truth(slide: Path) -> dict[str, np.ndarray]:
+    """The ground truth :func:`write_synthetic_cohort` wrote for ``slide``: {"tissue", "blurry", "tumour",
+    "dust"} -> (H, W) bool level-0 masks."""
+    with np.load(Path(slide).parent / TRUTH_DIR / f"{Path(slide).stem}.npz") as stored:
+        return {name: stored[name] for name in MASKS}
