@@ -3,6 +3,7 @@ torchvision's names, TorchScript, ONNX), CLAM HDF5 read by the wsi_bags loader, 
 heatmaps and the extract command."""
 
 import os
+import sys
 
 import h5py
 import numpy as np
@@ -167,6 +168,79 @@ def test_onnx_extractor(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"not onnx")
     with pytest.raises(UserError, match=r"bad\.onnx: not an ONNX model"):
         build_extractor(str(tmp_path / "bad.onnx"))
+
+
+class TinyTimmNet(torch.nn.Module):
+    """A stand-in for a timm model: conv -> global pool -> ``head`` (Identity when num_classes=0)."""
+
+    pretrained_cfg = {"classifier": "head"}
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.head = torch.nn.Linear(4, num_classes) if num_classes else torch.nn.Identity()
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)).mean(dim=(2, 3)))
+
+
+@pytest.fixture
+def fake_timm(monkeypatch):
+    """A module named ``timm`` whose create_model records its arguments (timm itself is not installed here)."""
+    import types
+
+    module, calls = types.ModuleType("timm"), []
+
+    def create_model(name, pretrained=True, num_classes=1000, **kwargs):
+        calls.append((name, pretrained, num_classes, kwargs))
+        if name != "tiny_net":
+            raise RuntimeError(f"Unknown model ({name})")
+        return TinyTimmNet(num_classes)
+
+    module.create_model = create_model
+    monkeypatch.setitem(sys.modules, "timm", module)
+    return calls
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_timm_extractor_creates_the_model_without_download_and_loads_the_file(fake_timm, tmp_path, suffix):
+    trained = TinyTimmNet(num_classes=10)  # a checkpoint with its classifier, as timm's weights come
+    torch.nn.init.normal_(trained.conv.weight)
+    trained.norm.running_mean.fill_(0.3)
+    state = {f"module.{k}": v for k, v in trained.state_dict().items()}  # DataParallel's prefix too
+    path = tmp_path / f"weights{suffix}"
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, path)
+    else:
+        torch.save({"state_dict": state}, path)
+    extractor = build_extractor(f"timm:tiny_net:{path}")
+    assert fake_timm == [("tiny_net", False, 0, {})]  # pretrained=False: timm downloads nothing
+    assert extractor.name == f"timm:tiny_net:{path.name}"
+    assert all(torch.equal(v, trained.state_dict()[k]) for k, v in extractor.forward.state_dict().items())
+    x = patches(3, 16)
+    trained.head = torch.nn.Identity()
+    with torch.no_grad():
+        expected = trained.eval()(extractor.prepare(x))
+    assert torch.allclose(extractor(x), expected, atol=1e-6) and expected.shape == (3, 4)
+
+
+def test_timm_extractor_errors(fake_timm, tmp_path, monkeypatch):
+    torch.save(TinyTimmNet(num_classes=0).state_dict(), tmp_path / "ok.pth")
+    with pytest.raises(UserError, match=r"timm cannot create 'vit_nope'.*Unknown model"):
+        build_extractor(f"timm:vit_nope:{tmp_path / 'ok.pth'}")
+    state = TinyTimmNet(num_classes=0).state_dict()
+    state["conv.weight"] = torch.zeros(8, 3, 3, 3)
+    torch.save(state, tmp_path / "other.pth")
+    with pytest.raises(UserError, match=r"other\.pth: not weights of timm's tiny_net .*1 of another shape"):
+        build_extractor(f"timm:tiny_net:{tmp_path / 'other.pth'}")
+    with pytest.raises(UserError, match="timm:MODEL_NAME:WEIGHTS_FILE"):
+        build_extractor(f"timm:{tmp_path / 'ok.pth'}")
+    monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` meets where it is not installed
+    with pytest.raises(UserError, match=r"timm is not installed \(pip install timm\)"):
+        build_extractor(f"timm:tiny_net:{tmp_path / 'ok.pth'}")
 
 
 def test_unknown_extractor_names_the_choices():

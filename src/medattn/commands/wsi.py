@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--tiles", type=Path, help="use the tiles written by `medattn wsi tile` to this folder")
     extract.add_argument("--extractor", default="descriptor",
                          help="descriptor (default), a FILE (state dict, TorchScript, .onnx) or resnet50:FILE, "
-                              "torchscript:FILE, onnx:FILE")
+                              "torchscript:FILE, onnx:FILE, timm:MODEL_NAME:FILE (where timm is installed)")
     extract.add_argument("--input-norm", choices=("imagenet", "none"), default="imagenet",
                          help="normalisation of CNN inputs (default imagenet; the descriptor takes raw pixels)")
     extract.add_argument("--stain-norm", choices=("none", "macenko"), default="none", help="stain normalisation")

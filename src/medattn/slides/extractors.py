@@ -6,7 +6,11 @@
     RetCCL), 2048 features;
   * ``torchscript:FILE`` or a TorchScript FILE (detected by its ``code/`` entries): any scripted or traced
     module returning (B, F);
-  * ``onnx:FILE`` or a ``.onnx`` FILE: through onnxruntime (optional dependency), input (B, 3, P, P) float32.
+  * ``onnx:FILE`` or a ``.onnx`` FILE: through onnxruntime (optional dependency), input (B, 3, P, P) float32;
+  * ``timm:MODEL_NAME:FILE``: ``timm.create_model(MODEL_NAME, pretrained=False, num_classes=0)`` (timm is an
+    optional dependency; nothing downloads) with the weights of FILE (safetensors, or a torch file read
+    with ``weights_only=True``) loaded strictly; the classifier's tensors in FILE are dropped. Returns
+    timm's pooled features (B, F). Tested against a stand-in for timm's API, not against timm itself.
 Every extractor takes uint8 RGB patches (B, P, P, 3) and returns float32 (B, F) on the CPU. The CNN
 kinds receive x / 255 normalised with the ImageNet mean and standard deviation (``imagenet=False``
 passes x / 255 unchanged); the descriptor receives x / 255.
@@ -27,7 +31,7 @@ from .resnet import load_resnet50
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-KINDS = ("descriptor", "resnet50", "torchscript", "onnx")
+KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -87,19 +91,53 @@ def _onnx(path: Path, device: torch.device):
     return lambda x: session.run(None, {name: x.cpu().numpy()})[0]
 
 
+def _timm(model_name: str, path: Path) -> torch.nn.Module:
+    """``timm.create_model(model_name, pretrained=False, num_classes=0)`` with ``path``'s weights, strictly."""
+    from ..models.pretrained import read_state_dict
+
+    try:
+        import timm
+    except ImportError:
+        raise UserError(f"--extractor timm:{model_name}:{path}: timm is not installed (pip install timm)") from None
+    try:
+        model = timm.create_model(model_name, pretrained=False, num_classes=0)
+    except Exception as error:  # timm raises RuntimeError for unknown names, others for bad arguments
+        raise UserError(f"--extractor timm:{model_name}:{path}: timm cannot create {model_name!r} ({error})") from None
+    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()}
+    own = model.state_dict()
+    head = (getattr(model, "pretrained_cfg", None) or {}).get("classifier")
+    heads = (head,) if isinstance(head, str) else tuple(head or ())
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(tuple(f"{h}." for h in heads))}
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong:
+        raise UserError(f"{path}: not weights of timm's {model_name} ({len(missing)} missing, e.g. {missing[:3]}; "
+                        f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}; {len(wrong)} of another shape, e.g. "
+                        f"{wrong[:3]})")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: bool = True) -> Extractor:
     """An :class:`Extractor` from ``spec`` (module docstring); UserError naming the file or the spec."""
     dev = resolve_device(device)
     if spec == "descriptor":
         return Extractor("descriptor", StainTextureDescriptor().to(dev), dev, imagenet=False)
     kind, _, file = spec.partition(":") if spec.split(":", 1)[0] in KINDS else ("", "", spec)
+    model_name = ""
+    if kind == "timm":
+        model_name, _, file = file.partition(":")
+        if not model_name or not file:
+            raise UserError(f"--extractor {spec!r}: a timm extractor is timm:MODEL_NAME:WEIGHTS_FILE")
     path = Path(file)
     if not path.is_file():
         raise UserError(f"--extractor {spec!r}: no such file (kinds: descriptor, resnet50:FILE, torchscript:FILE, "
-                        f"onnx:FILE, or a FILE whose kind is detected)")
+                        f"onnx:FILE, timm:MODEL_NAME:FILE, or a FILE whose kind is detected)")
     if not kind:
         kind = "onnx" if path.suffix.lower() == ".onnx" else "torchscript" if _is_torchscript(path) else "resnet50"
-    name = f"{kind}:{path.name}"
+    name = f"{kind}:{model_name + ':' if model_name else ''}{path.name}"
+    if kind == "timm":
+        return Extractor(name, _timm(model_name, path).to(dev), dev, imagenet)
     if kind == "onnx":
         return Extractor(name, _onnx(path, dev), dev, imagenet)
     if kind == "resnet50":
