@@ -7,6 +7,7 @@ import json
 import h5py
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("openslide")
 pytest.importorskip("tifffile")
@@ -106,3 +107,31 @@ def test_the_synthetic_cohort_keeps_its_ground_truth(tmp_path):
     assert set(normal) == {"tissue", "blurry", "tumour", "dust"} and normal["tissue"].shape == (256, 384)
     assert not normal["tumour"].any() and tumour["tumour"].any() and (tumour["tumour"] <= tumour["tissue"]).all()
     assert sorted(p.name for p in tmp_path.glob("*.tif")) == ["slide_000.tif", "slide_001.tif"]
+
+
+def test_stamp_layout_loads_through_the_wsi_bags_loader(tmp_path, capsys):
+    from medattn.data import build_datasets
+    from medattn.data.bags import read_slide
+
+    slides = tmp_path / "slides"
+    write_synthetic_cohort(slides, count=2, shape=(256, 384))
+    argv = ["wsi", "extract", str(slides), "--mpp", "0.5", "--patch-um", "32", "--patch-px", "32",
+            "--thumbnail-px", "256", "--min-tissue-area-um2", "0", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "clam")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "stamp"), "--layout", "stamp"]) == 0
+    with h5py.File(tmp_path / "stamp" / "slide_001.h5") as f:
+        assert sorted(f) == ["coords", "feats"] and f.attrs["unit"] == "um" and f.attrs["feat_type"] == "tile"
+        assert (f.attrs["tile_size_um"], f.attrs["tile_size_px"]) == (32.0, 32)
+    clam_features, clam_coords = read_slide(tmp_path / "clam" / "slide_001.h5")
+    stamp_features, stamp_coords = read_slide(tmp_path / "stamp" / "slide_001.h5")
+    assert torch.equal(stamp_features, clam_features) and torch.equal(stamp_coords, clam_coords * 0.5)  # microns
+    bundle = build_datasets({"kind": "wsi_bags", "feature_dir": str(tmp_path / "stamp"), "label_columns": ["TUMOUR"],
+                             "slide_table": str(slides / "slide_table.csv"),
+                             "clinical_table": str(slides / "clinical_table.csv"),
+                             "val_fraction": 0.0, "test_fraction": 0.0})
+    assert len(bundle.train) == 2 and bundle.train[1]["input"].shape == clam_features.shape
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "stamp")]) == 2  # the CLAM layout asked of a STAMP folder: refused
+    assert "exists with other settings (layout=stamp)" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "stamp"), "--layout", "stamp"]) == 0  # resumes: already done
+    assert "2 already done" in capsys.readouterr().out

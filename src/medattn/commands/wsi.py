@@ -1,7 +1,7 @@
 """Whole-slide images from the scanner file: medattn wsi tile | extract | synthetic.
 
   medattn wsi tile SLIDES... --out TILES_DIR        coordinates (CSV), metadata (JSON), grid thumbnail (PNG)
-  medattn wsi extract SLIDES... --out FEATURES_DIR  <slide stem>.h5 per slide (CLAM layout, for wsi_bags)
+  medattn wsi extract SLIDES... --out FEATURES_DIR  <slide stem>.h5 per slide (CLAM or STAMP layout, for wsi_bags)
   medattn wsi synthetic OUT_DIR                     SYNTHETIC demo slides with slide and clinical tables
 
 SLIDES are slide files or folders of them (SVS, NDPI, MRXS, tiled TIFF, ... through OpenSlide).
@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--input-norm", choices=("imagenet", "none"), default="imagenet",
                          help="normalisation of CNN inputs (default imagenet; the descriptor takes raw pixels)")
     extract.add_argument("--stain-norm", choices=("none", "macenko"), default="none", help="stain normalisation")
+    extract.add_argument("--layout", choices=("clam", "stamp"), default="clam",
+                         help="HDF5 layout: clam (features, coords in level-0 px; default) or stamp (feats, coords "
+                              "in microns)")
     extract.add_argument("--batch-size", type=int, default=64)
     extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
@@ -135,7 +138,8 @@ def run_extract(args: argparse.Namespace) -> int:
     extractor = build_extractor(args.extractor, args.device, imagenet=args.input_norm == "imagenet")
     started = time.perf_counter()
     results = extract_slides(slides, args.out, extractor, settings, args.tiles, args.stain_norm, args.batch_size,
-                             args.num_workers, args.skip_bad, args.overwrite, rank, world, not args.no_progress)
+                             args.num_workers, args.skip_bad, args.overwrite, rank, world, not args.no_progress,
+                             args.layout)
     for result in results:
         if result.status == "failed":
             print(f"skipped {result.message}")

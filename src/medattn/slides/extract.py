@@ -1,8 +1,11 @@
-"""Features per slide as CLAM-layout HDF5, resumable and sharded across processes.
+"""Features per slide as CLAM- or STAMP-layout HDF5, resumable and sharded across processes.
 
-One file per slide, ``<out>/<slide stem>.h5``: ``features`` (N, F) float32, ``coords`` (N, 2) int64
-level-0 top-left (x, y), and attributes ``patch_size_um``, ``patch_size_px``, ``patch_size_level0``,
-``mpp``, ``extractor``, ``stain_norm``, ``slide``; the ``wsi_bags`` data kind reads it as it is.
+One file per slide, ``<out>/<slide stem>.h5``, with attributes ``patch_size_um``, ``patch_size_px``,
+``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, and
+  * CLAM layout (default): ``features`` (N, F) float32, ``coords`` (N, 2) int64 level-0 top-left (x, y) px;
+  * STAMP layout: ``feats`` (N, F) float32, ``coords`` (N, 2) float32 top-left (x, y) in microns (level-0
+    px x mpp), and STAMP's attributes ``unit`` = "um", ``tile_size_um``, ``tile_size_px``, ``feat_type`` = "tile".
+The ``wsi_bags`` data kind reads either as it is.
 A file is written under a temporary name and renamed when complete, so a file under the final name is
 whole; on a rerun a slide is skipped when its file reads (:func:`medattn.data.bags.slide_shape`) and
 was made with the same settings, redone when it does not read, and refused when made otherwise
@@ -40,7 +43,8 @@ from .tiling import (
 )
 from .tissue import tissue_mask
 
-CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm")
+CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm", "layout")  # layout: from the datasets
+LAYOUTS = ("clam", "stamp")
 
 
 def rank_and_world(env: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -59,12 +63,27 @@ def shard(items: list, rank: int, world: int) -> list:
     return list(items)[rank::world]
 
 
-def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict) -> None:
-    """Write a CLAM-layout HDF5 file atomically (temporary name, then rename)."""
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise UserError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+
+
+def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
+    """Write a CLAM- or STAMP-layout HDF5 file (module docstring) atomically (temporary name, then rename);
+    ``coords`` (N, 2) level-0 px, ``attrs`` as :func:`attributes` gives them."""
+    check_layout(layout)
+
     def write(temporary: Path) -> None:
         with h5py.File(temporary, "w") as f:
-            f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
-            f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
+            if layout == "clam":
+                f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
+                f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
+            else:
+                f.create_dataset("feats", data=np.asarray(features, dtype=np.float32))
+                microns = np.asarray(coords, dtype=np.float64) * attrs["mpp"]
+                f.create_dataset("coords", data=microns.astype(np.float32))
+                f.attrs.update({"unit": "um", "tile_size_um": attrs["patch_size_um"],
+                                "tile_size_px": attrs["patch_size_px"], "feat_type": "tile"})
             f.attrs.update(attrs)
 
     atomic_write(path, write)
@@ -77,7 +96,7 @@ def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:
     try:
         slide_shape(path)
         with h5py.File(path, "r") as f:
-            stored = {k: f.attrs.get(k) for k in CHECKED_ATTRS}
+            stored = {k: f.attrs.get(k) for k in CHECKED_ATTRS} | {"layout": "stamp" if "feats" in f else "clam"}
     except (OSError, ValueError):
         return False  # unreadable or incomplete: redo
     differs = [k for k in CHECKED_ATTRS if str(stored[k]) != str(attrs[k])]
@@ -127,7 +146,7 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
                   tiles_dir: Path | None = None, stain: str = "none", batch_size: int = 64, num_workers: int = 0,
-                  progress=None) -> tuple[int, dict]:
+                  progress=None, layout: str = "clam") -> tuple[int, dict]:
     """Features of one slide's kept patches -> ``out_path`` (module docstring); -> (kept, dropped per reason).
 
     Without ``tiles_dir`` the slide is tiled on the fly (tissue mask, grid, white and blur filter on the
@@ -154,7 +173,7 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
     attrs = attributes(settings, mpp, geometry, extractor.name, stain, path)
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
-        write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs)
+        write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
     return int(sum(len(f) for f in features)), dropped
 
 
@@ -168,13 +187,14 @@ def attributes(settings: TileSettings, mpp: float, geometry: PatchGeometry, extr
 def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
                    tiles_dir: Path | None = None, stain: str = "none", batch_size: int = 64, num_workers: int = 0,
                    skip_bad: bool = False, overwrite: bool = False, rank: int = 0, world: int = 1,
-                   progress: bool = False) -> list[SlideResult]:
+                   progress: bool = False, layout: str = "clam") -> list[SlideResult]:
     """Extract this rank's shard of ``slides`` into ``out_dir`` (module docstring); one result per slide.
 
     A bad slide (unreadable, no mpp, no tissue, nothing kept, cannot write) raises UserError, or with
     ``skip_bad`` is recorded as "failed" and the others continue."""
     from tqdm.auto import tqdm
 
+    check_layout(layout)
     out_dir = Path(out_dir)
     with writing(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +204,7 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
     for path in tqdm(mine, desc=f"{label}slides", unit="slide", disable=not progress, position=0):
         out_path = out_dir / f"{path.stem}.h5"
         expected = {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px),
-                    "extractor": extractor.name, "stain_norm": stain}
+                    "extractor": extractor.name, "stain_norm": stain, "layout": layout}
         if done(out_path, expected, overwrite):
             results.append(SlideResult(path, "skipped"))
             continue
@@ -195,7 +215,7 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
 
         try:
             kept, dropped = extract_slide(path, out_path, extractor, settings, tiles_dir, stain, batch_size,
-                                          num_workers, bar if progress else None)
+                                          num_workers, bar if progress else None, layout)
         except UserError as error:
             if not skip_bad:
                 raise
