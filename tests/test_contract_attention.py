@@ -10,7 +10,7 @@ A new mechanism registered in :mod:`medattn.attention` is covered here without w
 * second derivatives are right (float64 ``gradgradcheck``) or refused with an error;
 * every mechanism works inside MONAI's transformer block, called the way MONAI calls it;
 * every mechanism compiles with ``fullgraph=True`` (no graph break) and exports with ``torch.export``
-  with a dynamic token count.
+  and to ONNX with a dynamic token count (ONNX checked against onnxruntime, the ``onnx`` extra).
 """
 
 from __future__ import annotations
@@ -296,3 +296,25 @@ def test_torch_export_with_a_dynamic_token_count(name):
         for n in (12, 30):
             x, mask = torch.randn(2, n, DIM), torch.arange(n) < torch.tensor([[n], [n - 3]])
             torch.testing.assert_close(program.module()(x, mask), attn(x, mask), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_onnx_export_matches_onnxruntime(name, tmp_path):
+    """ONNX (opset 18, dynamo exporter) with a dynamic token count, checked against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    attn = make(name)
+    x = torch.randn(2, 12, DIM)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :5] = False
+    tokens = torch.export.Dim("tokens", min=2, max=4096)
+    program = torch.onnx.export(attn, (x, mask), dynamo=True, opset_version=18,
+                                dynamic_shapes=({1: tokens}, {1: tokens}))
+    program.save(str(tmp_path / "attention.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "attention.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    x, mask = torch.randn(2, 30, DIM), torch.arange(30) < torch.tensor([[30], [17]])
+    (actual,) = session.run(None, dict(zip(names, (x.numpy(), mask.numpy()))))
+    with torch.no_grad():
+        expected = attn(x, mask)
+    torch.testing.assert_close(torch.from_numpy(actual), expected, rtol=1e-4, atol=1e-5)
