@@ -8,6 +8,17 @@ from __future__ import annotations
 import torch
 
 
+def randomize_norm_affines(attn):
+    """Give every ``*norm.weight`` / ``*norm.bias`` non-trivial values (1 + 0.3 z, 0.3 z), so the affines are tested."""
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith("norm.bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    return attn
+
+
 def split_qkv(attn, x):
     """q, k, v as (B, H, N, d) computed from attn.qkv by explicit slicing."""
     B, N, _ = x.shape

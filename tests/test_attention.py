@@ -8,7 +8,7 @@ from torch.func import functional_call
 
 from medattn.attention import Attention, available_attentions, build_attention, get_attention_class, register
 from medattn.attention.seqnorm import SequenceNorm
-from references import REFERENCES
+from references import REFERENCES, randomize_norm_affines
 
 ALL = available_attentions()
 LINEAR_COST = ["seqnorm", "sima", "linear"]
@@ -20,14 +20,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def make(name, dim=32, num_heads=4, inner_dim=None, dtype=torch.float32, **kwargs):
     """A mechanism in eval mode with non-trivial values in every parameter (affines included)."""
-    attn = build_attention(name, dim=dim, num_heads=num_heads, inner_dim=inner_dim, **kwargs).to(dtype).eval()
-    with torch.no_grad():
-        for pname, p in attn.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif pname.endswith("norm.bias"):
-                p.copy_(0.3 * torch.randn_like(p))
-    return attn
+    attn = build_attention(name, dim=dim, num_heads=num_heads, inner_dim=inner_dim, **kwargs)
+    return randomize_norm_affines(attn.to(dtype).eval())
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))

@@ -21,7 +21,7 @@ import torch
 from medattn.attention import available_attentions, build_attention, get_attention_class, seqnorm_fused
 from medattn.attention.binary.core import BinaryAttention
 from medattn.attention.seqnorm import SeqNormAttention
-from references import REFERENCES
+from references import REFERENCES, randomize_norm_affines
 
 ALL = available_attentions()
 N, DIM, HEADS = 40, 16, 2
@@ -67,14 +67,7 @@ def make(name: str, variant: str = "default", dtype=torch.float32, dim: int = DI
     if variant in ("bit_kernel", "emulation"):
         kwargs.update(tile_size=TILE, bit_kernel=variant == "bit_kernel")
     torch.manual_seed(0)
-    attn = build_attention(name, dim=dim, num_heads=HEADS, **kwargs).to(dtype).eval()
-    with torch.no_grad():
-        for pname, p in attn.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif pname.endswith("norm.bias"):
-                p.copy_(0.3 * torch.randn_like(p))
-    return attn
+    return randomize_norm_affines(build_attention(name, dim=dim, num_heads=HEADS, **kwargs).to(dtype).eval())
 
 
 @pytest.fixture
