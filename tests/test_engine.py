@@ -11,7 +11,7 @@ from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.train import build_model, fit
-from medattn.train.engine import check_device, check_model_config, lr_at
+from medattn.train.engine import check_device, check_model_config, improves, lr_at
 
 
 def _run(tmp_path, bundle, *overrides, name="run", **kwargs):
@@ -118,3 +118,15 @@ def test_lr_schedule_warms_up_then_decays():
     assert lrs[:2] == [0.5, 1.0]
     assert lrs[2] == 1.0 and all(a > b for a, b in zip(lrs[2:], lrs[3:]))
     assert lr_at(10, 10, 2, 1.0, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("score, loss, expected", [
+    (0.9, 0.50, True),    # a higher score wins whatever the loss
+    (0.8, 0.10, False),   # a lower score loses whatever the loss
+    (0.85, 0.30, True),   # a tie at the best score: the lower validation loss wins
+    (0.85, 0.40, False),  # a tie with a higher loss keeps the earlier epoch
+])
+def test_best_epoch_breaks_ties_by_validation_loss(score, loss, expected):
+    state = {"best_score": 0.85, "best_loss": 0.35, "best_epoch": 2}
+    assert improves(state, score, loss) is expected
+    assert improves({"best_score": None, "best_loss": None}, score, loss)

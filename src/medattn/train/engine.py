@@ -541,6 +541,15 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
                     device=device, on_epoch_end=on_epoch_end, log=log)
 
 
+def improves(state: dict, score: float, loss: float) -> bool:
+    """Whether an epoch with validation ``score`` and ``loss`` replaces the best so far: a higher score, or
+    the same score with a lower loss. Small validation sets saturate (AUROC 1.0 from epoch 1 or 2); without
+    the tie-break the barely trained first epoch at the ceiling stayed "best"."""
+    if state["best_score"] is None or score > state["best_score"]:
+        return True
+    return score == state["best_score"] and (state.get("best_loss") is None or loss < state["best_loss"])
+
+
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> dict:
@@ -582,7 +591,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     steps_per_epoch = math.ceil(len(train_loader) / accum)
     total_steps = train_cfg["epochs"] * steps_per_epoch
     warmup_steps = round(train_cfg["warmup_epochs"] * steps_per_epoch)
-    state = {"epoch": 0, "step": 0, "best_score": None, "best_epoch": None}
+    state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None}
     if resume:
         last = checkpoint.resolve(run_dir / "checkpoints" / "last")
         checkpoint.load_model(last, model)
@@ -635,9 +644,9 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
                "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
         state["epoch"] = epoch
-        is_best = state["best_score"] is None or val_score > state["best_score"]
+        is_best = improves(state, val_score, val.loss)
         if is_best:
-            state["best_score"], state["best_epoch"] = val_score, epoch
+            state["best_score"], state["best_loss"], state["best_epoch"] = val_score, val.loss, epoch
         if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
             _append_metrics(run_dir / "metrics.csv", row, fields)
             if is_best:
