@@ -81,9 +81,10 @@ def test_skip_bad_reports_the_count(tmp_path, capsys):
 def test_demo_quick(tmp_path, capsys):
     assert main(["demo", "--quick", "--tasks", "synthetic_wsi", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "SYNTHETIC DATA" in out and "SeqNorm (ours)" in out
+    assert "SYNTHETIC DATA" in out and "SeqNorm (ours)" in out and "Baseline (CNN / MIL)" in out
     rows = list(csv.DictReader(open(tmp_path / "demo/table.csv")))
-    assert [r["mechanism"] for r in rows] == ["softmax", "sima", "seqnorm"]
+    assert [r["mechanism"] for r in rows] == ["baseline", "softmax", "sima", "seqnorm"]
+    assert [r["model"] for r in rows] == ["abmil_tiny"] + ["vitwsi_tiny"] * 3
     assert json.loads((tmp_path / "demo/table.json").read_text())["data"].startswith("SYNTHETIC")
     with Image.open(tmp_path / "demo/roc_synthetic_wsi_seqnorm.png") as png:  # a real image, not just a file
         assert png.format == "PNG" and min(png.size) >= 200
