@@ -1,6 +1,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -11,7 +12,7 @@ from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.train import build_model, fit
-from medattn.train.engine import check_device, check_model_config, improves, lr_at
+from medattn.train.engine import check_device, check_model_config, improves, learning_warnings, lr_at
 
 
 def _run(tmp_path, bundle, *overrides, name="run", **kwargs):
@@ -130,3 +131,25 @@ def test_best_epoch_breaks_ties_by_validation_loss(score, loss, expected):
     state = {"best_score": 0.85, "best_loss": 0.35, "best_epoch": 2}
     assert improves(state, score, loss) is expected
     assert improves({"best_score": None, "best_loss": None}, score, loss)
+
+
+@pytest.mark.parametrize("losses, probabilities, expected", [
+    ([0.693, 0.692, 0.693], np.linspace(0.1, 0.9, 20)[:, None], ["never left its start"]),
+    ([0.693, 0.40, 0.21], np.full((20, 1), 0.5) + np.linspace(0, 0.01, 20)[:, None], ["collapse to a band"]),
+    ([0.693, 0.40, 0.21], np.linspace(0.1, 0.9, 20)[:, None], []),
+    ([0.693, 0.692], np.full((20, 1), 0.5), ["never left its start", "collapse to a band"]),
+    ([0.693], None, []),  # one epoch: no trend to judge; segmentation: no probabilities
+])
+def test_learning_warnings(losses, probabilities, expected):
+    found = learning_warnings(losses, probabilities)
+    assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found))
+
+
+def test_a_run_that_learns_nothing_says_so(tmp_path):
+    logged = []
+    results = fit(tiny_config("train.lr=1e-9"), image_bundle(), tmp_path / "run", progress=False, log=logged.append)
+    assert any("never left its start" in w for w in results["warnings"])
+    assert "WARNING        the train loss never left its start" in logged[-1]
+    assert json.loads((tmp_path / "run/results.json").read_text())["warnings"] == results["warnings"]
+    learned = _run(tmp_path, image_bundle(48), "train.epochs=4", "model.attention=seqnorm", name="learns")
+    assert not any("never left its start" in w for w in learned["warnings"])

@@ -674,12 +674,43 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     }
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
+        with open(run_dir / "metrics.csv", newline="") as f:
+            train_losses = [float(row["train_loss"]) for row in csv.DictReader(f)]
+        results["warnings"] = learning_warnings(train_losses, test.outputs if task.task_type != "segmentation"
+                                                else None)
         with writing(run_dir):
             results["test"] = objective.score(test, "test", run_dir, config["eval"], seed, label)
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))
         log(summary(results, objective))
     distributed.barrier()
     return results
+
+
+#: A train loss at the end above this fraction of its first epoch's "never left its start".
+FLAT_LOSS_FRACTION = 0.95
+#: Test probabilities whose 5th-95th percentile spread is below this, for every output, "collapsed".
+NARROW_BAND = 0.05
+
+
+def learning_warnings(train_losses: list[float], probabilities: np.ndarray | None) -> list[str]:
+    """Signs that a run learned nothing, as sentences for the summary (empty when none).
+
+    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a
+    classification task, or None. Two signs: the last epoch's train loss is above ``FLAT_LOSS_FRACTION``
+    of the first's (over at least two epochs), and the test probabilities of every output lie within a
+    5th-95th percentile band narrower than ``NARROW_BAND`` (the model tells the cases apart barely or not
+    at all, whatever the AUROC says).
+    """
+    found = []
+    if len(train_losses) >= 2 and train_losses[-1] > FLAT_LOSS_FRACTION * train_losses[0]:
+        found.append(f"the train loss never left its start ({train_losses[0]:.4f} in epoch 1, "
+                     f"{train_losses[-1]:.4f} in epoch {len(train_losses)}): the model may have learned nothing")
+    if probabilities is not None and len(probabilities) >= 2:
+        low, high = np.percentile(probabilities, [5, 95], axis=0)
+        if float((high - low).max()) < NARROW_BAND:
+            found.append(f"the test probabilities collapse to a band {float((high - low).max()):.3f} wide "
+                         f"(5th-95th percentile): the model barely tells the cases apart")
+    return found
 
 
 def summary(results: dict, objective: Classification | Segmentation) -> str:
@@ -698,6 +729,7 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
         objective.test_line(test),
         f"time           {results['train_seconds']:.1f} s",
         f"files          config.yaml metrics.csv checkpoints/best {objective.files} results.json",
+        *(f"WARNING        {warning}" for warning in results.get("warnings", [])),
         "=" * 72,
     ]
     return "\n".join(lines)
