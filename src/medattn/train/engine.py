@@ -179,6 +179,7 @@ class Classification:
 
     metric, metric_label = "auroc", "AUROC"
     files = "predictions_test.csv roc_test.png"
+    outputs_are_probabilities = True  # Predictions.outputs: (N, K) probabilities
 
     def __init__(self, task: TaskInfo) -> None:
         self.task = task
@@ -229,6 +230,7 @@ class Segmentation:
 
     metric, metric_label = "dice", "Dice"
     files = "predictions_test.csv"
+    outputs_are_probabilities = False  # Predictions.outputs: (N, K) Dice per class
 
     def __init__(self, task: TaskInfo) -> None:
         self.task = task
@@ -676,8 +678,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         with open(run_dir / "metrics.csv", newline="") as f:
             train_losses = [float(row["train_loss"]) for row in csv.DictReader(f)]
-        results["warnings"] = learning_warnings(train_losses, test.outputs if task.task_type != "segmentation"
-                                                else None)
+        results["warnings"] = learning_warnings(train_losses,
+                                                test.outputs if objective.outputs_are_probabilities else None)
         with writing(run_dir):
             results["test"] = objective.score(test, "test", run_dir, config["eval"], seed, label)
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))
