@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from medattn.attention import build_attention
 
@@ -50,14 +51,21 @@ class Encoder(nn.Module):
 
     Args are the model-level names: ``embed_dim`` (D'), ``depth``, ``num_heads``, ``attn_dim`` (D,
     the attention's inner_dim), ``mlp_dim``, ``attention`` (registry name) and its ``attention_kwargs``.
+
+    ``activation_checkpointing`` (attribute, settable after construction): while gradients are being
+    recorded, each block keeps only its input (B, N, dim) and recomputes its activations during the
+    backward pass (``torch.utils.checkpoint``, non-reentrant, dropout masks replayed from the saved RNG
+    state), so the stored activations of ``depth`` blocks shrink to ``depth`` token tensors plus one
+    block's worth, for about one extra forward pass of compute. The gradients are the same.
     """
 
     def __init__(self, embed_dim: int, depth: int, num_heads: int, attn_dim: int, mlp_dim: int, attention: str,
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0) -> None:
+                 attn_drop_rate: float = 0.0, activation_checkpointing: bool = False) -> None:
         super().__init__()
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
+        self.activation_checkpointing = activation_checkpointing
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, attn_dim, mlp_dim, attention, attention_kwargs, qkv_bias, drop_rate,
                   attn_drop_rate)
@@ -66,6 +74,51 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, mask)
+            x = checkpoint(block, x, mask, use_reentrant=False) if recompute else block(x, mask)
         return self.norm(x)
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> int:
+    """Turn per-block activation checkpointing on or off in every :class:`Encoder` of ``model``.
+
+    Returns the number of encoders changed; 0 means the model has no transformer blocks to checkpoint.
+    """
+    encoders = [module for module in model.modules() if isinstance(module, Encoder)]
+    for encoder in encoders:
+        encoder.activation_checkpointing = enabled
+    return len(encoders)
+
+
+class ConvStem(nn.Module):
+    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better") in place
+    of the patchify convolution: (B, C, *spatial) -> (B, embed_dim, *spatial / patch_size).
+
+    ``k = log2(max(patch_size))`` blocks of ``conv 3x3(x3) -> BatchNorm -> ReLU``, each halving every axis
+    whose patch is not yet covered (stride 2 on that axis, 1 on the others), then a 1x1 convolution to
+    ``embed_dim`` (the paper's design: channels double per block and end at ``embed_dim / 2``, here
+    ``embed_dim / 2^(k - i)`` for block i = 1..k, at least 8). Patch sizes must be powers of two. The
+    paper drops one transformer block to keep the FLOPs; we keep ``depth`` as given (the stem is a small
+    share of a small ViT's cost) and leave that choice to ``depth``.
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: tuple[int, ...]) -> None:
+        super().__init__()
+        if any(p & (p - 1) for p in patch_size):
+            raise ValueError(f"the convolutional stem needs power-of-two patch sizes, got {patch_size}")
+        conv = nn.Conv2d if len(patch_size) == 2 else nn.Conv3d
+        norm = nn.BatchNorm2d if len(patch_size) == 2 else nn.BatchNorm3d
+        steps = max(p.bit_length() - 1 for p in patch_size)
+        layers, chans, remaining = [], in_chans, list(patch_size)
+        for i in range(1, steps + 1):
+            stride = tuple(2 if r > 1 else 1 for r in remaining)
+            remaining = [r // s for r, s in zip(remaining, stride)]
+            width = max(8, embed_dim // 2 ** (steps - i + 1))
+            layers += [conv(chans, width, 3, stride=stride, padding=1, bias=False), norm(width), nn.ReLU(inplace=True)]
+            chans = width
+        self.stem = nn.Sequential(*layers)
+        self.proj = conv(chans, embed_dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.stem(x))  # (B, embed_dim, *grid)

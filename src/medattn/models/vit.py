@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Encoder
+from .layers import ConvStem, Encoder
 
 
 def _as_tuple(value, spatial_dims: int, name: str) -> tuple[int, ...]:
@@ -56,6 +56,9 @@ class VisionTransformer(nn.Module):
         attention: registry name of the mechanism; ``attention_kwargs`` go to its constructor.
         spatial_dims: 2 or 3.
         qkv_bias, drop_rate, attn_drop_rate: as in timm.
+        stem: ``"patch"`` (one strided convolution, the ViT's patchify) or ``"conv"`` (early convolutions,
+            :class:`~medattn.models.layers.ConvStem`, Xiao et al. 2021: 3x3 stride-2 convolutions down to
+            the same token grid; helps ViTs trained on little data; power-of-two patch sizes).
 
     ``forward(x)``: (B, C, *spatial) -> (B, num_classes) logits.
     ``forward_features(x)``: -> (B, 1 + N, D') normalised tokens, the class token first.
@@ -64,8 +67,11 @@ class VisionTransformer(nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1, embed_dim: int = 768,
                  depth: int = 12, num_heads: int = 12, attn_dim: int | None = None, mlp_dim: int = 3072,
                  attention: str = "softmax", attention_kwargs: dict | None = None, spatial_dims: int = 2,
-                 qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0) -> None:
+                 qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
+                 stem: str = "patch") -> None:
         super().__init__()
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"stem must be 'patch' or 'conv', got {stem!r}")
         if spatial_dims not in (2, 3):
             raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
         if num_classes < 1:
@@ -78,7 +84,10 @@ class VisionTransformer(nn.Module):
         self.num_classes = num_classes
         self.embed_dim = embed_dim
         conv = nn.Conv2d if spatial_dims == 2 else nn.Conv3d
-        self.patch_embed = conv(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        if stem == "conv":
+            self.patch_embed = ConvStem(in_chans, embed_dim, self.patch_size)
+        else:
+            self.patch_embed = conv(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + math.prod(self.grid_size), embed_dim))
         self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
