@@ -7,7 +7,7 @@ Usage:  OMP_NUM_THREADS=1 python benchmarks/wsi_heatmap_mass.py [--slides 40] [-
 Steps, all on SYNTHETIC slides (``medattn.slides.write_synthetic_cohort``: not tissue, every other slide
 with a planted tumour region, ground-truth masks kept): tile every slide (tissue mask, grid, white and blur
 filter), extract the weight-free descriptor from the kept tiles, train models on the bags with
-``medattn.train.engine.fit`` (the packaged ``synthetic_slides`` config: gated attention-MIL, and the
+``medattn.train.fit`` (the packaged ``synthetic_slides`` config: gated attention-MIL, and the
 seqnorm WSI ViT), then on each held-out tumour slide score every tile and report
 
     mass  = sum_k s_k t_k / sum_k s_k      (s_k >= 0 the tile's score, t_k its overlap with the tumour mask)
@@ -52,8 +52,7 @@ from medattn.slides import (
     write_synthetic_cohort,
     write_tiles,
 )
-from medattn.train import checkpoint
-from medattn.train.engine import build_model, fit
+from medattn.train import build_model, checkpoint, fit
 
 MODELS = {"abmil": ("abmil_small", None), "vit-seqnorm": ("vitwsi_small", "seqnorm")}
 

@@ -16,6 +16,7 @@ from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model
 from medattn.train import checkpoint, fit
+from medattn.train.rundir import RUN_FILES
 
 
 class Killed(Exception):
@@ -244,7 +245,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_at_once(tmp_path):
     """Another process holds the run folder (as a running `medattn train` does); ours must not start."""
     run = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom medattn.train.engine import run_folder\n"
+        [sys.executable, "-c", "import sys, time\nfrom medattn.train.rundir import run_folder\n"
          "with run_folder(sys.argv[1], False, False):\n    print('held', flush=True)\n    time.sleep(60)\n", str(run)],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -296,7 +297,7 @@ def test_a_killed_overwrite_gets_the_previous_run_back(tmp_path):
     before = _snapshot(tmp_path / "run")
     run = tmp_path / "run"
     (run / ".previous").mkdir()
-    for name in ("config.yaml", "metrics.csv", "checkpoints", "predictions_test.csv", "roc_test.png", "results.json"):
+    for name in RUN_FILES:
         os.replace(run / name, run / ".previous" / name)
     (run / "config.yaml").write_text("the killed run's config")
     with pytest.raises(UserError, match="already holds a run"):

@@ -12,7 +12,10 @@ from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.train import build_model, fit
-from medattn.train.engine import check_device, check_model_config, improves, learning_warnings, lr_at
+from medattn.train.build import check_device, check_model_config
+from medattn.train.loop import improves
+from medattn.train.optim import lr_at
+from medattn.train.report import learning_warnings
 
 
 def _run(tmp_path, bundle, *overrides, name="run", **kwargs):
@@ -26,6 +29,8 @@ def test_fit_writes_the_run_folder(tmp_path):
     assert yaml.safe_load((run / "config.yaml").read_text()) == tiny_config()
     with Image.open(run / "roc_test.png") as png:
         assert png.format == "PNG" and min(png.size) >= 200
+    with Image.open(run / "training_curves.png") as png:  # loss and validation score per epoch
+        assert png.format == "PNG" and png.size[0] > png.size[1]
     # the best checkpoint is the model that wrote predictions_test.csv; the last one holds the optimizer state
     model = build_model(tiny_config()["model"], bundle.task).eval()
     model.load_state_dict(load_file(run / "checkpoints/best/model.safetensors"))

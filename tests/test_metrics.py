@@ -110,7 +110,7 @@ def test_dice_bootstrap_resamples_patients():
 
 def test_engine_scores_with_patient_clusters(tmp_path):
     from medattn.data.base import TaskInfo
-    from medattn.train.engine import Classification, Predictions, Segmentation
+    from medattn.train.objectives import Classification, Predictions, Segmentation
 
     rng = np.random.default_rng(0)
     labels = np.repeat((np.arange(12) % 2)[:, None], 3, 0)

@@ -14,7 +14,7 @@ from medattn.data import build_datasets
 from medattn.data.base import TaskInfo
 from medattn.models import create_model
 from medattn.train import build_model, fit
-from medattn.train.engine import Segmentation, objective_for
+from medattn.train.objectives import Segmentation, objective_for
 
 TINY = ["data.volume_size=[8, 8, 32]", "data.num_blobs=2", "data.num_samples=[4, 2, 3]", "train.epochs=1",
         "train.batch_size=2", "eval.bootstrap=20", "model.kwargs.base_channels=4"]

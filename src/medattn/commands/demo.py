@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     from medattn.bench.common import environment
     from medattn.data import build_datasets
-    from medattn.train.engine import fit
+    from medattn.train import fit
 
     out = Path(args.out)
     if out.exists():

@@ -47,8 +47,7 @@ def load_trained(path: str | Path):
     """
     import torch
 
-    from medattn.train import checkpoint
-    from medattn.train.engine import build_model
+    from medattn.train import build_model, checkpoint
 
     folder = checkpoint.resolve(path)
     meta = checkpoint.load_meta(folder)
@@ -63,8 +62,9 @@ def load_trained(path: str | Path):
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.data_config, args.overrides)  # config errors answer before torch is imported
     from medattn.data import build_datasets
-    from medattn.train import distributed
-    from medattn.train.engine import check_device, make_loader, objective_for, predict, score_split
+    from medattn.train import distributed, make_loader, predict, score_split
+    from medattn.train.build import check_device
+    from medattn.train.objectives import objective_for
 
     model, run_config, task, folder = load_trained(args.checkpoint)
     bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=args.skip_bad)

@@ -80,8 +80,8 @@ class Files:
 
 def run(args: argparse.Namespace) -> int:
     from medattn.data.files import check_regular
-    from medattn.train import distributed
-    from medattn.train.engine import check_device, make_loader, predict
+    from medattn.train import distributed, make_loader, predict
+    from medattn.train.build import check_device
 
     model, config, task, _ = load_trained(args.checkpoint)
     if task.task_type == "segmentation":

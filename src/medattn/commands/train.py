@@ -36,12 +36,13 @@ def run_dir_of(config: dict, out: str | None) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Check everything that is cheap to check (config, model section, device, output folder) before any
-    data is read; :func:`medattn.train.engine.fit` holds the output folder while it trains. Config errors
+    data is read; :func:`medattn.train.fit` holds the output folder while it trains. Config errors
     answer before torch is imported."""
     config = load_config(args.config, args.overrides)
     from medattn.data import build_datasets
-    from medattn.train import checkpoint, distributed
-    from medattn.train.engine import check_device, check_model_config, check_run_dir, fit
+    from medattn.train import checkpoint, distributed, fit
+    from medattn.train.build import check_device, check_model_config
+    from medattn.train.rundir import check_run_dir
 
     if args.skip_bad:
         config["train"]["skip_bad"] = True

@@ -1,5 +1,7 @@
-"""Training and evaluation: the engine, safe atomic checkpoints and multi-process (DDP) helpers."""
+"""Training and evaluation: the loop, objectives, reports, run folders, safe atomic checkpoints and DDP helpers."""
 
-from .engine import Predictions, build_model, fit, make_loader, predict, score_split
+from .build import build_model
+from .loop import fit, make_loader, predict
+from .objectives import Predictions, score_split
 
 __all__ = ["Predictions", "build_model", "fit", "make_loader", "predict", "score_split"]

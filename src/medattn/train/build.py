@@ -1,0 +1,85 @@
+"""From the config's model section to a model: checks that build nothing, the build, and one forward call."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from medattn.attention import available_attentions
+from medattn.data.base import TaskInfo
+from medattn.errors import UserError
+from medattn.models import create_model, input_contract, takes_attention
+from medattn.models.presets import PRESETS
+
+
+def check_model_config(model_cfg: dict) -> None:
+    """The model section names a preset, a registered mechanism (or none, for models without one) and
+    only keyword arguments the preset's class takes; a UserError names the key. Cheap: builds nothing."""
+    name, attention, kwargs = model_cfg["name"], model_cfg.get("attention"), model_cfg.get("kwargs") or {}
+    if name not in PRESETS:
+        raise UserError(f"model.name: unknown model {name!r}; available: {', '.join(sorted(PRESETS))}")
+    if attention is not None:
+        if not takes_attention(name):
+            raise UserError(f"model.attention: model {name!r} has no attention mechanism; got {attention!r} "
+                            f"(set model.attention=null)")
+        if attention not in available_attentions():
+            raise UserError(f"model.attention: unknown attention {attention!r}; available: "
+                            f"{', '.join(available_attentions())}")
+    parameters = inspect.signature(PRESETS[name][0]).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        accepted = sorted(k for k in parameters if k not in ("self", "attention"))
+        unknown = [k for k in kwargs if k not in accepted]
+        if unknown:
+            raise UserError(f"model.kwargs.{unknown[0]}: model {name!r} takes no argument {unknown[0]!r}; "
+                            f"it takes {', '.join(accepted)}")
+
+
+def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
+    """The configured preset with its input and output sizes taken from the task (explicit kwargs win).
+
+    Built on the current default device (``with torch.device("meta")`` builds shapes only). Values the
+    model refuses (``ValueError``/``TypeError`` from its constructor) become a UserError naming
+    ``model.kwargs`` and the sizes taken from the data.
+    """
+    check_model_config(model_cfg)
+    name = model_cfg["name"]
+    given = dict(model_cfg.get("kwargs") or {})
+    kwargs = {**given}
+    kwargs.setdefault("num_classes", task.num_outputs)
+    is_bag_model = input_contract(name) == "bag"
+    if is_bag_model != (task.input_kind == "bag"):
+        wants = "feature bags" if is_bag_model else "images or volumes"
+        raise UserError(f"model {name!r} takes {wants} but the data gives {task.input_kind} inputs")
+    if is_bag_model:
+        kwargs.setdefault("feature_dim", task.input_shape[0])
+    else:
+        kwargs.setdefault("in_chans", task.input_shape[0])
+        if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the pixel model takes any size
+            kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
+    try:
+        return create_model(name, attention=model_cfg.get("attention"), **kwargs)
+    except (ValueError, TypeError) as error:
+        from_data = {k: v for k, v in kwargs.items() if k not in given}
+        raise UserError(f"model.kwargs {given or '{}'} (with {from_data} from the data) do not build model "
+                        f"{name!r}: {error}") from error
+
+
+def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
+    """Logits (B, K) (segmentation: (B, K, H, W, D)): ``model(x)`` for images/volumes,
+    ``model(features, mask, coords)`` for bags."""
+    if input_kind == "bag":
+        return model(batch["input"], mask=batch.get("mask"), coords=batch.get("coords"))
+    return model(batch["input"])
+
+
+def check_device(name: str) -> None:
+    """``train.device`` names a device this machine has (CUDA/MPS present, the CUDA index in range)."""
+    if name.startswith("cuda"):
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise UserError(f"train.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                            f"use train.device=auto or cpu")
+    elif name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("train.device=mps: MPS is not available on this machine; use train.device=auto or cpu")

@@ -1,0 +1,319 @@
+"""The training loop: one for every input kind, task type and mechanism, readable top to bottom.
+
+:func:`fit` -> :func:`_fit` (build, resume) -> per epoch :func:`train_one_epoch` then :func:`predict` on the
+validation split -> the best epoch's checkpoint on the test split -> :mod:`medattn.train.report`.
+
+Training: AdamW (:mod:`medattn.train.optim`), a linear warm-up then cosine decay of the learning rate (per
+optimizer step), gradient clipping, gradient accumulation and optional bf16 autocast. After every epoch the
+validation split is scored, a checkpoint is written atomically (``checkpoints/last``) and the one with the
+best validation score is kept (``checkpoints/best``; ties go to the lower validation loss, see
+:func:`improves`); that one is tested at the end. What is optimised and scored comes from the task type
+(:func:`medattn.train.objectives.objective_for`); the run folder is described in :mod:`medattn.train.rundir`.
+
+Reproducibility: the seed sets torch/numpy/random; the training order comes from a sampler seeded with
+``seed`` and the epoch (``DistributedSampler``, also with one process), DataLoader workers are seeded from
+it, and the RNG states are part of every checkpoint, so ``resume`` continues exactly where the killed run
+stopped. ``num_workers`` is 0 by default: on CPU the workers compete with the model for the same cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
+
+from medattn.config import save_config, validate
+from medattn.data.base import DataBundle, TaskInfo, collate
+from medattn.errors import UserError, writing
+from medattn.models.pretrained import describe, load_pretrained
+from medattn.threads import set_threads
+
+from . import checkpoint, distributed, report
+from .build import build_model, check_device, check_model_config, forward
+from .objectives import Predictions, metric_fields, objective_for
+from .optim import lr_at, make_optimizer
+from .rundir import config_diff, run_folder
+
+
+def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
+        init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
+        on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print) -> dict:
+    """Train, select the best epoch by the validation score (AUROC, or Dice for segmentation), test it;
+    returns the results (also results.json).
+
+    The config is checked first (:func:`medattn.config.validate`, the model section, the device); the
+    run folder is held for the whole run (:func:`medattn.train.rundir.run_folder`: locked; an overwritten
+    run is deleted only once this run has written its first checkpoint). ``on_epoch_end(epoch, row)`` is
+    called after each epoch's checkpoint is written (tests use it to interrupt a run). With ``init_from``
+    the model starts from another checkpoint's shared tensors, or from a plain weights file of a timm,
+    DINO, MAE or MONAI ViT (:func:`medattn.models.pretrained.load_pretrained`).
+    """
+    validate(config)
+    check_model_config(config["model"])
+    if device is None:
+        check_device(config["train"]["device"])
+        device = distributed.setup(config["train"]["device"])  # joins the process group: ranks known from here
+    run_dir = Path(run_dir)
+    with run_folder(run_dir, resume, overwrite) as keep:
+        return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
+                    device=device, on_epoch_end=on_epoch_end, log=log)
+
+
+def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
+         init_from: str | Path | None, progress: bool, device: torch.device,
+         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> dict:
+    """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see ``run_folder``)."""
+    train_cfg, task, seed = config["train"], bundle.task, config["seed"]
+    log = log if distributed.is_main() else (lambda message: None)
+    if resume:
+        saved = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
+        changed = config_diff(saved, config)
+        if changed:
+            raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
+    set_threads(train_cfg["threads"], log)
+    seed_everything(seed)
+    objective = objective_for(task)
+    fields, score_key = metric_fields(objective), f"val_{objective.metric}"
+    model = build_model(config["model"], task).to(device)
+    init_report = None if resume or init_from is None else initialise(model, init_from, log)
+    optimizer = make_optimizer(model, train_cfg)
+    ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
+    eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
+    train_loader = make_loader(bundle.train, train_cfg["batch_size"], True, seed, train_cfg["num_workers"])
+    val_loader = make_loader(bundle.val, eval_bs, False, seed, train_cfg["num_workers"])
+    steps_per_epoch = math.ceil(len(train_loader) / train_cfg["grad_accum"])
+    schedule = {"total_steps": train_cfg["epochs"] * steps_per_epoch,
+                "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
+    state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None}
+    if resume:
+        last = checkpoint.resolve(run_dir / "checkpoints" / "last")
+        checkpoint.load_model(last, model)
+        state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
+        log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
+        report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], fields)
+    elif distributed.is_main():
+        with writing(run_dir / "config.yaml"):
+            save_config(config, run_dir / "config.yaml")
+    meta = {"config": config, "task": checkpoint.task_to_dict(task)}
+    started = time.time()
+    for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
+        epoch_start = time.time()
+        train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, objective, task, train_cfg, state,
+                                     schedule, epoch, seed, device, progress)
+        val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress)
+        val_score = objective.val_score(val)
+        row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
+               "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
+        state["epoch"] = epoch
+        is_best = improves(state, val_score, val.loss)
+        if is_best:
+            state["best_score"], state["best_loss"], state["best_epoch"] = val_score, val.loss, epoch
+        if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
+            report.append_metrics(run_dir / "metrics.csv", row, fields)
+            if is_best:
+                checkpoint.save(run_dir / "checkpoints" / "best", model,
+                                {**meta, "epoch": epoch, score_key: val_score})
+            checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, score_key: val_score},
+                            optimizer, state)
+            keep()
+        distributed.barrier()
+        log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
+            f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+    results = {
+        "run_dir": str(run_dir), "synthetic": task.synthetic, "data": config["data"].get("kind"),
+        "model": config["model"]["name"], "attention": config["model"]["attention"],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "metric": objective.metric,
+        score_key: state["best_score"],
+        "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
+        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report,
+    }
+    return test_best(model, config, bundle, run_dir, results, device, progress, log)
+
+
+def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], None]) -> dict:
+    """Load ``init_from`` into a new model: a plain weights file (timm, DINO, MAE or MONAI ViT) or another run's
+    checkpoint (its shared tensors); logs and returns what was loaded, adapted, new and unused."""
+    if checkpoint.is_plain_weights(init_from):
+        loaded = load_pretrained(model, init_from)
+        log(f"initialised from {init_from}: {describe(loaded)}")
+        return {"from": str(init_from), **loaded}
+    new, unused = checkpoint.init_from(model, checkpoint.resolve(init_from))
+    log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {', '.join(new)}" if new else "")
+        + (f"; {len(unused)} checkpoint tensor(s) unused: {', '.join(unused)}" if unused else ""))
+    return {"from": str(init_from), "new_tensors": new, "unused_tensors": unused}
+
+
+def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
+                    objective, task: TaskInfo, train_cfg: dict, state: dict, schedule: dict, epoch: int, seed: int,
+                    device: torch.device, progress: bool) -> float:
+    """One pass over this rank's training share; returns the mean train loss over all ranks.
+
+    Gradients accumulate over ``train.grad_accum`` batches (the last group of an epoch may be shorter and
+    is weighted by its own size); DDP synchronises only on a group's last batch. ``state["step"]`` counts
+    optimizer steps and sets the learning rate (:func:`medattn.train.optim.lr_at`)."""
+    loader.sampler.set_epoch(epoch)
+    loader.generator.manual_seed(seed * 100_003 + epoch)  # worker seeds depend on the epoch only
+    ddp_model.train()
+    accum, n_batches = train_cfg["grad_accum"], len(loader)
+    loss_sum, seen = 0.0, 0
+    batches = tqdm(loader, desc=f"epoch {epoch}/{train_cfg['epochs']} train", leave=False,
+                   disable=not (progress and distributed.is_main()))
+    for i, batch in enumerate(batches):
+        group_start = (i // accum) * accum
+        group_size = min(accum, n_batches - group_start)
+        last_in_group = i == group_start + group_size - 1
+        batch = _to(batch, device)
+        sync = contextlib.nullcontext() if last_in_group or ddp_model is model else ddp_model.no_sync()
+        with sync:
+            with _autocast(device, train_cfg["precision"]):
+                logits = forward(ddp_model, batch, task.input_kind)
+            loss = objective.loss(logits, batch["label"])
+            (loss / group_size).backward()
+        loss_sum += loss.item() * len(batch["id"])
+        seen += len(batch["id"])
+        if last_in_group:
+            lr = lr_at(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg["lr"],
+                       train_cfg["min_lr"])
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if train_cfg["grad_clip"]:
+                nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            batches.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+    if not math.isfinite(loss_sum):
+        raise UserError(f"training diverged in epoch {epoch} (loss is {loss_sum}); lower train.lr or use fp32")
+    totals = distributed.all_gather_rows(torch.tensor([[loss_sum, seen]], dtype=torch.float64)).sum(0)
+    return float(totals[0] / max(1.0, float(totals[1])))
+
+
+def improves(state: dict, score: float, loss: float) -> bool:
+    """Whether an epoch with validation ``score`` and ``loss`` replaces the best so far: a higher score, or
+    the same score with a lower loss. Small validation sets saturate (AUROC 1.0 from epoch 1 or 2); without
+    the tie-break the barely trained first epoch at the ceiling stayed "best"."""
+    if state["best_score"] is None or score > state["best_score"]:
+        return True
+    return score == state["best_score"] and (state.get("best_loss") is None or loss < state["best_loss"])
+
+
+def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path, results: dict,
+              device: torch.device, progress: bool, log: Callable[[str], None]) -> dict:
+    """Load the best checkpoint, score the test split, write the report files (predictions, ROC, curves,
+    results.json, the learned-nothing warnings) and print the summary; returns ``results`` completed."""
+    train_cfg, task = config["train"], bundle.task
+    objective = objective_for(task)
+    checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
+    eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
+    test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
+    test = predict(model, test_loader, task, device, train_cfg["precision"], "test", progress)
+    if distributed.is_main():
+        label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
+        rows = report.read_metrics(run_dir / "metrics.csv")
+        results["warnings"] = report.learning_warnings([row["train_loss"] for row in rows],
+                                                       test.outputs if objective.outputs_are_probabilities else None)
+        with writing(run_dir):
+            results["test"] = objective.score(test, "test", run_dir, config["eval"], config["seed"], label)
+            report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
+                               label + (" (SYNTHETIC data)" if task.synthetic else ""))
+            (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+        log(report.summary(results, objective))
+    distributed.barrier()
+    return results
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _seed_worker(worker_id: int) -> None:
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+class _Indexed(Dataset):
+    """Adds each sample's position, so predictions gathered from several ranks can be put in order."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.dataset[index], "index": index}
+
+
+def _collate_indexed(samples: list[dict]) -> dict:
+    return {**collate(samples), "index": torch.tensor([s["index"] for s in samples])}
+
+
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0) -> DataLoader:
+    """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``)."""
+    if len(dataset) == 0:
+        raise UserError("a data split is empty")
+    indexed = _Indexed(dataset)
+    sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                 shuffle=shuffle, seed=seed)
+    return DataLoader(indexed, batch_size=batch_size, sampler=sampler, collate_fn=_collate_indexed,
+                      num_workers=num_workers, worker_init_fn=_seed_worker,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.device, precision: str = "fp32",
+            desc: str = "eval", progress: bool = True) -> Predictions:
+    """Run the model over a loader (every rank its share) and gather all predictions in dataset order."""
+    model.eval()
+    objective = objective_for(task)
+    indices, outputs, labels, losses, ids, patients = [], [], [], [], [], []
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
+        batch = _to(batch, device)
+        with _autocast(device, precision):
+            logits = forward(model, batch, task.input_kind)
+        losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
+        indices.append(batch["index"].cpu())
+        output, label = objective.outputs(logits, batch["label"])
+        outputs.append(output.cpu())
+        labels.append(label.cpu())
+        ids += batch["id"]
+        patients += batch["patient"]
+    index = distributed.all_gather_rows(torch.cat(indices))
+    output = distributed.all_gather_rows(torch.cat(outputs))
+    label = distributed.all_gather_rows(torch.cat(labels))
+    ids = distributed.all_gather_strings(ids)
+    patients = distributed.all_gather_strings(patients)
+    loss = distributed.all_gather_rows(torch.cat(losses))
+    # DistributedSampler pads the last ranks with repeats: keep each sample once, in dataset order.
+    order = np.argsort(index.numpy(), kind="stable").tolist()
+    first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
+    return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
+                       outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()))

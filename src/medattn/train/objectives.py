@@ -1,0 +1,168 @@
+"""What is optimised and scored per task type, chosen in one place (:func:`objective_for`).
+
+* classification (binary, multi-class, multi-label; :class:`Classification`): cross-entropy; AUROC,
+  with a bootstrap CI over patients, a ROC PNG and per-sample probabilities;
+* segmentation (:class:`Segmentation`): soft Dice over the foreground classes + voxel cross-entropy;
+  mean foreground Dice, with a bootstrap CI over patients, per-class Dice and per-case Dice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from medattn import metrics
+from medattn.data.base import TaskInfo
+from medattn.models.segmentation import dice_per_class, soft_dice_loss
+
+from .report import output_names, write_cases, write_predictions
+
+
+@dataclass
+class Predictions:
+    """One split's per-sample results in dataset order (see the objective's :meth:`outputs`).
+
+    Classification: ``outputs`` = probabilities (N, K), ``labels`` (N, K) or (N,) class indices.
+    Segmentation: ``outputs`` = per-class Dice (N, K), ``labels`` = label voxels per class (N, K).
+    """
+
+    ids: list[str]
+    patients: list[str]
+    outputs: np.ndarray
+    labels: np.ndarray
+    loss: float
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_sample: bool = False) -> torch.Tensor:
+    """Cross-entropy (multi-class) or binary cross-entropy; the batch mean, or (B,) with ``per_sample``."""
+    if task_type == "multiclass":
+        loss = F.cross_entropy(logits.float(), labels.long(), reduction="none")
+    else:
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").mean(-1)
+    return loss if per_sample else loss.mean()
+
+
+def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
+    return logits.float().softmax(-1) if task_type == "multiclass" else logits.float().sigmoid()
+
+
+class Classification:
+    """Binary, multi-class and multi-label tasks: logits (B, K); cross-entropy; AUROC."""
+
+    metric, metric_label = "auroc", "AUROC"
+    files = "predictions_test.csv roc_test.png"
+    outputs_are_probabilities = True  # Predictions.outputs: (N, K) probabilities
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.task = task
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        return loss_fn(logits, labels, self.task.task_type, per_sample)
+
+    def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (probabilities (B, K), labels): the per-sample rows gathered for scoring."""
+        return probabilities(logits, self.task.task_type), labels
+
+    def val_score(self, pred: Predictions) -> float:
+        return metrics.auroc(pred.outputs, pred.labels, self.task.task_type, "validation", self.task.class_names)
+
+    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
+        """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
+        task = self.task
+        write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
+        result: dict = {"n": len(pred.ids), "loss": pred.loss, "auroc": None, "ci_low": None, "ci_high": None}
+        try:
+            result["auroc"] = metrics.auroc(pred.outputs, pred.labels, task.task_type, split, task.class_names)
+            if eval_cfg["bootstrap"]:
+                result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
+                    pred.outputs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed,
+                    groups=pred.patients)
+            title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
+            title += " (SYNTHETIC data)" if task.synthetic else ""
+            metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
+                             task.class_names)
+        except metrics.UndefinedMetricError as error:
+            result["note"] = str(error)
+        return result
+
+    def test_line(self, test: dict) -> str:
+        if test["auroc"] is None:
+            return f"test AUROC     undefined: {test['note']}"
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        return f"test AUROC     {test['auroc']:.4f}{ci}  n={test['n']}"
+
+
+class Segmentation:
+    """Voxel labelling: logits (B, K, H, W, D), labels (B, H, W, D) in [0, K) with 0 = background.
+
+    Loss: soft Dice over the foreground classes (batch Dice, :func:`soft_dice_loss` without background)
+    plus the voxel-wise cross-entropy, which gives useful gradients while the Dice of small structures
+    is still near 0. Score: mean foreground Dice of the hard (argmax) prediction (:func:`metrics.mean_dice`).
+    """
+
+    metric, metric_label = "dice", "Dice"
+    files = "predictions_test.csv"
+    outputs_are_probabilities = False  # Predictions.outputs: (N, K) Dice per class
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.task = task
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        if per_sample:
+            return torch.stack([self.loss(x[None], y[None]) for x, y in zip(logits, labels)])
+        return soft_dice_loss(logits, labels, include_background=False) + F.cross_entropy(logits.float(), labels)
+
+    def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (Dice per class (B, K), NaN where a class is in neither; label voxels per class (B, K))."""
+        k = logits.shape[1]
+        hard = logits.argmax(1)
+        dice = torch.stack([dice_per_class(p, t, k) for p, t in zip(hard, labels)])
+        voxels = torch.stack([torch.bincount(t.flatten(), minlength=k) for t in labels])
+        return dice, voxels
+
+    def val_score(self, pred: Predictions) -> float:
+        return metrics.mean_dice(pred.outputs, "validation")
+
+    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
+        """Mean foreground Dice with a bootstrap CI over cases, per-class Dice, per-case Dice CSV."""
+        names = output_names(self.task, pred.outputs.shape[1])
+        write_cases(pred, names, out_dir / f"predictions_{split}.csv")
+        per_class = metrics.class_dice(pred.outputs)
+        result: dict = {"n": len(pred.ids), "loss": pred.loss, "dice": None, "ci_low": None, "ci_high": None,
+                        "dice_per_class": {n: None if np.isnan(v) else float(v) for n, v in zip(names, per_class)}}
+        try:
+            result["dice"] = metrics.mean_dice(pred.outputs, split)
+            if eval_cfg["bootstrap"]:
+                result["ci_low"], result["ci_high"] = metrics.dice_bootstrap_ci(
+                    pred.outputs, eval_cfg["bootstrap"], eval_cfg["ci"], seed, groups=pred.patients)
+        except metrics.UndefinedMetricError as error:
+            result["note"] = str(error)
+        return result
+
+    def test_line(self, test: dict) -> str:
+        if test["dice"] is None:
+            return f"test Dice      undefined: {test['note']}"
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        classes = ", ".join(f"{n} {'-' if v is None else f'{v:.3f}'}"
+                            for n, v in list(test["dice_per_class"].items())[1:])
+        return f"test Dice      {test['dice']:.4f}{ci}  n={test['n']}\nper class      {classes}"
+
+
+def objective_for(task: TaskInfo) -> Classification | Segmentation:
+    """The loss, the validation score and the test report of a task type: the one place they are chosen."""
+    return Segmentation(task) if task.task_type == "segmentation" else Classification(task)
+
+
+def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:
+    """The columns of metrics.csv."""
+    return ("epoch", "lr", "train_loss", "val_loss", f"val_{objective.metric}", "seconds")
+
+
+def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
+                label: str = "") -> dict:
+    """Score one split and write its files, as the task's objective does (see :func:`objective_for`)."""
+    return objective_for(task).score(pred, split, Path(out_dir), eval_cfg, seed, label)

@@ -1,0 +1,151 @@
+"""What a run writes for people: per-epoch metrics, training curves, per-sample predictions, the summary and
+the warnings that a run learned nothing."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from medattn.data.base import TaskInfo
+from medattn.errors import writing
+
+from . import distributed
+
+if TYPE_CHECKING:
+    from .objectives import Classification, Predictions, Segmentation
+
+
+def output_names(task: TaskInfo, k: int) -> list[str]:
+    """The task's class names when there is one per output, else the output indices."""
+    return task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+
+
+def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
+    """Classification CSV: id, patient, the label(s) and one probability column per output."""
+    names = output_names(task, pred.outputs.shape[1])
+    label_cols = ["label"] if task.task_type == "multiclass" else [f"label_{n}" for n in names]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "patient", *label_cols, *[f"prob_{n}" for n in names]])
+        for i, sample_id in enumerate(pred.ids):
+            label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
+            writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
+
+
+
+def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
+    """Segmentation CSV: id, patient, mean foreground Dice, Dice per class (empty where undefined), label voxels
+    per class."""
+    def cell(value: float) -> str:
+        return "" if np.isnan(value) else f"{value:.6f}"
+
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "patient", "mean_dice", *[f"dice_{n}" for n in names],
+                         *[f"voxels_{n}" for n in names]])
+        for i, sample_id in enumerate(pred.ids):
+            foreground = pred.outputs[i, 1:]
+            mean = float(np.nanmean(foreground)) if not np.isnan(foreground).all() else float("nan")
+            writer.writerow([sample_id, pred.patients[i], cell(mean), *[cell(v) for v in pred.outputs[i]],
+                             *[int(v) for v in pred.labels[i]]])
+
+
+#: A train loss at the end above this fraction of its first epoch's "never left its start".
+FLAT_LOSS_FRACTION = 0.95
+#: Test probabilities whose 5th-95th percentile spread is below this, for every output, "collapsed".
+NARROW_BAND = 0.05
+
+
+def learning_warnings(train_losses: list[float], probabilities: np.ndarray | None) -> list[str]:
+    """Signs that a run learned nothing, as sentences for the summary (empty when none).
+
+    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a
+    classification task, or None. Two signs: the last epoch's train loss is above ``FLAT_LOSS_FRACTION``
+    of the first's (over at least two epochs), and the test probabilities of every output lie within a
+    5th-95th percentile band narrower than ``NARROW_BAND`` (the model tells the cases apart barely or not
+    at all, whatever the AUROC says).
+    """
+    found = []
+    if len(train_losses) >= 2 and train_losses[-1] > FLAT_LOSS_FRACTION * train_losses[0]:
+        found.append(f"the train loss never left its start ({train_losses[0]:.4f} in epoch 1, "
+                     f"{train_losses[-1]:.4f} in epoch {len(train_losses)}): the model may have learned nothing")
+    if probabilities is not None and len(probabilities) >= 2:
+        low, high = np.percentile(probabilities, [5, 95], axis=0)
+        if float((high - low).max()) < NARROW_BAND:
+            found.append(f"the test probabilities collapse to a band {float((high - low).max()):.3f} wide "
+                         f"(5th-95th percentile): the model barely tells the cases apart")
+    return found
+
+
+def summary(results: dict, objective: Classification | Segmentation) -> str:
+    """The one-screen summary printed at the end of a run."""
+    test = results["test"]
+    tag = "  [SYNTHETIC data]" if results["synthetic"] else ""
+    mechanism = f" with {results['attention']} attention" if results["attention"] else ""
+    lines = [
+        "=" * 72,
+        f"run            {results['run_dir']}{tag}",
+        f"data           {results['data']}  (train {results['n_train']}, val {results['n_val']}, "
+        f"test {test['n']}; skipped {results['skipped_samples']})",
+        f"model          {results['model']}{mechanism} ({results['parameters'] / 1e6:.2f} M parameters)",
+        f"best epoch     {results['best_epoch']} of {results['epochs']}  "
+        f"(val {objective.metric_label} {results[f'val_{objective.metric}']:.4f})",
+        objective.test_line(test),
+        f"time           {results['train_seconds']:.1f} s",
+        f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json",
+        *(f"WARNING        {warning}" for warning in results.get("warnings", [])),
+        "=" * 72,
+    ]
+    return "\n".join(lines)
+
+
+def append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
+    new = not path.exists()
+    with writing(path), open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def truncate_metrics(path: Path, last_epoch: int, fields: tuple[str, ...]) -> None:
+    """Drop rows written after the checkpoint a run resumes from."""
+    if not path.exists() or not distributed.is_main():
+        return
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= last_epoch]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.csv as a list of rows (numbers as floats)."""
+    with open(path, newline="") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def plot_curves(rows: list[dict], score_key: str, path: Path, title: str) -> None:
+    """training_curves.png: train and validation loss (left) and the validation score (right) per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in rows]
+    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [row["train_loss"] for row in rows], "o-", label="train")
+    ax_loss.plot(epochs, [row["val_loss"] for row in rows], "o-", label="validation")
+    ax_loss.set(xlabel="epoch", ylabel="loss")
+    ax_loss.legend()
+    ax_score.plot(epochs, [row[score_key] for row in rows], "o-", color="C2")
+    ax_score.set(xlabel="epoch", ylabel=score_key.replace("_", " "))
+    fig.suptitle(title)
+    fig.tight_layout()
+    with writing(path):
+        fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,140 @@
+"""The run folder: one run at a time (a lock), nothing lost on ``--overwrite`` with bad input, tidy after a kill.
+
+Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
+
+    config.yaml             resolved config
+    metrics.csv             one row per epoch (lr, train/val loss, val AUROC or val Dice, seconds)
+    training_curves.png     the metrics.csv curves (loss and validation score per epoch)
+    checkpoints/last|best   see medattn.train.checkpoint
+    predictions_test.csv    per-sample test results (see medattn.train.report)
+    roc_test.png            ROC curve(s) on the test split (classification only)
+    results.json            the summary (also printed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from medattn.config import flatten
+from medattn.errors import UserError, writing
+
+from . import checkpoint, distributed
+
+RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
+             "results.json")
+LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
+PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run's first checkpoint
+
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a folder that holds a run unless resuming (then it must hold a checkpoint) or overwriting."""
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"output folder {run_dir} is a file, not a folder")
+    if resume:
+        if not (run_dir / "checkpoints" / "last").exists() and not (run_dir / "checkpoints" / "last.old").exists():
+            raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
+    elif not overwrite and any((run_dir / name).exists() for name in RUN_FILES):
+        raise UserError(f"output folder {run_dir} already holds a run; use --resume to continue it or "
+                        f"--overwrite to replace it")
+
+
+@contextlib.contextmanager
+def run_folder(run_dir: Path, resume: bool, overwrite: bool):
+    """Hold ``run_dir`` for one run: lock it, tidy up after a killed run, check it, set an overwritten run aside.
+
+    Yields ``keep``, to call once the new run has written a checkpoint: from then on the new run stands
+    and the previous one (moved to ``.previous``) is deleted. If the block fails before that, the new
+    run's files are removed and the previous run is put back, so ``--overwrite`` with bad input loses
+    nothing. A second run on a locked folder gets a UserError at once. Only the main rank touches files.
+    """
+    run_dir = Path(run_dir)
+    if not distributed.is_main():
+        check_run_dir(run_dir, resume, overwrite)  # every rank stops on a folder it may not use
+        distributed.barrier()
+        yield lambda: None
+        return
+    with _locked(run_dir):
+        _recover(run_dir)
+        check_run_dir(run_dir, resume, overwrite)
+        if not resume:
+            _move_run(run_dir, run_dir / PREVIOUS)
+        distributed.barrier()
+        kept = resume
+
+        def keep() -> None:
+            nonlocal kept
+            if not kept:
+                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)
+                kept = True
+
+        try:
+            yield keep
+        except BaseException:
+            if not kept:
+                _put_back(run_dir)
+            raise
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path):
+    """Create ``run_dir`` and hold an exclusive ``flock`` on its lock file (released when the block ends,
+    or by the kernel when the process dies)."""
+    with writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / LOCK_FILE, "a")  # noqa: SIM115 (held for the whole block)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UserError(f"output folder {run_dir} is in use by another medattn run (it holds "
+                        f"{run_dir / LOCK_FILE}); wait for it to end or choose another --out") from None
+    try:
+        yield
+    finally:
+        handle.close()
+
+
+def _move_run(source: Path, target: Path) -> None:
+    """Move the run files (:data:`RUN_FILES`, nothing else) from ``source`` into ``target`` by rename."""
+    present = [name for name in RUN_FILES if (source / name).exists()]
+    if present:
+        with writing(target):
+            target.mkdir(exist_ok=True)
+            for name in present:
+                os.replace(source / name, target / name)
+
+
+def _put_back(run_dir: Path) -> None:
+    """Remove an unfinished run's files and restore the run set aside in ``.previous`` (if any)."""
+    for name in RUN_FILES:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    if (run_dir / PREVIOUS).is_dir():
+        _move_run(run_dir / PREVIOUS, run_dir)
+        shutil.rmtree(run_dir / PREVIOUS)
+
+
+def _recover(run_dir: Path) -> None:
+    """After a run killed outright (the lock is ours, so its owner is gone): a previous run it had set
+    aside comes back unless the killed run got as far as a checkpoint; unfinished checkpoint writes go."""
+    checkpoint.clean_stale(run_dir / "checkpoints")
+    if (run_dir / PREVIOUS).is_dir():
+        if (run_dir / "checkpoints" / "last").is_dir():
+            shutil.rmtree(run_dir / PREVIOUS)
+        else:
+            _put_back(run_dir)
+
+
+def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[str]:
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in set(fa) | set(fb) if k not in ignore and fa.get(k) != fb.get(k))
