@@ -143,8 +143,9 @@ class SeqNormCore(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, *params = ctx.saved_tensors[:9]
-        weights = ctx.saved_tensors[9] if ctx.has_weights else None
+        saved = ctx.saved_tensors  # read once: checkpointing's recomputed tensors unpack only once
+        q, k, v, *params = saved[:9]
+        weights = saved[9] if ctx.has_weights else None
         if ctx.centred or torch.is_grad_enabled():
             return (*_explicit_backward(q, k, v, params, weights, ctx.count, ctx.eps, grad_out), None, None, None)
         return (*_raw_moment_backward(q, k, v, params, weights, ctx.count, ctx.eps, ctx.moments, grad_out),

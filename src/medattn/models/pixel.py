@@ -40,6 +40,7 @@ class PixelTransformer(nn.Module):
         mlp_dim: hidden width of the MLP (the paper: 4 x embed_dim).
         attention: registry name of the mechanism; ``attention_kwargs`` go to its constructor.
         qkv_bias, drop_rate, attn_drop_rate: as in timm.
+        activation_checkpointing: as for :class:`~medattn.models.vit.VisionTransformer`.
 
     ``forward(x)``: (B, C, H, W) -> (B, num_classes). Any H, W works (N = H * W tokens; cost O(N^2)).
     """
@@ -47,7 +48,7 @@ class PixelTransformer(nn.Module):
     def __init__(self, in_chans: int = 3, num_classes: int = 10, embed_dim: int = 384, depth: int = 8,
                  num_heads: int = 4, attn_dim: int | None = None, mlp_dim: int = 1536, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0) -> None:
+                 attn_drop_rate: float = 0.0, activation_checkpointing: bool = False) -> None:
         super().__init__()
         if in_chans < 1 or num_classes < 1:
             raise ValueError(f"in_chans and num_classes must be at least 1, got {in_chans}, {num_classes}")
@@ -55,7 +56,7 @@ class PixelTransformer(nn.Module):
         self.num_classes = num_classes
         self.embed = nn.Linear(in_chans + 2, embed_dim)
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
-                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate)
+                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         self.head = nn.Linear(embed_dim, num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,9 @@ class VisionTransformer(nn.Module):
         stem: ``"patch"`` (one strided convolution, the ViT's patchify) or ``"conv"`` (early convolutions,
             :class:`~medattn.models.layers.ConvStem`, Xiao et al. 2021: 3x3 stride-2 convolutions down to
             the same token grid; helps ViTs trained on little data; power-of-two patch sizes).
+        activation_checkpointing: recompute each block's activations in the backward pass instead of
+            storing them (less memory, about one more forward of compute; see
+            :class:`~medattn.models.layers.Encoder`); ``train.activation_checkpointing`` sets it.
 
     ``forward(x)``: (B, C, *spatial) -> (B, num_classes) logits.
     ``forward_features(x)``: -> (B, 1 + N, D') normalised tokens, the class token first.
@@ -68,7 +71,7 @@ class VisionTransformer(nn.Module):
                  depth: int = 12, num_heads: int = 12, attn_dim: int | None = None, mlp_dim: int = 3072,
                  attention: str = "softmax", attention_kwargs: dict | None = None, spatial_dims: int = 2,
                  qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 stem: str = "patch") -> None:
+                 stem: str = "patch", activation_checkpointing: bool = False) -> None:
         super().__init__()
         if stem not in ("patch", "conv"):
             raise ValueError(f"stem must be 'patch' or 'conv', got {stem!r}")
@@ -92,7 +95,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + math.prod(self.grid_size), embed_dim))
         self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
-                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate)
+                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         self.head = nn.Linear(embed_dim, num_classes)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)

@@ -36,6 +36,7 @@ class WSITransformer(nn.Module):
         num_classes, embed_dim (D'), depth, num_heads, attn_dim (D), mlp_dim, attention,
         attention_kwargs, qkv_bias, drop_rate, attn_drop_rate: as for :class:`VisionTransformer`.
         pos_encoding: "none" or "sincos" (see the module docstring); coord_scale: divisor of coords.
+        activation_checkpointing: as for :class:`VisionTransformer`.
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     """
@@ -45,7 +46,8 @@ class WSITransformer(nn.Module):
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, depth: int = 2,
                  num_heads: int = 8, attn_dim: int | None = None, mlp_dim: int = 512, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0) -> None:
+                 attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
         if pos_encoding not in ("none", "sincos"):
             raise ValueError(f"pos_encoding must be 'none' or 'sincos', got {pos_encoding!r}")
@@ -58,7 +60,7 @@ class WSITransformer(nn.Module):
         self.feature_proj = nn.Linear(feature_dim, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
-                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate)
+                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         self.head = nn.Linear(embed_dim, num_classes)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
 
