@@ -32,13 +32,8 @@ def _rows(source, start: int, stop: int) -> torch.Tensor:
     return torch.from_numpy(np.array(source[start:stop], dtype=np.float32))
 
 
-@torch.no_grad()
-def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_size: int = 32_768) -> torch.Tensor:
-    """Logits (1, num_classes) for a single bag ``features`` (N, F), streamed in chunks of tokens.
-
-    Raises ValueError if a mechanism of the model cannot stream (e.g. softmax, which needs every
-    token at once) or if the input has the wrong shape.
-    """
+def check_bag(model: WSITransformer, features, coords, chunk_size: int) -> None:
+    """ValueError unless ``features`` is one non-empty (N, F) bag every block of ``model`` can stream."""
     if len(features.shape) != 2 or features.shape[1] != model.feature_dim:
         raise ValueError(f"expected a single bag of features (N, {model.feature_dim}), got {tuple(features.shape)}")
     if features.shape[0] == 0:
@@ -49,36 +44,64 @@ def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_si
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if model.pos_encoding == "sincos" and coords is None:
         raise ValueError("pos_encoding='sincos' needs coords")
-    blocks = model.encoder.blocks
-    for block in blocks:
+    for block in model.encoder.blocks:
         if block.attn.stream_passes == 0:
             raise ValueError(f"{type(block.attn).__name__} cannot stream; use a mechanism with stream_passes > 0")
+
+
+def bag_chunks(model: WSITransformer, features, coords, chunk_size: int) -> Iterator[torch.Tensor]:
+    """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
     parameter = next(model.parameters())
+    yield model.cls_token
+    for start in range(0, features.shape[0], chunk_size):
+        chunk = _rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
+        x = model.feature_proj(chunk).unsqueeze(0)
+        if model.pos_encoding == "sincos":
+            position = _rows(coords, start, start + chunk_size).to(parameter.device)
+            x = x + sincos_2d(position.unsqueeze(0) / model.coord_scale, x.shape[-1]).to(x.dtype)
+        yield x
 
-    def tokens() -> Iterator[torch.Tensor]:
-        """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
-        yield model.cls_token
-        for start in range(0, features.shape[0], chunk_size):
-            chunk = _rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
-            x = model.feature_proj(chunk).unsqueeze(0)
-            if model.pos_encoding == "sincos":
-                position = _rows(coords, start, start + chunk_size).to(parameter.device)
-                x = x + sincos_2d(position.unsqueeze(0) / model.coord_scale, x.shape[-1]).to(x.dtype)
-            yield x
 
-    def through(x: torch.Tensor, states: list[dict]) -> torch.Tensor:
-        for block, state in zip(blocks, states):
-            x = x + block.attn.stream_forward(state, block.norm1(x))
-            x = x + block.mlp(block.norm2(x))
-        return x
+def through_blocks(blocks, x: torch.Tensor, states: list[dict]) -> torch.Tensor:
+    """A chunk (1, n_c, D') through the first ``len(states)`` blocks, whose statistics are final."""
+    for block, state in zip(blocks, states):
+        x = x + block.attn.stream_forward(state, block.norm1(x))
+        x = x + block.mlp(block.norm2(x))
+    return x
 
+
+@torch.no_grad()
+def stream_states(model: WSITransformer, features, coords=None, chunk_size: int = 32_768,
+                  observe=None) -> list[dict]:
+    """The finished streaming statistics of every block (see the module docstring), bag checked first.
+
+    ``observe(layer, h)``, if given, sees every chunk's attention input h = norm1(x) (1, n_c, D') of
+    block ``layer`` in its first pass, the class token first (it is how explanations gather their own
+    per-layer statistics in the same pass).
+    """
+    check_bag(model, features, coords, chunk_size)
+    blocks = model.encoder.blocks
     states: list[dict] = []
-    for block in blocks:
+    for layer, block in enumerate(blocks):
         state = block.attn.stream_begin()
         for pass_index in range(block.attn.stream_passes):
-            for x in tokens():
-                block.attn.stream_update(state, block.norm1(through(x, states)), pass_index)
+            for x in bag_chunks(model, features, coords, chunk_size):
+                h = block.norm1(through_blocks(blocks, x, states))
+                block.attn.stream_update(state, h, pass_index)
+                if observe is not None and pass_index == 0:
+                    observe(layer, h)
             block.attn.stream_end(state, pass_index)
         states.append(state)
-    cls = through(model.cls_token, states)
+    return states
+
+
+@torch.no_grad()
+def wsi_forward_streaming(model: WSITransformer, features, coords=None, chunk_size: int = 32_768) -> torch.Tensor:
+    """Logits (1, num_classes) for a single bag ``features`` (N, F), streamed in chunks of tokens.
+
+    Raises ValueError if a mechanism of the model cannot stream (e.g. softmax, which needs every
+    token at once) or if the input has the wrong shape.
+    """
+    states = stream_states(model, features, coords, chunk_size)
+    cls = through_blocks(model.encoder.blocks, model.cls_token, states)
     return model.head(model.encoder.norm(cls)[:, 0])
