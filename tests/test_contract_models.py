@@ -31,6 +31,7 @@ from medattn.models.pixel import PixelTransformer
 from medattn.models.presets import PRESETS
 from medattn.models.resnet import ResNet
 from medattn.models.segmentation import DilatedFCN3D, UNet3D
+from medattn.models.segmentation.vit_seg import SegmentationViT
 from medattn.models.vit import VisionTransformer
 from medattn.models.wsi import WSITransformer
 
@@ -66,7 +67,7 @@ READ_WITHOUT_CALL = {
     ("seqnorm", ".attn.v_norm"): "as above",
 }
 
-SHRINK = {"embed_dim": 32, "attn_dim": 32, "mlp_dim": 32, "feature_dim": 8}  # applied where a preset is wider
+SHRINK = {"embed_dim": 32, "attn_dim": 32, "mlp_dim": 32, "feature_dim": 8, "num_heads": 4, "decoder_dim": 32}  # applied where a preset is wider
 
 
 def small_kwargs(name: str) -> dict:
@@ -85,6 +86,7 @@ def bag_inputs(model):  # two bags, the second padded: the masked path runs too
 
 INPUTS = {
     VisionTransformer: lambda model: (torch.randn(2, model.in_chans, *model.img_size),),
+    SegmentationViT: lambda model: (torch.randn(2, model.in_chans, *model.img_size),),
     WSITransformer: bag_inputs,
     PixelTransformer: lambda model: (torch.randn(2, model.in_chans, 3, 4),),
     UNet3D: lambda model: (torch.randn(2, model.encoders[0][0][0].in_channels, 8, 8, 8),),

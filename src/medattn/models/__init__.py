@@ -5,7 +5,8 @@
 
 Presets (:mod:`medattn.models.presets`) are the paper's Table 1 (``vit2d``, ``vit3d``, ``vitwsi``)
 plus ``*_small`` and ``*_tiny`` ones for CPU demos and tests, and baselines without attention
-(``resnet2d``/``resnet3d``, gated attention-MIL ``abmil``).
+(``resnet2d``/``resnet3d``, gated attention-MIL ``abmil``), and 2D segmentation with a ViT-S/8 encoder and a
+convolutional decoder (``vit_s8_seg``, ``vit_s8_seg_tiny``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .convert import convert_attention
 from .mil import AttentionMIL
 from .presets import PRESETS
 from .resnet import ResNet
+from .segmentation.vit_seg import SegmentationViT
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -58,5 +60,5 @@ def create_model(name: str, attention: str | None = None, **kwargs) -> nn.Module
     return cls(**{**preset, **({"attention": attention} if attention is not None else {}), **kwargs})
 
 
-__all__ = ["AttentionMIL", "ResNet", "VisionTransformer", "WSITransformer", "available_models", "convert_attention",
+__all__ = ["AttentionMIL", "ResNet", "SegmentationViT", "VisionTransformer", "WSITransformer", "available_models", "convert_attention",
            "create_model", "input_contract", "takes_attention"]

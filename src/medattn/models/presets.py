@@ -34,6 +34,16 @@ Baselines a user would pick instead of a transformer (issue 10), trained by the 
 ``abmil``           gated attention-MIL (Ilse et al. 2018) on 2048-d features, M = 512, L = 128
 ==================  =====================================================================
 
+2D segmentation with a ViT encoder and a convolutional decoder (BinaryFormer §3.1, App. A.1); ``num_classes``
+counts the background:
+
+==================  =====================================================================
+``vit_s8_seg``      DINO's ViT-S/8 (12 blocks, D = 384, 6 heads, MLP 1536), values narrowed to 16 per head,
+                    decoder width 1024; 19.3M encoder + 8.8M decoder parameters at 320 x 320, 4 classes;
+                    pretrained weights keep the patch embedding and the MLPs of blocks 0-3
+``vit_s8_seg_tiny`` the same layout for CPU tests and demos: D = 64, 4 blocks, 4 heads, decoder width 64
+==================  =====================================================================
+
 Any keyword given to :func:`medattn.models.create_model` overrides the preset's value.
 """
 
@@ -43,6 +53,7 @@ from .mil import AttentionMIL
 from .pixel import PixelTransformer
 from .resnet import ResNet
 from .segmentation import DilatedFCN3D, UNet3D
+from .segmentation.vit_seg import SegmentationViT
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -77,6 +88,13 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                        use_pam=False)),
     "dilated_fcn_pam": (DilatedFCN3D, dict(in_chans=1, num_classes=2, width=18, num_blocks=4,
                                            dilations=(1, 2, 4), use_pam=True)),
+    # 2D segmentation: ViT-S/8 + convolutional decoder (BinaryFormer §3.1, App. A.1) and a CPU-sized twin.
+    "vit_s8_seg": (SegmentationViT, dict(img_size=320, patch_size=8, in_chans=1, num_classes=4, embed_dim=384,
+                                         depth=12, num_heads=6, mlp_dim=1536, value_dim=16, decoder_dim=1024,
+                                         pretrained_keep="binaryformer")),
+    "vit_s8_seg_tiny": (SegmentationViT, dict(img_size=64, patch_size=8, in_chans=1, num_classes=4, embed_dim=64,
+                                              depth=4, num_heads=4, mlp_dim=128, decoder_dim=64,
+                                              pretrained_keep="binaryformer")),
     # Baselines without attention (issue 10): a small ResNet and gated attention-MIL.
     "resnet2d": (ResNet, dict(spatial_dims=2, in_chans=3, widths=(64, 128, 256, 512), depths=(2, 2, 2, 2))),
     "resnet3d": (ResNet, dict(spatial_dims=3, in_chans=1, widths=(64, 128, 256, 512), depths=(2, 2, 2, 2))),

@@ -40,6 +40,13 @@ Adaptations, each listed in the report:
 * layer scale ``gamma`` is folded into the layer before it (``proj``, ``fc2``): ``gamma * (W x + b)``;
 * a missing qkv bias (MONAI's default, ``qkv_bias=False``) becomes a zero bias.
 
+What to keep (``keep``; default the model's ``pretrained_keep`` attribute, else everything): ``"all"``,
+``"binaryformer"`` (:data:`BINARYFORMER_KEEP`: the patch embedding, the class token and positions, and the
+MLPs of blocks 0-3 with their pre-norms, as BinaryFormer's App. A.1 fine-tunes DINO's ViT-S/8; every
+attention, ``norm1``, the MLPs of blocks 4 and later and the final norm keep their fresh initialisation),
+or a list of glob patterns (:mod:`fnmatch`) on timm's names. A tensor the choice leaves out is reported
+under ``new`` and ``not_kept`` (ours) and ``dropped`` (the file's); its shape is not checked.
+
 A head of another shape (ImageNet's 1000 classes) is dropped and ours is new. Attention tensors that only
 our mechanism has (e.g. SeqNorm's ``q_norm``) are new, so the weights load into a model of any mechanism.
 What the state dict cannot show must be set to match by the user: ``num_heads`` (6 for ViT-S, 12 for
@@ -50,6 +57,7 @@ the tensor; nothing is written to the model before every tensor has been checked
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import pickle
 import re
@@ -76,14 +84,36 @@ REQUIRED = re.compile(r"^(patch_embed\.proj\.weight|blocks\.\d+\.(norm[12]\.(wei
 DROPPABLE = re.compile(r"^(decoder_.*|mask_token|head\..*|head_dist\..*|fc_norm\..*|reg_token|register_tokens|"
                        r"blocks\.\d+\.norm_cross_attn\..*)$")
 LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.ls([12])\.gamma$")
+# BinaryFormer App. A.1: keep the patch embedding and the MLPs of blocks 0-3 (timm's names; the pre-norm of
+# an MLP belongs to it, and the positions and class token to the embedding); re-initialise the rest.
+BINARYFORMER_KEEP = ("patch_embed.*", "pos_embed", "cls_token", "blocks.[0-3].norm2.*", "blocks.[0-3].mlp.*")
+KEEP_CHOICES = {"all": None, "binaryformer": BINARYFORMER_KEEP}
+
+
+def check_keep(keep) -> str | list[str] | None:
+    """``keep`` unchanged if it is None, a name of :data:`KEEP_CHOICES` or a non-empty list of glob
+    patterns; ValueError otherwise."""
+    if keep is None or keep in KEEP_CHOICES:
+        return keep
+    if isinstance(keep, (list, tuple)) and keep and all(isinstance(p, str) and p for p in keep):
+        return list(keep)
+    raise ValueError(f"pretrained_keep must be one of {', '.join(KEEP_CHOICES)} or a list of glob patterns on "
+                     f"timm's tensor names, got {keep!r}")
+
+
+def keep_patterns(keep) -> tuple[str, ...] | None:
+    """Glob patterns of the tensors to keep, None for all (``keep`` as :func:`check_keep` accepts it)."""
+    keep = check_keep(keep)
+    return KEEP_CHOICES[keep] if isinstance(keep, str) else None if keep is None else tuple(keep)
 
 
 def load_pretrained(model: VisionTransformer, source, family: str | None = None,
-                    source_grid: tuple[int, ...] | None = None) -> dict:
+                    source_grid: tuple[int, ...] | None = None, keep=None) -> dict:
     """Copy pretrained weights (a path or a state dict) into ``model``; returns the report (module docstring).
 
     ``family`` (one of :data:`FAMILIES`) is detected from the names when None. ``source_grid`` is the
-    file's patch grid when it is not a square (2D) or cube (3D).
+    file's patch grid when it is not a square (2D) or cube (3D). ``keep`` (see the module docstring)
+    defaults to ``model.pretrained_keep`` where the model has one, else everything.
     """
     if not isinstance(model, VisionTransformer):
         raise UserError(f"pretrained ViT weights load into a VisionTransformer, not a {type(model).__name__}")
@@ -93,7 +123,8 @@ def load_pretrained(model: VisionTransformer, source, family: str | None = None,
     state, dropped = _strip_prefixes(state)
     family = _check_family(state, family, where, from_dino)
     state, origin, how = _to_timm_names(state, family, where)
-    tensors, report = _match(model, state, origin, how, where, source_grid)
+    patterns = keep_patterns(getattr(model, "pretrained_keep", None) if keep is None else keep)
+    tensors, report = _match(model, state, origin, how, where, source_grid, patterns)
     with torch.no_grad():
         own = model.state_dict()
         for key, tensor in tensors.items():
@@ -107,7 +138,9 @@ def describe(report: dict) -> str:
     adapted = "; ".join(f"{k}: {how}" for k, how in report["how"].items())
     return (f"{report['family']} weights: {len(report['loaded'])} tensor(s) loaded, {len(report['adapted'])} adapted"
             + (f" ({adapted})" if adapted else "") + f", {len(report['new'])} new"
-            + (f" ({', '.join(report['new'])})" if report["new"] else "") + f", {len(report['dropped'])} dropped"
+            + (f" ({', '.join(report['new'])})" if report["new"] else "")
+            + (f" of which {len(report['not_kept'])} left out by the keep choice" if report.get("not_kept") else "")
+            + f", {len(report['dropped'])} dropped"
             + (f" ({', '.join(report['dropped'])})" if report["dropped"] else ""))
 
 
@@ -235,12 +268,19 @@ def _our_name_in_timm(key: str) -> str:
 
 
 def _match(model: VisionTransformer, state: dict, origin: dict, how: dict, where: str,
-           source_grid: tuple[int, ...] | None) -> tuple[dict, dict]:
-    """Our name -> the tensor to copy in, and the report's lists; raises before anything is copied."""
+           source_grid: tuple[int, ...] | None, keep: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """Our name -> the tensor to copy in, and the report's lists; raises before anything is copied.
+    With ``keep`` (glob patterns on timm's names) only matching tensors of the file are used."""
     own = model.state_dict()
-    tensors, report, used = {}, {"loaded": [], "adapted": [], "new": [], "dropped": [], "how": {}}, set()
+    tensors, used = {}, set()
+    report = {"loaded": [], "adapted": [], "new": [], "dropped": [], "not_kept": [], "how": {}}
+    left_out = set() if keep is None else {n for n in state if not any(fnmatch.fnmatchcase(n, p) for p in keep)}
     for key, target in own.items():
         name = _our_name_in_timm(key)
+        if name in left_out:
+            report["new"].append(key)
+            report["not_kept"].append(key)
+            continue
         if name not in state:
             if name.endswith("attn.qkv.bias") and name.replace("bias", "weight") in state:
                 tensors[key] = torch.zeros_like(target)
@@ -271,8 +311,9 @@ def _match(model: VisionTransformer, state: dict, origin: dict, how: dict, where
         report["adapted" if notes else "loaded"].append(key)
         if notes:
             report["how"][key] = "; ".join(notes)
+    report["dropped"] += [origin[n] for n in state if n in left_out]
     for name in state:
-        if name in used:
+        if name in used or name in left_out:
             continue
         if not DROPPABLE.match(name):
             raise UserError(f"{where}: tensor {origin[name]} has no place in the model ({_depths(state, own)})")
