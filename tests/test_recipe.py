@@ -33,3 +33,51 @@ def test_conv_stem_off_builds_nothing_and_bad_patch_raises():
         create_model("vit2d_tiny", attention="softmax", stem="conv", patch_size=6, img_size=36)
     with pytest.raises(ValueError, match="stem"):
         create_model("vit2d_tiny", attention="softmax", stem="convolution")
+
+
+def test_random_resized_crop_zooms_into_the_drawn_box():
+    """A ramp along W cropped to a quarter of the area with ratio 1 spans half the ramp; scale 1 is the identity."""
+    from medattn.data.transforms import RandomResizedCrop
+
+    ramp = torch.linspace(0, 1, 64).expand(1, 64, 64).clone()  # (C, H, W), value = column / 63
+    torch.manual_seed(0)
+    same = RandomResizedCrop(scale=(1.0, 1.0), ratio=(1.0, 1.0))(ramp)
+    torch.testing.assert_close(same, ramp, atol=1e-5, rtol=0)
+    for _ in range(5):
+        out = RandomResizedCrop(scale=(0.25, 0.25), ratio=(1.0, 1.0))(ramp)
+        span = float(out[0, 0, -1] - out[0, 0, 0])
+        assert span == pytest.approx(0.5, abs=0.01)
+    volume = torch.linspace(0, 1, 8).expand(1, 16, 16, 8).clone()  # ramp along D
+    out = RandomResizedCrop(scale=(0.125, 0.125), ratio=(1.0, 1.0))(volume)
+    assert out.shape == volume.shape
+    assert float(out[0, 0, 0, -1] - out[0, 0, 0, 0]) == pytest.approx(0.5, abs=0.01)
+
+
+def test_elastic_and_intensity_act_with_their_probabilities():
+    from medattn.data.transforms import RandomElastic, RandomIntensity
+
+    image = torch.rand(1, 32, 32)
+    torch.testing.assert_close(RandomElastic(p=1.0, magnitude=0.0)(image), image, atol=1e-5, rtol=0)
+    assert RandomElastic(p=0.0)(image) is image
+    torch.manual_seed(1)
+    moved = RandomElastic(p=1.0, magnitude=0.05)(torch.rand(2, 16, 16, 8))
+    assert moved.shape == (2, 16, 16, 8) and torch.isfinite(moved).all()
+    torch.manual_seed(0)
+    volume = torch.randn(1, 8, 8, 4)
+    unchanged = sum(bool(torch.equal(RandomIntensity()(volume), volume)) for _ in range(400)) / 400
+    assert unchanged == pytest.approx(0.85 * 0.85 * 0.7 * 0.9, abs=0.07)  # every transform skipped
+
+
+def test_augment_strong_and_bad_values():
+    from medattn.data import build_datasets
+    from medattn.data.transforms import Compose, build_augmentation
+    from medattn.errors import UserError
+
+    assert isinstance(build_augmentation("strong", 3), Compose) and build_augmentation(False, 2) is None
+    with pytest.raises(UserError, match="data.augment"):
+        build_augmentation("wild", 2)
+    bundle = build_datasets({"kind": "synthetic_cxr", "augment": "strong", "num_samples": [4, 2, 2]})
+    torch.manual_seed(0)
+    first, second = bundle.train[0]["input"], bundle.train[0]["input"]
+    assert first.shape == (1, 64, 64) and not torch.equal(first, second)
+    assert torch.equal(bundle.val[0]["input"], bundle.val[0]["input"])  # evaluation is never augmented

@@ -38,7 +38,7 @@ from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import RandomFlip3d
+from .transforms import RandomFlip3d, build_augmentation
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -264,8 +264,9 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     H, W, D, e.g. [0.7, 0.7, 3.0]; default: no resampling), ``target_size`` (H, W, D, default
     [256, 256, 32]), ``normalize`` (zscore (default), percentile, none), ``split_sides`` (default
     false; see the module docstring), ``augment`` (default true: flips along every axis, training
-    split only), ``check_files`` (default true), ``val_fraction``, ``test_fraction``, ``folds``,
-    ``fold``.
+    split only; "strong" adds crops, elastic and intensity transforms, see
+    :func:`~medattn.data.transforms.build_augmentation`), ``check_files`` (default true),
+    ``val_fraction``, ``test_fraction``, ``folds``, ``fold``.
 
     Validation: labels, split values and paths while reading the CSV; existence and headers at build
     time (``check_files``); with ``skip_bad`` every volume is also loaded once at build time, so
@@ -292,7 +293,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     records, column = keep_valid(records, column, check, bad, f"volume_table {cfg['csv']}")
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    train_loader = VolumeLoader(spacing, size, method, RandomFlip3d() if cfg.get("augment", True) else None)
+    train_loader = VolumeLoader(spacing, size, method, build_augmentation(cfg.get("augment", True), 3))
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count)
