@@ -50,10 +50,15 @@ DEFAULTS: dict = {
         "threads": None,  # torch intra-op threads; None -> medattn.threads.default_threads (free cores)
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "skip_bad": False,
+        "loss": None,  # None -> the task's (cross-entropy; segmentation: dice_ce); dice = soft Dice only
+        "patch_size": None,  # segmentation: train on random patches of this size (medattn.data.patches)
+        "patch_foreground": None,  # share of patches centred on a foreground voxel; None -> 1/3
     },
     "eval": {
         "bootstrap": 1000,  # resamples for the test AUROC's confidence interval
         "ci": 0.95,
+        "sliding_window": None,  # segmentation: None -> on when train.patch_size is set (medattn.train.sliding)
+        "window_overlap": None,  # overlap of neighbouring windows, in [0, 1); None -> 0.5
     },
 }
 
@@ -243,9 +248,17 @@ SCHEMA: dict[str, Rule] = {
     "train.device": Rule("auto, cpu, mps, cuda or cuda:N", lambda v: isinstance(v, str)
                          and DEVICE_PATTERN.fullmatch(v) is not None),
     "train.skip_bad": Rule("true or false", lambda v: isinstance(v, bool)),
+    "train.loss": Rule("null, dice_ce or dice (segmentation)", lambda v: v in (None, "dice_ce", "dice")),
+    "train.patch_size": Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
+                             or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
+                                                            and all(_is_int(m) and m > 0 for m in v))),
+    "train.patch_foreground": Rule("null or a number from 0 to 1", lambda v: v is None or (_is_number(v)
+                                                                                         and 0 <= v <= 1)),
     "eval": MAPPING,
     "eval.bootstrap": _integer(0, 1_000_000),
     "eval.ci": Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1),
+    "eval.sliding_window": Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
+    "eval.window_overlap": Rule("null or a number in [0, 1)", lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
 }
 
 
