@@ -20,8 +20,9 @@ from .layers import Encoder
 def pixel_tokens(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) images -> (B, H*W, C + 2) tokens: intensities then (row, column) in [-1, 1]."""
     B, C, H, W = x.shape
-    rows = torch.linspace(-1, 1, H, dtype=x.dtype, device=x.device)
-    cols = torch.linspace(-1, 1, W, dtype=x.dtype, device=x.device)
+    # linspace(-1, 1, n) written with arange, so exported graphs keep H and W symbolic (linspace fixes them)
+    rows = torch.arange(H, dtype=x.dtype, device=x.device) * (2.0 / torch.sym_max(H - 1, 1)) - 1
+    cols = torch.arange(W, dtype=x.dtype, device=x.device) * (2.0 / torch.sym_max(W - 1, 1)) - 1
     coords = torch.stack(torch.meshgrid(rows, cols, indexing="ij"))  # (2, H, W)
     tokens = torch.cat([x, coords.expand(B, -1, -1, -1)], dim=1)  # (B, C + 2, H, W)
     return tokens.flatten(2).transpose(1, 2)  # (B, H*W, C + 2)
