@@ -60,5 +60,5 @@ def create_model(name: str, attention: str | None = None, **kwargs) -> nn.Module
     return cls(**{**preset, **({"attention": attention} if attention is not None else {}), **kwargs})
 
 
-__all__ = ["AttentionMIL", "ResNet", "SegmentationViT", "VisionTransformer", "WSITransformer", "available_models", "convert_attention",
-           "create_model", "input_contract", "takes_attention"]
+__all__ = ["AttentionMIL", "ResNet", "SegmentationViT", "VisionTransformer", "WSITransformer", "available_models",
+           "convert_attention", "create_model", "input_contract", "takes_attention"]

@@ -92,12 +92,12 @@ KEEP_CHOICES = {"all": None, "binaryformer": BINARYFORMER_KEEP}
 
 def check_keep(keep) -> str | list[str] | None:
     """``keep`` unchanged if it is None, a name of :data:`KEEP_CHOICES` or a non-empty list of glob
-    patterns; ValueError otherwise."""
-    if keep is None or keep in KEEP_CHOICES:
+    patterns; UserError (a ValueError) otherwise."""
+    if keep is None or (isinstance(keep, str) and keep in KEEP_CHOICES):
         return keep
     if isinstance(keep, (list, tuple)) and keep and all(isinstance(p, str) and p for p in keep):
         return list(keep)
-    raise ValueError(f"pretrained_keep must be one of {', '.join(KEEP_CHOICES)} or a list of glob patterns on "
+    raise UserError(f"pretrained_keep must be one of {', '.join(KEEP_CHOICES)} or a list of glob patterns on "
                      f"timm's tensor names, got {keep!r}")
 
 
