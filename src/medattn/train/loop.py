@@ -24,6 +24,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +37,12 @@ from tqdm import tqdm
 
 from medattn.config import save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
+from medattn.data.patches import RandomPatches
 from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.threads import set_threads
 
-from . import checkpoint, distributed, report
+from . import checkpoint, distributed, report, sliding
 from .build import build_model, check_device, check_model_config, forward
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import lr_at, make_optimizer
@@ -84,14 +86,18 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
     set_threads(train_cfg["threads"], log)
     seed_everything(seed)
-    objective = objective_for(task)
+    objective = objective_for(task, train_cfg["loss"])
     fields, score_key = metric_fields(objective), f"val_{objective.metric}"
-    model = build_model(config["model"], task).to(device)
+    patch, window = sliding.patch_shape(config, task), sliding.inference_window(config, task)
+    # a model trained on patches is built for the patch (a ViT's position embeddings match it)
+    model = build_model(config["model"], replace(task, input_shape=(task.input_shape[0], *patch)) if patch
+                        else task).to(device)
     init_report = None if resume or init_from is None else initialise(model, init_from, log)
     optimizer = make_optimizer(model, train_cfg)
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
-    train_loader = make_loader(bundle.train, train_cfg["batch_size"], True, seed, train_cfg["num_workers"])
+    train_set = RandomPatches(bundle.train, patch, train_cfg["patch_foreground"]) if patch else bundle.train
+    train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, train_cfg["num_workers"])
     val_loader = make_loader(bundle.val, eval_bs, False, seed, train_cfg["num_workers"])
     steps_per_epoch = math.ceil(len(train_loader) / train_cfg["grad_accum"])
     schedule = {"total_steps": train_cfg["epochs"] * steps_per_epoch,
@@ -112,7 +118,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         epoch_start = time.time()
         train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, objective, task, train_cfg, state,
                                      schedule, epoch, seed, device, progress)
-        val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress)
+        val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress,
+                      objective=objective, window=window)
         val_score = objective.val_score(val)
         row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
                "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
@@ -217,11 +224,12 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     """Load the best checkpoint, score the test split, write the report files (predictions, ROC, curves,
     results.json, the learned-nothing warnings) and print the summary; returns ``results`` completed."""
     train_cfg, task = config["train"], bundle.task
-    objective = objective_for(task)
+    objective = objective_for(task, train_cfg["loss"])
     checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
     test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
-    test = predict(model, test_loader, task, device, train_cfg["precision"], "test", progress)
+    test = predict(model, test_loader, task, device, train_cfg["precision"], "test", progress, objective=objective,
+                   window=sliding.inference_window(config, task))
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
@@ -290,15 +298,21 @@ def _autocast(device: torch.device, precision: str):
 
 @torch.no_grad()
 def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.device, precision: str = "fp32",
-            desc: str = "eval", progress: bool = True) -> Predictions:
-    """Run the model over a loader (every rank its share) and gather all predictions in dataset order."""
+            desc: str = "eval", progress: bool = True, *, objective=None,
+            window: tuple[tuple[int, ...], float] | None = None) -> Predictions:
+    """Run the model over a loader (every rank its share) and gather all predictions in dataset order.
+
+    ``objective``: the loss and outputs (default: the task's, :func:`objective_for`); ``window``: (window
+    size, overlap) for sliding-window inference with Gaussian blending (:mod:`medattn.train.sliding`),
+    None for one forward of the whole input."""
     model.eval()
-    objective = objective_for(task)
+    objective = objective or objective_for(task)
     indices, outputs, labels, losses, ids, patients = [], [], [], [], [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
         batch = _to(batch, device)
         with _autocast(device, precision):
-            logits = forward(model, batch, task.input_kind)
+            logits = (forward(model, batch, task.input_kind) if window is None else
+                      sliding.sliding_window_logits(model, batch["input"], *window, batch_size=len(batch["id"])))
         losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
         indices.append(batch["index"].cpu())
         output, label = objective.outputs(logits, batch["label"])

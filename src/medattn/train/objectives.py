@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from medattn import metrics
 from medattn.data.base import TaskInfo
+from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 
 from .report import output_names, write_cases, write_predictions
@@ -99,22 +100,25 @@ class Classification:
 class Segmentation:
     """Voxel labelling: logits (B, K, H, W, D), labels (B, H, W, D) in [0, K) with 0 = background.
 
-    Loss: soft Dice over the foreground classes (batch Dice, :func:`soft_dice_loss` without background)
-    plus the voxel-wise cross-entropy, which gives useful gradients while the Dice of small structures
-    is still near 0. Score: mean foreground Dice of the hard (argmax) prediction (:func:`metrics.mean_dice`).
+    Loss (``train.loss``): ``dice_ce`` (default): soft Dice over the foreground classes (batch Dice,
+    :func:`soft_dice_loss` without background) plus the voxel-wise cross-entropy, which gives useful
+    gradients while the Dice of small structures is still near 0; ``dice``: the soft Dice alone (the PAM
+    paper's "Dice loss"; foreground classes, as the score). Score: mean foreground Dice of the hard
+    (argmax) prediction (:func:`metrics.mean_dice`).
     """
 
     metric, metric_label = "dice", "Dice"
     files = "predictions_test.csv"
     outputs_are_probabilities = False  # Predictions.outputs: (N, K) Dice per class
 
-    def __init__(self, task: TaskInfo) -> None:
-        self.task = task
+    def __init__(self, task: TaskInfo, loss: str | None = None) -> None:
+        self.task, self.dice_only = task, loss == "dice"
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         if per_sample:
             return torch.stack([self.loss(x[None], y[None]) for x, y in zip(logits, labels)])
-        return soft_dice_loss(logits, labels, include_background=False) + F.cross_entropy(logits.float(), labels)
+        dice = soft_dice_loss(logits, labels, include_background=False)
+        return dice if self.dice_only else dice + F.cross_entropy(logits.float(), labels)
 
     def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (Dice per class (B, K), NaN where a class is in neither; label voxels per class (B, K))."""
@@ -152,9 +156,14 @@ class Segmentation:
         return f"test Dice      {test['dice']:.4f}{ci}  n={test['n']}\nper class      {classes}"
 
 
-def objective_for(task: TaskInfo) -> Classification | Segmentation:
-    """The loss, the validation score and the test report of a task type: the one place they are chosen."""
-    return Segmentation(task) if task.task_type == "segmentation" else Classification(task)
+def objective_for(task: TaskInfo, loss: str | None = None) -> Classification | Segmentation:
+    """The loss, the validation score and the test report of a task type: the one place they are chosen.
+    ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses)."""
+    if task.task_type == "segmentation":
+        return Segmentation(task, loss)
+    if loss is not None:
+        raise UserError(f"train.loss={loss} is a segmentation loss; this task is {task.task_type} (use null)")
+    return Classification(task)
 
 
 def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:
