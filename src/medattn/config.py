@@ -60,6 +60,17 @@ DEFAULTS: dict = {
         "sliding_window": None,  # segmentation: None -> on when train.patch_size is set (medattn.train.sliding)
         "window_overlap": None,  # overlap of neighbouring windows, in [0, 1); None -> 0.5
     },
+    "task": "supervised",  # supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)
+    "diffusion": {  # the two diffusion stages (medattn.diffusion); unused by supervised runs
+        "vqae_checkpoint": None,  # stage 2: the stage-1 (diffusion_vqae) run folder or checkpoint
+        "perceptual_net": None,  # stage 1: a local torch.export .pt2 network for the perceptual term
+        "perceptual_weight": 0.0,  # stage 1: weight of that term (0 = off)
+        "gradient_weight": 0.0,  # stage 1: weight of the weight-free gradient-difference term (0 = off)
+        "timesteps": 256,  # stage 2: absorbing-diffusion steps T of the masking schedule
+        "sample_steps": 200,  # steps revealing the unknown tokens when sampling
+        "temperature": 0.8,  # sampling temperature
+        "mask_fraction": 0.5,  # centre mask: the unknown box's share of each latent axis (test inpainting)
+    },
 }
 
 
@@ -259,6 +270,17 @@ SCHEMA: dict[str, Rule] = {
     "eval.ci": Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1),
     "eval.sliding_window": Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
     "eval.window_overlap": Rule("null or a number in [0, 1)", lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
+    "task": Rule("supervised, diffusion_vqae or diffusion_transformer",
+                 lambda v: v in ("supervised", "diffusion_vqae", "diffusion_transformer")),
+    "diffusion": MAPPING,
+    "diffusion.vqae_checkpoint": _text(optional=True),
+    "diffusion.perceptual_net": _text(optional=True),
+    "diffusion.perceptual_weight": _number(0),
+    "diffusion.gradient_weight": _number(0),
+    "diffusion.timesteps": _integer(1, 1_000_000),
+    "diffusion.sample_steps": _integer(1, 1_000_000),
+    "diffusion.temperature": _number(0, low_open=True),
+    "diffusion.mask_fraction": Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
 }
 
 
