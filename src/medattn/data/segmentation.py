@@ -55,24 +55,32 @@ class PairLoader:
         self.num_classes, self.augment = num_classes, augment
 
     def __call__(self, record: Record) -> dict:
-        image, spacing = read_volume(record.paths[0])
-        label, _ = read_volume(record.paths[1])
-        if image.shape != label.shape:
-            raise ValueError(f"image shape {tuple(image.shape)} and label shape {tuple(label.shape)} differ")
-        if not torch.equal(label, label.round()) or label.min() < 0:
-            bad = label[(label != label.round()) | (label < 0)][0].item()
-            raise ValueError(f"the label map holds a value {bad:g}; expected integer class indices 0..K-1")
-        if label.max() >= self.num_classes:
-            raise ValueError(f"label value {int(label.max())} is out of range for {self.num_classes} classes")
-        if self.spacing is not None:
-            image = resample(image, spacing, self.spacing)
-            label = F.interpolate(label[None, None], size=image.shape, mode="nearest-exact")[0, 0]
+        image, label = read_pair(record, self.num_classes, self.spacing)
         image = normalise(crop_or_pad(image, self.size), self.method)[None]
         label = crop_or_pad(label, self.size)
         if self.augment is not None:
             both = self.augment(torch.cat([image, label[None]]))
             image, label = both[:1], both[1]
         return {"input": image.contiguous(), "label": label.long().contiguous()}
+
+
+def read_pair(record: Record, num_classes: int, spacing: tuple[float, ...] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-2 of the module docstring: record (paths: image, label) -> image (H, W, D) float32 and label
+    (H, W, D) float32 holding integer class indices, both RAS+, resampled to ``spacing`` when given."""
+    image, image_spacing = read_volume(record.paths[0])
+    label, _ = read_volume(record.paths[1])
+    if image.shape != label.shape:
+        raise ValueError(f"image shape {tuple(image.shape)} and label shape {tuple(label.shape)} differ")
+    if not torch.equal(label, label.round()) or label.min() < 0:
+        bad = label[(label != label.round()) | (label < 0)][0].item()
+        raise ValueError(f"the label map holds a value {bad:g}; expected integer class indices 0..K-1")
+    if label.max() >= num_classes:
+        raise ValueError(f"label value {int(label.max())} is out of range for {num_classes} classes")
+    if spacing is not None:
+        image = resample(image, image_spacing, spacing)
+        label = F.interpolate(label[None, None], size=image.shape, mode="nearest-exact")[0, 0]
+    return image, label
 
 
 def check_pair_headers(record: Record) -> None:
