@@ -38,6 +38,7 @@ from tqdm import tqdm
 from medattn.config import save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.data.patches import RandomPatches
+from medattn.data.preprocessing import describe as describe_preprocessing
 from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.threads import set_threads
@@ -47,6 +48,7 @@ from .build import build_model, check_device, check_model_config, forward
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import lr_at, make_optimizer
 from .rundir import config_diff, run_folder
+from .threshold import threshold_meta
 
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
@@ -112,7 +114,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     elif distributed.is_main():
         with writing(run_dir / "config.yaml"):
             save_config(config, run_dir / "config.yaml")
-    meta = {"config": config, "task": checkpoint.task_to_dict(task)}
+    meta = {"config": config, "task": checkpoint.task_to_dict(task),  # preprocessing: what predict/export reuse
+            "preprocessing": describe_preprocessing(config["data"], task).to_dict()}
     started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
@@ -129,11 +132,11 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
             state["best_score"], state["best_loss"], state["best_epoch"] = val_score, val.loss, epoch
         if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
             report.append_metrics(run_dir / "metrics.csv", row, fields)
+            epoch_meta = {**meta, "epoch": epoch, score_key: val_score,  # + the validation thresholds (Youden's J)
+                          **threshold_meta(val.outputs, val.labels, task.task_type, epoch)}
             if is_best:
-                checkpoint.save(run_dir / "checkpoints" / "best", model,
-                                {**meta, "epoch": epoch, score_key: val_score})
-            checkpoint.save(run_dir / "checkpoints" / "last", model, {**meta, "epoch": epoch, score_key: val_score},
-                            optimizer, state)
+                checkpoint.save(run_dir / "checkpoints" / "best", model, epoch_meta)
+            checkpoint.save(run_dir / "checkpoints" / "last", model, epoch_meta, optimizer, state)
             keep()
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "

@@ -1,0 +1,273 @@
+"""One preprocessing description per trained model: how a file becomes the model's input.
+
+:func:`describe` builds it once from a run's data config and task; training stores it in the checkpoint
+(``checkpoint.json`` key ``preprocessing``), and ``eval``, ``predict``, ``explain`` and ``export`` read
+it back (:func:`from_checkpoint_meta`), so a file is prepared for prediction exactly as the training
+split's files were (minus augmentation). It holds no paths, labels or splits: only what a new file
+needs. The steps it drives are the data layer's own loaders (:class:`~medattn.data.images.ImageLoader`,
+:class:`~medattn.data.volumes.VolumeLoader`, :class:`~medattn.data.bags.BagLoader`).
+
+Fields (JSON, :meth:`Preprocessing.to_dict`):
+
+* ``data_kind``, ``input_kind`` (image2d, volume3d, bag), ``task_type``, ``num_outputs``, ``class_names``,
+  ``input_shape`` ((C, H, W), (1, H, W, D) or (F,)), ``synthetic``;
+* images: ``mean``, ``std`` (per channel, applied to the [0, 1] image after channel matching and the
+  antialiased bilinear resize to ``input_shape``);
+* volumes: ``spacing`` (mm, or null: no resampling), ``normalize`` (zscore, percentile, none),
+  ``subtract`` (a sample is two volumes, the second subtracted from the first: DUKE's
+  ``subtract_column``), ``split_sides`` (each volume gives a left and a right sample);
+* bags: the feature dimension is ``input_shape[0]``.
+
+An inference sample is one tuple of paths (two for ``subtract``); with ``split_sides`` it gives two
+samples, ``<file>#left`` and ``<file>#right`` (:func:`inference_dataset`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import UserError
+from .base import INPUT_KINDS, TASK_TYPES, TaskInfo
+
+VERSION = 1
+NORMALISATIONS = ("zscore", "percentile", "none")
+SIDES = ("left", "right")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What turns a file into the model's input (see the module docstring)."""
+
+    data_kind: str
+    input_kind: str
+    task_type: str
+    num_outputs: int
+    class_names: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    synthetic: bool = False
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    spacing: tuple[float, ...] | None = None
+    normalize: str = "none"
+    subtract: bool = False
+    split_sides: bool = False
+
+    @property
+    def inputs_per_sample(self) -> int:
+        """Files per sample: 2 with ``subtract`` (the second is subtracted from the first), else 1."""
+        return 2 if self.subtract else 1
+
+    @property
+    def output_names(self) -> list[str]:
+        """One name per output: the class names when there is one per output, else "0", "1", ..."""
+        names = list(self.class_names)
+        return names if len(names) == self.num_outputs else [str(i) for i in range(self.num_outputs)]
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        return {"version": VERSION, **{k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}}
+
+    def task(self) -> TaskInfo:
+        return TaskInfo(self.task_type, self.input_kind, self.num_outputs, self.input_shape, list(self.class_names),
+                        self.synthetic)
+
+
+def _per_channel(value, channels: int, name: str) -> tuple[float, ...]:
+    values = [value] * channels if isinstance(value, (int, float)) else list(value)
+    if len(values) != channels or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise UserError(f"data.{name} must be a number or {channels} numbers, got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+def describe(data_cfg: dict, task: TaskInfo) -> Preprocessing:
+    """The description of a run's data config (``data`` section) and its task (from ``build_datasets``).
+
+    Defaults are the builders' defaults (``mean``/``std`` 0.5, ``normalize`` zscore). Synthetic volumes
+    are described as the generators produce them: breast MRI z-scored, vertebrae unnormalised.
+    """
+    kind = data_cfg.get("kind", "")
+    common = dict(data_kind=kind, input_kind=task.input_kind, task_type=task.task_type, num_outputs=task.num_outputs,
+                  class_names=tuple(task.class_names), input_shape=tuple(task.input_shape), synthetic=task.synthetic)
+    if task.input_kind == "image2d":
+        channels = task.input_shape[0]
+        return Preprocessing(**common, mean=_per_channel(data_cfg.get("mean", 0.5), channels, "mean"),
+                             std=_per_channel(data_cfg.get("std", 0.5), channels, "std"))
+    if task.input_kind == "volume3d":
+        if kind == "synthetic_breast_mri":
+            return Preprocessing(**common, normalize="zscore")
+        if kind in ("synthetic_vertebrae", "medmnist"):
+            return Preprocessing(**common, normalize="none")
+        spacing = data_cfg.get("target_spacing")
+        return Preprocessing(**common, spacing=None if spacing is None else tuple(float(s) for s in spacing),
+                             normalize=data_cfg.get("normalize", "zscore"),
+                             subtract=bool(data_cfg.get("subtract_column")),
+                             split_sides=bool(data_cfg.get("split_sides", False)))
+    return Preprocessing(**common)
+
+
+def from_dict(data, source: str) -> Preprocessing:
+    """A stored description, checked; a one-line UserError naming ``source`` and the field otherwise."""
+    fields = {f.name: f for f in dataclasses.fields(Preprocessing)}
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise UserError(f"{source}: preprocessing must be a mapping with version {VERSION}, got "
+                        f"{data.get('version') if isinstance(data, dict) else type(data).__name__!r}")
+    unknown = sorted(set(data) - set(fields) - {"version"})
+    if unknown:
+        raise UserError(f"{source}: preprocessing has unknown keys {unknown}")
+
+    def numbers(value, count=None) -> bool:
+        return isinstance(value, list) and (count is None or len(value) == count) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+
+    shape = data.get("input_shape")
+    kind = data.get("input_kind")
+    checks = {
+        "data_kind": isinstance(data.get("data_kind"), str),
+        "input_kind": kind in INPUT_KINDS,
+        "task_type": data.get("task_type") in TASK_TYPES,
+        "num_outputs": isinstance(data.get("num_outputs"), int) and 1 <= data["num_outputs"] <= 1 << 16,
+        "class_names": isinstance(data.get("class_names"), list)
+        and all(isinstance(c, str) for c in data["class_names"]),
+        "input_shape": isinstance(shape, list) and len(shape) == {"image2d": 3, "volume3d": 4, "bag": 1}.get(kind)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 16 for v in shape),
+        "synthetic": isinstance(data.get("synthetic", False), bool),
+        "mean": numbers(data.get("mean", []), shape[0] if kind == "image2d" and isinstance(shape, list) else 0),
+        "std": numbers(data.get("std", []), shape[0] if kind == "image2d" and isinstance(shape, list) else 0)
+        and all(v > 0 for v in data.get("std", [])),
+        "spacing": data.get("spacing") is None or (numbers(data["spacing"], 3) and min(data["spacing"]) > 0),
+        "normalize": data.get("normalize", "none") in NORMALISATIONS,
+        "subtract": isinstance(data.get("subtract", False), bool),
+        "split_sides": isinstance(data.get("split_sides", False), bool),
+    }
+    bad = next((key for key, ok in checks.items() if not ok), None)
+    if bad is not None:
+        raise UserError(f"{source}: preprocessing.{bad} is missing or invalid (got {data.get(bad)!r})")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "version"}
+    return Preprocessing(**values)
+
+
+def from_checkpoint_meta(meta: dict, task: TaskInfo, source: str) -> Preprocessing:
+    """The checkpoint's stored description (``meta`` is its checkpoint.json, ``task`` its task); checkpoints
+    written before it was stored get it rebuilt from their saved data config and task (the function
+    training uses, so the result is the same)."""
+    if "preprocessing" in meta:
+        return from_dict(meta["preprocessing"], source)
+    return describe(meta["config"]["data"], task)
+
+
+def differences(trained: Preprocessing, other: Preprocessing) -> list[str]:
+    """The fields (besides the data kind, paths and synthetic flag) where ``other`` prepares inputs differently."""
+    ignore = {"data_kind", "synthetic"}
+    return [f.name for f in dataclasses.fields(Preprocessing)
+            if f.name not in ignore and getattr(trained, f.name) != getattr(other, f.name)]
+
+
+def file_loader(prep: Preprocessing):
+    """record (paths, ``extra["side"]``) -> {"input": tensor}: the data layer's loader for this description."""
+    if prep.input_kind == "image2d":
+        from .images import ImageLoader
+
+        return ImageLoader(tuple(prep.input_shape[1:]), prep.input_shape[0], list(prep.mean), list(prep.std))
+    if prep.input_kind == "volume3d":
+        if prep.data_kind == "medmnist":
+            raise UserError("a MedMNIST 3D model reads arrays from its npz (scaled over the split, resized "
+                            "trilinearly); no single file is prepared like that: evaluate with medattn eval")
+        from .volumes import VolumeLoader
+
+        return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize)
+    from .bags import BagLoader
+
+    return BagLoader(prep.input_shape[0])
+
+
+@dataclass(frozen=True)
+class Item:
+    """One inference sample: its id (the first file, ``#left``/``#right`` for sides), files and side."""
+
+    id: str
+    paths: tuple[Path, ...]
+    side: str | None = None
+
+
+def items(prep: Preprocessing, inputs: list[tuple[Path, ...]]) -> list[Item]:
+    """The samples of ``inputs`` (one tuple of ``prep.inputs_per_sample`` paths each), two per input with
+    ``split_sides``. A tuple of the wrong length is a UserError naming it."""
+    out = []
+    for paths in inputs:
+        if len(paths) != prep.inputs_per_sample:
+            what = ("two volumes (the second is subtracted from the first, as training's subtract_column was)"
+                    if prep.subtract else "one file")
+            raise UserError(f"{', '.join(map(str, paths))}: this model takes {what} per sample")
+        sides = SIDES if prep.split_sides else (None,)
+        out += [Item(f"{paths[0]}#{side}" if side else str(paths[0]), tuple(paths), side) for side in sides]
+    return out
+
+
+class InferenceDataset(Dataset):
+    """Files prepared as ``prep`` says, as samples with ``id`` and a placeholder label (map-style).
+
+    With ``skip_bad`` a file that cannot be read or prepared gives a zero input of the model's shape
+    (a one-instance bag for bags) and its reason is kept in ``bad`` (id -> reason), so one bad file does
+    not stop a batch; the caller drops those ids. Without it the first bad file raises a UserError
+    naming it. ``bad`` is filled in the process that reads (use no DataLoader workers with ``skip_bad``).
+    """
+
+    def __init__(self, prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False) -> None:
+        from .files import check_regular
+        from .tables import Record
+
+        self.prep, self.skip_bad, self.items = prep, skip_bad, items(prep, inputs)
+        self.load, self.bad = file_loader(prep), {}
+        self._record, self._check = Record, check_regular
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _read(self, item: Item) -> dict:
+        for path in item.paths:  # before anything opens them: a named pipe would block the reader
+            try:
+                self._check(path, folders=self.prep.input_kind == "volume3d")
+            except FileNotFoundError:
+                raise UserError(f"{path}: no such file") from None
+            except ValueError as error:
+                raise UserError(f"{path}: {error}") from None
+        record = self._record(id=item.id, patient=item.id, where=item.id, paths=item.paths,
+                              extra={"side": item.side} if item.side else {})
+        try:
+            return self.load(record)
+        except UserError:
+            raise
+        except Exception as error:  # readers raise many types for corrupt files
+            raise UserError(f"{item.id}: cannot read ({type(error).__name__}: {error})".replace("\n", " ")) from None
+
+    def placeholder(self) -> dict:
+        if self.prep.input_kind == "bag":
+            return {"input": torch.zeros(1, self.prep.input_shape[0]), "coords": torch.zeros(1, 2)}
+        return {"input": torch.zeros(self.prep.input_shape)}
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.items[index]
+        try:
+            sample = self._read(item)
+        except UserError as error:
+            if not self.skip_bad:
+                raise
+            self.bad[item.id] = str(error)
+            sample = self.placeholder()
+        if self.prep.task_type == "multiclass":
+            label = torch.tensor(0)
+        elif self.prep.task_type == "segmentation":
+            label = torch.zeros(self.prep.input_shape[1:], dtype=torch.int64)
+        else:
+            label = torch.zeros(self.prep.num_outputs)
+        return {**sample, "id": item.id, "patient": item.id, "label": label}  # placeholder label: outputs only
+
+
+def inference_dataset(prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False) -> InferenceDataset:
+    """The dataset of files ``inputs`` (tuples of paths, see :func:`items`) prepared as ``prep`` says."""
+    return InferenceDataset(prep, [tuple(Path(p) for p in paths) for paths in inputs], skip_bad)
