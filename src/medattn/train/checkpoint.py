@@ -98,14 +98,16 @@ def task_from_dict(data: dict) -> TaskInfo:
 
 
 def save(path: Path, model: nn.Module, meta: dict, optimizer: torch.optim.Optimizer | None = None,
-         state: dict | None = None) -> None:
+         state: dict | None = None, extra_tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Write a checkpoint folder atomically; ``meta`` must hold ``config`` and ``task`` (JSON-able).
+    ``extra_tensors`` (e.g. the EMA weights, ``ema.*``) join the training state (:func:`load_extra_tensors`).
     An OSError (disk full, read-only) becomes a UserError naming ``path``; the previous checkpoint stays."""
     with writing(path), atomic_dir(path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if optimizer is not None:
             tensors, extra = _training_state(optimizer)
+            tensors.update({k: v.detach().contiguous().cpu() for k, v in (extra_tensors or {}).items()})
             save_file(tensors, tmp / STATE_TENSORS)
             (tmp / STATE_JSON).write_text(json.dumps({**extra, **(state or {})}))
 
@@ -298,6 +300,15 @@ def load_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> dict:
         raise UserError(f"{folder / STATE_JSON}: training state does not fit this run ({type(error).__name__}: "
                         f"{error})") from None
     return extra
+
+
+def load_extra_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The training state's tensors whose names start with ``prefix`` (saved as ``extra_tensors``)."""
+    try:
+        with safe_open(Path(folder) / STATE_TENSORS, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+    except Exception as error:
+        raise UserError(f"{folder}: unreadable training state ({error})") from None
 
 
 def _restore(tensors: dict[str, torch.Tensor], extra: dict, optimizer: torch.optim.Optimizer) -> None:
