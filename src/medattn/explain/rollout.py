@@ -1,0 +1,174 @@
+"""Attention rollout from the class token, exact and linear-time for linear attention.
+
+The rule (Abnar & Zuidema 2020, "Quantifying attention flow in transformers", read from the class
+token's row only). A pre-norm block maps token i to ``x_i + sum_j A_ij (...)_j`` (attention) and then a
+token-wise MLP, which mixes no tokens. Rollout models each block's token mixing as ``M = (I + Abar) / 2``
+with ``Abar`` the head-mean of the attention weights, and the class token's relevance over the input
+tokens as the row ``e_cls^T M_L ... M_1``. Going down from the top:
+
+    r_L = e_cls,        r_{l-1} = (r_l + rowmean_l(r_l)) / 2,     rowmean_l(r) = mean_h r^T A_h
+
+and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps).
+Only row vectors ever meet A, so linear attention needs ``r^T A_h = s (r^T phi_q) phi_k^T``, O(N d)
+(:mod:`medattn.explain.rows`); softmax forms its weights a block of queries at a time.
+
+What the rule means per mechanism (docs/explain.md): softmax weights are row-stochastic, so r stays a
+probability vector (it sums to 1 at every layer, entries >= 0). Linear-attention weights are signed and
+their rows do not sum to 1 (SeqNorm: ``sum_j A_ij = Q'_i . mean(K')``); rollout keeps the signs and does
+not renormalize (taking |A| or renormalizing rows would give up the exact factorisation, or divide by
+row sums that can vanish), so r is a signed vector whose total is not fixed. Heatmaps and tile scores
+use r as it is; its sign says whether a token adds to or takes from the class token's mixture, not
+whether it raises the logit (gradient x input answers that).
+
+The per-layer quantities (each attention module's input and mask) come from forward hooks on the
+:class:`~medattn.attention.base.Attention` modules; q and k are recomputed from that input with the
+module's own ``qkv`` and ``split_heads``. Models must put the class token first (``cls_token``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..attention import Attention
+from ..errors import UserError
+from .rows import FactorisedRows, rows_for
+
+
+@dataclass
+class AttentionCall:
+    """One attention module's forward: its input x (B, N, dim) and key-padding mask (B, N) or None."""
+
+    module: Attention
+    x: torch.Tensor
+    mask: torch.Tensor | None
+
+    def qk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, N, d) as the module computes them."""
+        q, k, _ = self.module.split_heads(self.module.qkv(self.x))
+        return q, k
+
+
+@contextlib.contextmanager
+def record_attention(model: nn.Module):
+    """Within the block, every forward of an Attention module in ``model`` appends an :class:`AttentionCall`
+    to the yielded list, in call order."""
+    calls: list[AttentionCall] = []
+
+    def hook(module, args, kwargs, _output):
+        x = args[0] if args else kwargs["x"]
+        mask = args[1] if len(args) > 1 else kwargs.get("mask", kwargs.get("attn_mask"))
+        calls.append(AttentionCall(module, x.detach(), None if mask is None else mask.detach()))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Attention)]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_rollout_model(model: nn.Module) -> None:
+    """UserError unless ``model`` has a class token first and attention modules that rollout has rules for."""
+    modules = [m for m in model.modules() if isinstance(m, Attention)]
+    if not hasattr(model, "cls_token") or not modules:
+        raise UserError(f"attention rollout needs a transformer with a class token; {type(model).__name__} has "
+                        f"none (use --method gradxinput)")
+    for module in modules:
+        rows_for(module)
+
+
+def rollout_from_calls(calls: list[AttentionCall]) -> torch.Tensor:
+    """r_0 (B, N) float64 from the recorded attention calls of one forward (module docstring)."""
+    B, N, _ = calls[0].x.shape
+    r = calls[0].x.new_zeros(B, N, dtype=torch.float64)
+    r[:, 0] = 1.0
+    for call in reversed(calls):
+        q, k = call.qk()
+        r = 0.5 * (r + rows_for(call.module).row(call.module, q, k, call.mask, r))
+    return r
+
+
+@torch.no_grad()
+def attention_rollout(model: nn.Module, *inputs, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model(*inputs, **kwargs)``; -> (logits, r_0 (B, 1 + N) float64, class token first)."""
+    check_rollout_model(model)
+    with record_attention(model) as calls:
+        logits = model(*inputs, **kwargs)
+    depth = sum(isinstance(m, Attention) for m in model.modules())
+    if len(calls) != depth:
+        raise UserError(f"expected each of the {depth} attention modules to run once, saw {len(calls)} calls")
+    return logits, rollout_from_calls(calls)
+
+
+@torch.no_grad()
+def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) -> tuple[torch.Tensor, np.ndarray]:
+    """Rollout tile scores for one bag (N, F) of a :class:`~medattn.models.wsi.WSITransformer` whose mechanisms
+    stream and have factorised rows (SeqNorm), in memory O(chunk_size) plus the (N,) float32 scores.
+
+    Unrolling the recursion with ``r_L = e_cls`` gives, for blocks m = 1..L (module docstring),
+
+        r_0 = 2^-L e_cls + sum_m 2^-m rho_m,      rho_m[j] = (s_m / H) U_m . phi_k^(m)_j,
+        U_m = r_m^T phi_q^(m) = 2^-(L-m) phi_q^(m)_cls + sum_{m'>m} 2^-(m'-m) (s_m'/H) U_m'^T C_{m',m},
+
+    with ``C_{m',m} = sum_i phi_k^(m')_i phi_q^(m)_i^T`` (H d x H d). Passes over the bag: the streaming
+    forward's statistics passes (gathering each layer's q, k sums on the way), one pass for the C's, one
+    for the scores. Returns (logits (1, num_classes), scores (N,) = r_0 without the class token).
+    """
+    from ..models.streaming import bag_chunks, stream_states
+
+    check_rollout_model(model)
+    blocks = model.encoder.blocks
+    rules = [rows_for(block.attn) for block in blocks]
+    if not all(isinstance(rule, FactorisedRows) for rule in rules):
+        raise UserError("streamed rollout needs linear attention (factorised rows) in every block")
+    sums: list[dict | None] = [None] * len(blocks)
+
+    def observe(layer: int, h: torch.Tensor) -> None:
+        q, k, _ = blocks[layer].attn.split_heads(blocks[layer].attn.qkv(h))
+        part = rules[layer].statistics(blocks[layer].attn, q, k, None)
+        sums[layer] = part if sums[layer] is None else {key: sums[layer][key] + part[key] for key in part}
+
+    states = stream_states(model, features, coords, chunk_size, observe)
+
+    def maps_through(x: torch.Tensor):
+        """(phi_q, phi_k, s) per block for a chunk x (1, n_c, D') at the model's input; each phi (n_c, H d)."""
+        out = []
+        for block, state, rule, stats in zip(blocks, states, rules, sums):
+            h = block.norm1(x)
+            q, k, _ = block.attn.split_heads(block.attn.qkv(h))
+            phi_q, phi_k, scale = rule.maps(block.attn, q, k, None, stats)
+            out.append((phi_q[0].transpose(0, 1).flatten(1), phi_k[0].transpose(0, 1).flatten(1), float(scale)))
+            x = x + block.attn.stream_forward(state, h)
+            x = x + block.mlp(block.norm2(x))
+        return out, x
+
+    L, H = len(blocks), [block.attn.num_heads for block in blocks]
+    cross = {(hi, lo): 0 for hi in range(L) for lo in range(hi)}  # C_{hi,lo}, the class token included
+    for index, x in enumerate(bag_chunks(model, features, coords, chunk_size)):
+        maps, top = maps_through(x)
+        if index == 0:
+            cls_maps, cls_out = maps, top
+        for hi, lo in cross:
+            cross[hi, lo] = cross[hi, lo] + maps[hi][1].transpose(0, 1) @ maps[lo][0]  # (H d, H d)
+    U: list[torch.Tensor | None] = [None] * L
+    for m in reversed(range(L)):  # 0-based block m is block m + 1 of the docstring
+        u = 0.5 ** (L - 1 - m) * cls_maps[m][0][0]
+        for hi in range(m + 1, L):
+            u = u + 0.5 ** (hi - m) * (cls_maps[hi][2] / H[hi]) * (U[hi] @ cross[hi, m])
+        U[m] = u
+    scores = np.empty(features.shape[0], dtype=np.float32)
+    start = 0
+    for index, x in enumerate(bag_chunks(model, features, coords, chunk_size)):
+        if index == 0:
+            continue
+        maps, _ = maps_through(x)
+        r = sum(0.5 ** (m + 1) * (maps[m][2] / H[m]) * (maps[m][1] @ U[m]) for m in range(L))
+        scores[start:start + len(r)] = r.float().numpy()
+        start += len(r)
+    logits = model.head(model.encoder.norm(cls_out)[:, 0])
+    return logits, scores
