@@ -46,6 +46,8 @@ class PixelTransformer(nn.Module):
     ``forward(x)``: (B, C, H, W) -> (B, num_classes). Any H, W works (N = H * W tokens; cost O(N^2)).
     """
 
+    any_input_size = True  # exported graphs keep H and W dynamic (medattn.deploy.export)
+
     def __init__(self, in_chans: int = 3, num_classes: int = 10, embed_dim: int = 384, depth: int = 8,
                  num_heads: int = 4, attn_dim: int | None = None, mlp_dim: int = 1536, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
