@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medattn.cli import main
+from medattn.cli import COMMANDS, main
 from medattn.data import build_datasets
 from medattn.errors import UserError
 
@@ -184,11 +184,25 @@ def test_overrides_after_options_join_the_command_overrides(monkeypatch):
         main(["train", "synthetic_cxr", "--overwrite", "--no-such-option"])
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["predict", "--help"],
-                                  ["demo", "--help"], ["train", "synthetic_cxr", "train.lr=-1"], ["trian"]])
+@pytest.mark.parametrize("argv", [["--help"], *[[name, "--help"] for name in COMMANDS],
+                                  ["wsi", "tile", "--help"], ["train", "synthetic_cxr", "train.lr=-1"], ["trian"]],
+                         ids=lambda argv: " ".join(argv))
 def test_help_and_config_errors_answer_without_importing_torch(argv):
     """Help, usage and config errors come before any heavy import (they answered in about 3 s before)."""
     code = ("import sys\nfrom medattn.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_output_into_a_reader_that_stops_early_ends_quietly():
+    """`medattn models | head -1`: no BrokenPipeError traceback, exit status 141 as after SIGPIPE."""
+    script = "import sys\nsys.argv = ['medattn', 'models']\nfrom medattn.cli import entry\nentry()\n"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write fails with EPIPE
+    try:
+        result = subprocess.run([sys.executable, "-c", script], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr

@@ -143,7 +143,11 @@ def entry() -> None:
             and "glibc.malloc.hugetlb" not in tunables):
         os.environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE
         os.execv(sys.executable, [sys.executable, "-m", "medattn", *sys.argv[1:]])
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # output piped into a reader that stopped early (`medattn models | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        sys.exit(141)  # 128 + SIGPIPE, as a shell reports it
 
 
 if __name__ == "__main__":

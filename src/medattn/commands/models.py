@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from medattn.attention import available_attentions
-from medattn.config import packaged_configs
-from medattn.data import available_data_kinds
-from medattn.models.presets import PRESETS
-
 SHOWN = ("img_size", "patch_size", "in_chans", "feature_dim", "embed_dim", "attn_dim", "depth", "num_heads",
          "mlp_dim")
 
@@ -18,6 +13,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from medattn.attention import available_attentions
+    from medattn.config import packaged_configs
+    from medattn.data import available_data_kinds
+    from medattn.models.presets import PRESETS
+
     if args.configs:
         print("\n".join(packaged_configs()))
         return 0

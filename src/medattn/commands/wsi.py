@@ -20,7 +20,7 @@ from medattn.errors import UserError
 
 
 def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
-    from medattn.slides.tiling import TileSettings
+    from medattn.slides.settings import TileSettings
 
     d = TileSettings()
     parser.add_argument("slides", nargs="+", type=Path, help="slide files or folders of slides")
@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from medattn.slides.tiling import TileSettings
+    from medattn.slides.settings import TileSettings
 
     settings = TileSettings(**{f.name: getattr(args, f.name) for f in fields(TileSettings)})
     settings.check()

@@ -6,22 +6,57 @@ tifffile). See docs/slides.md.
     from medattn.slides import TileSettings, tile_slide, write_tiles, build_extractor, extract_slides
 """
 
-from .descriptor import StainTextureDescriptor
-from .extract import extract_slide, extract_slides, rank_and_world, shard, write_features
-from .extractors import Extractor, build_extractor
-from .heatmap import draw_heatmap, heatmap_mass, slide_heatmap, tile_overlap
-from .reader import PatchGeometry, best_level, list_slides, open_slide, patch_geometry, read_patch, slide_mpp, thumbnail
-from .resnet import ResNet50Features, load_resnet50
-from .stain import MacenkoNormalizer, fit_stains
-from .synthetic import SyntheticSlide, load_truth, write_synthetic_cohort, write_synthetic_slide
-from .tiling import Tiles, TileSettings, candidate_grid, draw_grid, read_tiles, tile_slide, write_tiles
-from .tissue import otsu_threshold, saturation, sharpness, tissue_mask, white_fraction
+import importlib
 
-__all__ = [
-    "Extractor", "MacenkoNormalizer", "PatchGeometry", "ResNet50Features", "StainTextureDescriptor", "SyntheticSlide",
-    "TileSettings", "Tiles", "best_level", "build_extractor", "candidate_grid", "draw_grid", "draw_heatmap",
-    "extract_slide", "extract_slides", "fit_stains", "heatmap_mass", "list_slides", "load_resnet50", "load_truth",
-    "open_slide", "otsu_threshold", "patch_geometry", "rank_and_world", "read_patch", "read_tiles", "saturation",
-    "shard", "sharpness", "slide_heatmap", "slide_mpp", "thumbnail", "tile_overlap", "tile_slide", "tissue_mask",
-    "white_fraction", "write_features", "write_synthetic_cohort", "write_synthetic_slide", "write_tiles",
-]
+#: public name -> submodule defining it; imported on first use (PEP 562), so that importing one light
+#: submodule (``medattn.slides.settings``, for the command line's defaults) does not import torch.
+_WHERE = {
+    "Extractor": "extractors",
+    "MacenkoNormalizer": "stain",
+    "PatchGeometry": "reader",
+    "ResNet50Features": "resnet",
+    "StainTextureDescriptor": "descriptor",
+    "SyntheticSlide": "synthetic",
+    "TileSettings": "settings",
+    "Tiles": "tiling",
+    "best_level": "reader",
+    "build_extractor": "extractors",
+    "candidate_grid": "tiling",
+    "draw_grid": "tiling",
+    "draw_heatmap": "heatmap",
+    "extract_slide": "extract",
+    "extract_slides": "extract",
+    "fit_stains": "stain",
+    "heatmap_mass": "heatmap",
+    "list_slides": "reader",
+    "load_resnet50": "resnet",
+    "load_truth": "synthetic",
+    "open_slide": "reader",
+    "otsu_threshold": "tissue",
+    "patch_geometry": "reader",
+    "rank_and_world": "extract",
+    "read_patch": "reader",
+    "read_tiles": "tiling",
+    "saturation": "tissue",
+    "shard": "extract",
+    "sharpness": "tissue",
+    "slide_heatmap": "heatmap",
+    "slide_mpp": "reader",
+    "thumbnail": "reader",
+    "tile_overlap": "heatmap",
+    "tile_slide": "tiling",
+    "tissue_mask": "tissue",
+    "white_fraction": "tissue",
+    "write_features": "extract",
+    "write_synthetic_cohort": "synthetic",
+    "write_synthetic_slide": "synthetic",
+    "write_tiles": "tiling",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
