@@ -52,13 +52,15 @@ class TaskInfo:
 
 @dataclass
 class DataBundle:
-    """The splits of one experiment and its task. ``skipped`` counts samples dropped by ``skip_bad``."""
+    """The splits of one experiment and its task. ``skipped`` counts samples dropped by ``skip_bad``;
+    ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json)."""
 
     train: Dataset
     val: Dataset
     test: Dataset
     task: TaskInfo
     skipped: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def collate(samples: list[dict]) -> dict:

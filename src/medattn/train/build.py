@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 from torch import nn
@@ -56,7 +57,7 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
         kwargs.setdefault("feature_dim", task.input_shape[0])
     else:
         kwargs.setdefault("in_chans", task.input_shape[0])
-        if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the pixel model takes any size
+        if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the model's grid is the data's grid
             kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
     try:
         return create_model(name, attention=model_cfg.get("attention"), **kwargs)
@@ -64,6 +65,40 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
         from_data = {k: v for k, v in kwargs.items() if k not in given}
         raise UserError(f"model.kwargs {given or '{}'} (with {from_data} from the data) do not build model "
                         f"{name!r}: {error}") from error
+
+
+#: A token count this many times the preset's own (or 1/this) is worth a warning: attention cost and the data a
+#: ViT needs grow with it, and a preset's depth and width were chosen for its own grid.
+TOKEN_RATIO_WARNING = 2.0
+
+
+def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
+    """Sentences for the run summary when the data's size does not fit the preset's (empty when it does).
+
+    A patch-based preset (``img_size`` and ``patch_size``) is built on the data's grid (:func:`build_model`),
+    so a preset made for 64 px images runs 784 tokens on 224 px images where it was designed for 64. When the
+    token count differs from the preset's by :data:`TOKEN_RATIO_WARNING` or more, say so and name the keys
+    that change it (``data.image_size``/``data.target_size``, ``model.kwargs.patch_size``).
+    """
+    preset = PRESETS[model_cfg["name"]][1]
+    given = model_cfg.get("kwargs") or {}
+    if task.input_kind == "bag" or "img_size" not in preset or "patch_size" not in preset or "img_size" in given:
+        return []
+    spatial = len(task.input_shape) - 1
+    patch = given.get("patch_size", preset["patch_size"])
+    patch = (patch,) * spatial if isinstance(patch, int) else tuple(patch)
+    design = preset["img_size"]
+    design = (design,) * spatial if isinstance(design, int) else tuple(design)
+    if len(patch) != spatial or len(design) != spatial:
+        return []  # build_model reports the mismatch of dimensions
+    tokens = math.prod(s // p for s, p in zip(task.input_shape[1:], patch))
+    designed = math.prod(s // p for s, p in zip(design, patch))
+    if max(tokens, designed) < TOKEN_RATIO_WARNING * min(tokens, designed):
+        return []
+    size_key = "data.target_size" if spatial == 3 else "data.image_size"
+    return [f"model {model_cfg['name']!r} is made for inputs of {'x'.join(map(str, design))} ({designed} tokens of "
+            f"{'x'.join(map(str, patch))}); the data gives {'x'.join(map(str, task.input_shape[1:]))}: {tokens} tokens "
+            f"({tokens / designed:.3g}x); set {size_key} or model.kwargs.patch_size to change it"]
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:

@@ -44,7 +44,7 @@ from medattn.models.pretrained import describe, load_pretrained
 from medattn.threads import set_threads
 
 from . import checkpoint, distributed, report, sliding
-from .build import build_model, check_device, check_model_config, forward
+from .build import build_model, check_device, check_model_config, forward, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import lr_at, make_optimizer
 from .rundir import config_diff, run_folder
@@ -92,8 +92,11 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     fields, score_key = metric_fields(objective), f"val_{objective.metric}"
     patch, window = sliding.patch_shape(config, task), sliding.inference_window(config, task)
     # a model trained on patches is built for the patch (a ViT's position embeddings match it)
-    model = build_model(config["model"], replace(task, input_shape=(task.input_shape[0], *patch)) if patch
-                        else task).to(device)
+    model_task = replace(task, input_shape=(task.input_shape[0], *patch)) if patch else task
+    model = build_model(config["model"], model_task).to(device)
+    setup_warnings = [*bundle.warnings, *size_warnings(config["model"], model_task)]  # the data does not fit
+    for warning in setup_warnings:
+        log(f"WARNING: {warning}")
     init_report = None if resume or init_from is None else initialise(model, init_from, log)
     optimizer = make_optimizer(model, train_cfg)
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
@@ -150,7 +153,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "metric": objective.metric,
         score_key: state["best_score"],
         "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
-        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report,
+        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report, "warnings": setup_warnings,
     }
     return test_best(model, config, bundle, run_dir, results, device, progress, log)
 
@@ -236,7 +239,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
-        results["warnings"] = report.learning_warnings([row["train_loss"] for row in rows],
+        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows],
                                                        test.outputs if objective.outputs_are_probabilities else None)
         with writing(run_dir):
             results["test"] = objective.score(test, "test", run_dir, config["eval"], config["seed"], label)
