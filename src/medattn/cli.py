@@ -29,6 +29,7 @@ COMMANDS = {
     "predict": "medattn.commands.predict",
     "models": "medattn.commands.models",
     "wsi": "medattn.commands.wsi",
+    "explain": "medattn.commands.explain",
 }
 BENCHES = {
     "attention": "medattn.bench.attention",

@@ -1,0 +1,175 @@
+"""Files a reader opens: PNG overlays (2D), NIfTI maps on the input's grid (3D), tile tables and maps (bags).
+
+Colours: a map with negative values (signed rollout of linear attention, gradient x input) is drawn with
+the diverging ``RdBu_r`` map symmetric about 0 (red adds, blue takes away); a map >= 0 with ``inferno``
+from 0 to its maximum. ``label`` (e.g. "SYNTHETIC") is written in the top-left corner.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+
+from ..errors import UserError, writing
+
+#: Longest side of a tile heatmap drawn without a slide.
+TILE_MAP_PX = 2048
+
+
+def colour_range(values: np.ndarray) -> tuple[str, float, float]:
+    """(colour map, vmin, vmax) for a map (module docstring)."""
+    low, high = float(np.min(values)), float(np.max(values))
+    if low < 0:
+        bound = max(-low, high, 1e-30)
+        return "RdBu_r", -bound, bound
+    return "inferno", 0.0, max(high, 1e-30)
+
+
+def _label(image: Image.Image, label: str | None) -> Image.Image:
+    if label:
+        draw = ImageDraw.Draw(image)
+        draw.rectangle([0, 0, 8 + 6 * len(label), 14], fill=(0, 0, 0))
+        draw.text((4, 2), label, fill=(255, 255, 255))
+    return image
+
+
+def overlay(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5, label: str | None = None) -> Image.Image:
+    """image (C, H, W) in [0, 1] (C = 1 or 3), heat (h, w) on any grid -> RGB overlay of the image's size
+    (the map resized by nearest neighbour, so each patch keeps its one value)."""
+    import matplotlib
+
+    image = np.asarray(image, dtype=np.float32)
+    if image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise UserError(f"overlay: expected an image (C, H, W) with C = 1 or 3, got {image.shape}")
+    rgb = np.repeat(image, 3, axis=0) if image.shape[0] == 1 else image
+    rgb = np.clip(rgb.transpose(1, 2, 0), 0, 1) * 255
+    heat = np.asarray(heat, dtype=np.float32)
+    if heat.ndim != 2 or not np.isfinite(heat).all():
+        raise UserError(f"overlay: the map must be 2D and finite, got shape {heat.shape}")
+    size = (rgb.shape[1], rgb.shape[0])
+    heat = np.asarray(Image.fromarray(heat, mode="F").resize(size, Image.NEAREST))
+    cmap, low, high = colour_range(heat)
+    colours = matplotlib.colormaps[cmap](np.clip((heat - low) / (high - low), 0, 1))[..., :3] * 255
+    out = Image.fromarray(np.clip((1 - alpha) * rgb + alpha * colours, 0, 255).round().astype(np.uint8))
+    return _label(out, label)
+
+
+def place_centred(x: torch.Tensor, size: tuple[int, ...], fill: float = 0.0) -> torch.Tensor:
+    """Undo :func:`medattn.data.volumes.crop_or_pad`: put the centre-cropped/padded grid back on a grid of
+    ``size`` (the same centring rule, so each voxel returns to where it came from); elsewhere ``fill``."""
+    out = x.new_full(size, fill)
+    src, dst = [], []
+    for n, m in zip(size, x.shape):  # the loader took m voxels from n
+        if n >= m:
+            src.append(slice(0, m))
+            dst.append(slice((n - m) // 2, (n - m) // 2 + m))
+        else:
+            src.append(slice((m - n) // 2, (m - n) // 2 + n))
+            dst.append(slice(0, n))
+    out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+def native_grid(path: Path) -> tuple[tuple[int, int, int], np.ndarray]:
+    """(shape, voxel-to-world affine) of a NIfTI file or a DICOM series folder as stored (DICOM: the
+    (columns, rows, slices) array and RAS affine the volume reader builds)."""
+    from ..data.volumes import _read_dicom_series, is_nifti
+
+    if path.is_dir():
+        array, affine = _read_dicom_series(path)
+        return tuple(array.shape), affine
+    if not is_nifti(path):
+        raise UserError(f"{path}: expected a NIfTI file or a DICOM series folder")
+    import nibabel as nib
+
+    image = nib.load(path)
+    return tuple(image.shape[:3]), image.affine
+
+
+def volume_map_to_input(heat: torch.Tensor, path: Path, spacing: tuple[float, ...] | None) -> tuple[np.ndarray,
+                                                                                                       np.ndarray]:
+    """A map (H, W, D) on the model's grid -> (map on the file's own grid, the file's affine).
+
+    Inverts :class:`~medattn.data.volumes.VolumeLoader`: un-crop/un-pad (:func:`place_centred`, 0 outside
+    the model's field of view), undo the resampling to ``spacing`` (nearest, to the RAS grid's exact
+    size), then the reorientation to RAS+."""
+    from nibabel import orientations as ornt
+
+    shape, affine = native_grid(path)
+    transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
+    ras_shape, ras_spacing = [0, 0, 0], [0.0, 0.0, 0.0]
+    for axis, (target, _) in enumerate(transform):
+        ras_shape[int(target)] = shape[axis]
+        ras_spacing[int(target)] = float(np.linalg.norm(affine[:3, axis]))
+    resampled = ras_shape if spacing is None else [max(1, round(n * s / t)) for n, s, t in
+                                                    zip(ras_shape, ras_spacing, spacing)]  # volumes.resample's grid
+    heat = place_centred(heat.float(), tuple(resampled))
+    if list(heat.shape) != ras_shape:
+        heat = F.interpolate(heat[None, None], size=ras_shape, mode="nearest-exact")[0, 0]
+    back = ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.io_orientation(affine))
+    return np.ascontiguousarray(ornt.apply_orientation(heat.numpy(), back), dtype=np.float32), affine
+
+
+def write_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
+    import nibabel as nib
+
+    with writing(path):
+        nib.save(nib.Nifti1Image(array, affine), str(path))
+
+
+def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
+    """Side of a tile in the coords' unit: the HDF5 attributes ``patch_size_level0`` (CLAM layout, level-0
+    px) or ``tile_size_um`` (STAMP layout, microns), else the smallest step between distinct coordinates."""
+    attrs = attrs or {}
+    if attrs.get("unit") == "um" and "tile_size_um" in attrs:
+        return float(attrs["tile_size_um"])
+    if "patch_size_level0" in attrs:
+        return float(attrs["patch_size_level0"])
+    steps = [np.diff(np.unique(coords[:, axis])) for axis in (0, 1)]
+    steps = np.concatenate([s[s > 0] for s in steps])
+    return float(steps.min()) if len(steps) else 1.0
+
+
+def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, label: str | None = None) -> Image.Image:
+    """Scores drawn on the tile coordinates (top-left (x, y), squares of side ``size``) on a white canvas
+    whose longest side is :data:`TILE_MAP_PX`, by :func:`medattn.slides.heatmap.draw_heatmap`."""
+    from ..slides.heatmap import draw_heatmap
+
+    coords = np.asarray(coords, dtype=np.float64)
+    origin = coords.min(axis=0)
+    extent = coords.max(axis=0) - origin + size
+    step = max(float(extent.max()) / TILE_MAP_PX, 1e-9)
+    canvas = np.full((max(1, int(np.ceil(extent[1] / step))), max(1, int(np.ceil(extent[0] / step))), 3), 255,
+                     np.uint8)
+    cmap, low, high = colour_range(scores)
+    image = draw_heatmap(canvas, (step, step), coords - origin, scores, size, alpha=0.85, cmap=cmap, vmin=low,
+                         vmax=high)
+    return _label(image, label)
+
+
+def write_tile_scores(stem: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:
+    """``<stem>.csv`` (tile, x, y, score) and ``<stem>.h5`` (datasets ``scores`` (N,), ``coords`` (N, 2))."""
+    import h5py
+
+    scores = np.asarray(scores, dtype=np.float32)
+    with writing(stem.with_suffix(".csv")), open(stem.with_suffix(".csv"), "w", newline="") as f:
+        f.write("tile,x,y,score\n")
+        np.savetxt(f, np.column_stack([np.arange(len(scores)), coords, scores]), fmt=["%d", "%g", "%g", "%.7g"],
+                   delimiter=",")
+    with writing(stem.with_suffix(".h5")), h5py.File(stem.with_suffix(".h5"), "w") as f:
+        f.create_dataset("scores", data=scores)
+        f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
+        f.attrs["method"] = method
+
+
+def write_summary(path: Path, rows: list[dict]) -> None:
+    """One row per explained file (file, method, target, probabilities, outputs written)."""
+    with writing(path), open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
