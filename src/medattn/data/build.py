@@ -19,6 +19,8 @@ BUILDERS: dict[str, tuple[str, str]] = {
     "wsi_bags": ("bags", "build_wsi_bags"),
     "medmnist": ("medmnist", "build_medmnist"),
     "nifti_segmentation": ("segmentation", "build_nifti_segmentation"),
+    "nifti_slices": ("slices", "build_nifti_slices"),
+    "synthetic_mri_slices": ("synthetic_mri_slices", "build_synthetic_mri_slices"),
 }
 
 
