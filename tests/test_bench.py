@@ -185,3 +185,43 @@ def test_cli_binary_and_pam_smoke_runs_write_results(tmp_path):
     for folder in ("binary", "pam"):
         written = {p.suffix for p in (tmp_path / folder).iterdir()}
         assert {".csv", ".json"} <= written
+
+
+def test_scaling_bench_variants_side_by_side_in_one_process():
+    rows = scaling.run_scaling_bench(["seqnorm"], [32], model="vit2d_tiny", repeats=1, warmup=0, rates=RATES,
+                                     isolate=False, activation_checkpointing=True)
+    assert [(r["variant"], r["status"]) for r in rows] == [("eager", "ok"), ("eager+checkpointing", "ok")]
+    assert rows[0]["vs_eager"] == 1.0
+    assert rows[1]["vs_eager"] == pytest.approx(rows[1]["step_s"] / rows[0]["step_s"])
+    assert rows[0]["matmul_floor_s"] == rows[1]["matmul_floor_s"]
+
+
+def test_scaling_bench_failing_variant_keeps_the_others(monkeypatch):
+    def broken_compile(model, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    rows = scaling.run_scaling_bench(["sima"], [32], model="vit2d_tiny", repeats=1, warmup=0, rates=RATES,
+                                     isolate=False, compile=True)
+    assert [r["variant"] for r in rows] == ["eager", "compiled"]
+    assert rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "failed: RuntimeError: no compiler here"
+
+
+def test_adamw_is_fused_on_cpu_and_steps_like_the_loop_version():
+    torch.manual_seed(0)
+    fused_params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
+    loop_params = [torch.nn.Parameter(p.detach().clone()) for p in fused_params]
+    fused = scaling.adamw([{"params": fused_params[:1], "weight_decay": 0.1},
+                           {"params": fused_params[1:], "weight_decay": 0.0}], lr=1e-2)
+    plain = torch.optim.AdamW([{"params": loop_params[:1], "weight_decay": 0.1},
+                               {"params": loop_params[1:], "weight_decay": 0.0}], lr=1e-2, foreach=False)
+    assert fused.defaults["fused"] is True
+    for _ in range(3):
+        for a, b in zip(fused_params, loop_params):
+            a.grad = torch.full_like(a, 0.5)
+            b.grad = torch.full_like(b, 0.5)
+        fused.step()
+        plain.step()
+    for a, b in zip(fused_params, loop_params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
-    """Two panels, epoch time (h) and peak memory (GiB) versus resolution, one line per mechanism.
+    """Two panels, epoch time (h) and peak memory (GiB) versus resolution, one line per mechanism (and variant).
 
     Log scale on both axes; configurations that were skipped are listed in the legend label.
     Returns the PNG path, or None where matplotlib is not installed.
@@ -21,10 +21,12 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
 
     path = Path(path)
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
-    for mechanism in dict.fromkeys(row["mechanism"] for row in rows):
-        done = [row for row in rows if row["mechanism"] == mechanism and row["status"] == "ok"]
-        skipped = [str(row["resolution"]) for row in rows if row["mechanism"] == mechanism and row["status"] != "ok"]
-        label = mechanism + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+    for mechanism, variant in dict.fromkeys((row["mechanism"], row.get("variant", "eager")) for row in rows):
+        mine = [row for row in rows if row["mechanism"] == mechanism and row.get("variant", "eager") == variant]
+        done = [row for row in mine if row["status"] == "ok"]
+        skipped = [str(row["resolution"]) for row in mine if row["status"] != "ok"]
+        label = mechanism + ("" if variant == "eager" else f" {variant}")
+        label += f" (skipped: {', '.join(skipped)})" if skipped else ""
         resolutions = [row["resolution"] for row in done]
         ax_time.plot(resolutions, [row["epoch_h"] for row in done], marker="o", label=label)
         ax_mem.plot(resolutions, [row["peak_mem_mb"] / 1024 for row in done], marker="o", label=label)
