@@ -27,6 +27,7 @@ COMMANDS = {
     "train": "medattn.commands.train",
     "eval": "medattn.commands.evaluate",
     "predict": "medattn.commands.predict",
+    "inpaint": "medattn.commands.inpaint",
     "models": "medattn.commands.models",
     "wsi": "medattn.commands.wsi",
     "explain": "medattn.commands.explain",

@@ -39,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     data is read; :func:`medattn.train.fit` holds the output folder while it trains. Config errors
     answer before torch is imported."""
     config = load_config(args.config, args.overrides)
+    if config["task"] != "supervised":  # the 3D VQ diffusion stages (medattn.diffusion, docs/diffusion.md)
+        from medattn.diffusion.train import train_diffusion
+
+        train_diffusion(config, run_dir_of(config, args.out), overwrite=args.overwrite, resume=args.resume,
+                        init_from=args.init_from)
+        return 0
     from medattn.data import build_datasets
     from medattn.train import checkpoint, distributed, fit
     from medattn.train.build import check_device, check_model_config

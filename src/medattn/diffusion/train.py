@@ -1,0 +1,291 @@
+"""The two training stages of the 3D VQ diffusion model, as library functions (``medattn train`` calls them).
+
+Stage 1, :func:`train_vqae` (``task: diffusion_vqae``): every training volume is cut into its p^3
+patches; patches of the volumes in a shuffled order are gathered and shuffled into batches of
+``train.batch_size`` patches; loss :func:`medattn.diffusion.losses.vqae_loss`. Validation: L1 and
+PSNR of the reconstructed validation volumes; the best epoch has the lowest validation L1. Test: PSNR
+and SSIM of the reconstructed test volumes.
+
+Stage 2, :func:`train_transformer` (``task: diffusion_transformer``): the frozen stage-1 VQ-AE
+(``diffusion.vqae_checkpoint``) encodes every training and validation volume once; batches of
+``train.batch_size`` token grids train the absorbing transformer (:func:`~medattn.diffusion.transformer.absorbing_loss`,
+``diffusion.timesteps``). Validation: the same loss with masks drawn from a fixed seed (the same
+masks every epoch); the best epoch has the lowest. Test: every test volume is inpainted with the
+centre mask (``diffusion.mask_fraction``) by the transformer (``diffusion.sample_steps``,
+``diffusion.temperature``) and by the ``random`` baseline; mean PSNR/SSIM go to results.json.
+
+Both write to the run folder: ``config.yaml``, ``metrics.csv`` (one row per epoch),
+``checkpoints/last`` and ``checkpoints/best`` (safetensors), ``results.json`` (``synthetic: true`` for
+SYNTHETIC data). The folder is held as for supervised runs (:func:`medattn.train.rundir.run_folder`:
+locked; ``--overwrite`` deletes the previous run only once the new one has a checkpoint). Single
+process; fp32; ``train.grad_accum`` 1; ``--resume`` and ``--init-from`` are not supported (UserError).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from medattn.config import save_config, validate
+from medattn.diffusion.data import VolumeSets, build_volume_sets
+from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels
+from medattn.diffusion.losses import load_perceptual_net, vqae_loss
+from medattn.diffusion.metrics import psnr, ssim
+from medattn.diffusion.model import (
+    DiffusionModel,
+    build_transformer,
+    build_vqae,
+    check_stage_config,
+    load_stage,
+    save_stage,
+)
+from medattn.diffusion.transformer import absorbing_loss, mask_schedule, masked_ce
+from medattn.diffusion.vqae import encode_volume, from_patches, patch_grid, to_patches
+from medattn.errors import UserError, writing
+from medattn.threads import set_threads
+from medattn.train import distributed
+from medattn.train.build import check_device
+from medattn.train.loop import seed_everything
+from medattn.train.optim import lr_at, make_optimizer
+from medattn.train.report import append_metrics
+from medattn.train.rundir import run_folder
+
+VQAE_FIELDS = ("epoch", "lr", "train_loss", "train_l1", "train_commitment", "val_l1", "val_psnr", "codebook_usage",
+               "seconds")
+TRANSFORMER_FIELDS = ("epoch", "lr", "train_loss", "val_loss", "seconds")
+
+
+def check_diffusion_run(config: dict) -> None:
+    """Everything cheap about a diffusion config: the schema, the stage, the device, unsupported options."""
+    validate(config)
+    check_stage_config(config)
+    check_device(config["train"]["device"])
+    if config["train"]["precision"] != "fp32":
+        raise UserError("train.precision: the diffusion stages train in fp32 only")
+    if config["train"]["grad_accum"] != 1:
+        raise UserError("train.grad_accum: the diffusion stages take no gradient accumulation (set 1)")
+    if config["diffusion"]["perceptual_weight"] > 0 and not config["diffusion"]["perceptual_net"]:
+        raise UserError("diffusion.perceptual_weight > 0 needs diffusion.perceptual_net (a local .pt2 file)")
+
+
+def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, resume: bool = False,
+                    init_from: str | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run the stage ``config["task"]`` names in ``run_dir``; returns its results (also results.json)."""
+    if resume or init_from:
+        raise UserError("--resume and --init-from are not supported by the diffusion stages")
+    config = {**config, "out": str(run_dir)}
+    check_diffusion_run(config)
+    if distributed.world_size() > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("the diffusion stages run in one process (no torchrun)")
+    device = distributed.setup(config["train"]["device"])
+    stage = train_vqae if config["task"] == "diffusion_vqae" else train_transformer
+    run_dir = Path(run_dir)
+    with run_folder(run_dir, False, overwrite) as keep:
+        return stage(config, run_dir, keep, device, log)
+
+
+def _start(config: dict, run_dir: Path, log: Callable[[str], None]) -> VolumeSets:
+    set_threads(config["train"]["threads"], log)
+    seed_everything(config["seed"])
+    with writing(run_dir / "config.yaml"):
+        save_config(config, run_dir / "config.yaml")
+    sets = build_volume_sets(config["data"], config["seed"])
+    if len(sets.val) == 0 or len(sets.test) == 0:
+        raise UserError("data: the diffusion stages need at least one validation and one test volume")
+    return sets
+
+
+def _volume(dataset, index: int) -> torch.Tensor:
+    """(1, 1, H, W, D) float32 of one sample."""
+    return dataset[index]["input"][None].float()
+
+
+def _schedule(config: dict, steps_per_epoch: int) -> dict:
+    train_cfg = config["train"]
+    return {"total_steps": train_cfg["epochs"] * steps_per_epoch,
+            "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch),
+            "lr": train_cfg["lr"], "min_lr": train_cfg["min_lr"]}
+
+
+def _step(optimizer, parameters, loss: torch.Tensor, step: int, schedule: dict, grad_clip) -> float:
+    lr = lr_at(step, **schedule)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    optimizer.step()
+    return lr
+
+
+def _finish(run_dir: Path, config: dict, sets: VolumeSets, results: dict, log: Callable[[str], None]) -> dict:
+    results = {"task": config["task"], "synthetic": sets.synthetic, "volume_shape": list(sets.shape), **results}
+    with writing(run_dir / "results.json"):
+        (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    label = " (SYNTHETIC data)" if sets.synthetic else ""
+    log(f"{config['task']}{label}: test {json.dumps(results['test'])}; run folder {run_dir}")
+    return results
+
+
+def _meta(config: dict, sets: VolumeSets, epoch: int, extra: dict | None = None) -> dict:
+    return {"config": config, "diffusion": {"stage": config["task"], "volume_shape": list(sets.shape),
+                                            "synthetic": sets.synthetic, "epoch": epoch, **(extra or {})}}
+
+
+def train_vqae(config: dict, run_dir: Path, keep: Callable[[], None], device: torch.device,
+               log: Callable[[str], None]) -> dict:
+    """Stage 1 inside its held run folder (see the module docstring)."""
+    sets = _start(config, run_dir, log)
+    diff_cfg, train_cfg = config["diffusion"], config["train"]
+    vqae = build_vqae(config).to(device)
+    p = vqae.patch_size
+    per_volume = math.prod(patch_grid(sets.shape, p))
+    perceptual = None
+    if diff_cfg["perceptual_weight"] > 0:
+        perceptual = load_perceptual_net(diff_cfg["perceptual_net"]).to(device)
+    elif diff_cfg["gradient_weight"] == 0:
+        log("perceptual term off (diffusion.perceptual_weight 0): the paper's VGG loss needs ImageNet weights, which "
+            "are not downloaded; set diffusion.perceptual_net (a local .pt2) or diffusion.gradient_weight "
+            "(weight-free) to add one")
+    model = DiffusionModel(vqae)
+    optimizer = make_optimizer(vqae, train_cfg)
+    batch = train_cfg["batch_size"]
+    schedule = _schedule(config, math.ceil(len(sets.train) * per_volume / batch))
+    generator = torch.Generator().manual_seed(config["seed"])
+    step, best = 0, None
+    for epoch in range(1, train_cfg["epochs"] + 1):
+        started, vqae = time.perf_counter(), vqae.train()
+        sums = {"loss": 0.0, "l1": 0.0, "commitment": 0.0}
+        count, pool = 0, torch.empty(0, vqae.in_chans, p, p, p)
+        order = torch.randperm(len(sets.train), generator=generator).tolist()
+        for position, index in enumerate(order):
+            pool = torch.cat([pool, to_patches(_volume(sets.train, index), p)])
+            pool = pool[torch.randperm(len(pool), generator=generator)]
+            last = position == len(order) - 1
+            while len(pool) >= batch or (last and len(pool)):
+                patches, pool = pool[:batch].to(device), pool[batch:]
+                recon, _, commitment = vqae(patches)
+                loss, parts = vqae_loss(recon, patches, commitment, perceptual, diff_cfg["perceptual_weight"],
+                                        diff_cfg["gradient_weight"])
+                lr = _step(optimizer, vqae.parameters(), loss, step, schedule, train_cfg["grad_clip"])
+                step += 1
+                count += 1
+                sums["loss"] += float(loss)
+                sums["l1"] += parts["l1"]
+                sums["commitment"] += parts["commitment"]
+        val = _reconstruction_scores(vqae, sets.val, device, with_ssim=False)
+        row = {"epoch": epoch, "lr": lr, **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
+               "val_l1": val["l1"], "val_psnr": val["psnr"], "codebook_usage": float(vqae.codebook.usage().mean()),
+               "seconds": time.perf_counter() - started}
+        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch))
+        keep()
+        if best is None or val["l1"] < best[1]:
+            best = (epoch, val["l1"])
+            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch))
+        append_metrics(run_dir / "metrics.csv", row, VQAE_FIELDS)
+        log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val L1 {val['l1']:.4f}, val PSNR {val['psnr']:.2f} "
+            f"dB, codebook usage {row['codebook_usage']:.2f}")
+    best_model, _ = load_stage(run_dir / "checkpoints" / "best")
+    test = _reconstruction_scores(best_model.vqae.to(device), sets.test, device, with_ssim=True)
+    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test}, log)
+
+
+@torch.no_grad()
+def _reconstruction_scores(vqae, dataset, device: torch.device, with_ssim: bool) -> dict:
+    """Mean L1, PSNR (and SSIM) of whole volumes passed through the VQ-AE (eval mode)."""
+    was_training = vqae.training
+    vqae.eval()
+    scores: dict[str, list[float]] = {"l1": [], "psnr": [], "ssim": []}
+    for index in range(len(dataset)):
+        volume = _volume(dataset, index)
+        grid = patch_grid(tuple(volume.shape[2:]), vqae.patch_size)
+        patches = to_patches(volume, vqae.patch_size).to(device)
+        recon = from_patches(torch.cat([vqae(chunk)[0] for chunk in patches.split(64)]), grid).cpu()
+        scores["l1"].append(float((recon - volume).abs().mean()))
+        scores["psnr"].append(psnr(recon.clamp(0, 1), volume))
+        if with_ssim:
+            scores["ssim"].append(ssim(recon.clamp(0, 1), volume))
+    vqae.train(was_training)
+    return {k: sum(v) / len(v) for k, v in scores.items() if v} | {"volumes": len(dataset)}
+
+
+def _encode_all(vqae, dataset, device: torch.device) -> torch.Tensor:
+    """(n, N, G) token grids of a dataset's volumes, flattened in (h, w, d) order."""
+    grids = [encode_volume(vqae, _volume(dataset, i).to(device)) for i in range(len(dataset))]
+    return torch.cat(grids).flatten(1, 3)
+
+
+def train_transformer(config: dict, run_dir: Path, keep: Callable[[], None], device: torch.device,
+                      log: Callable[[str], None]) -> dict:
+    """Stage 2 inside its held run folder (see the module docstring)."""
+    sets = _start(config, run_dir, log)
+    diff_cfg, train_cfg = config["diffusion"], config["train"]
+    stage1, stage1_meta = load_stage(diff_cfg["vqae_checkpoint"])
+    vqae = stage1.vqae.to(device).eval()
+    for parameter in vqae.parameters():
+        parameter.requires_grad_(False)
+    transformer = build_transformer(config, vqae, sets.shape).to(device)
+    model = DiffusionModel(vqae, transformer)
+    log(f"token grid {'x'.join(map(str, transformer.grid))} = {transformer.num_tokens} tokens of "
+        f"{vqae.num_codebooks} x {vqae.codebook_size}-way indices; attention {config['model']['attention']}")
+    train_tokens, val_tokens = _encode_all(vqae, sets.train, device), _encode_all(vqae, sets.val, device)
+    optimizer = make_optimizer(transformer, train_cfg)
+    batch, timesteps = train_cfg["batch_size"], diff_cfg["timesteps"]
+    schedule = _schedule(config, math.ceil(len(train_tokens) / batch))
+    generator = torch.Generator().manual_seed(config["seed"])
+    val_masks = mask_schedule(len(val_tokens), transformer.num_tokens, timesteps,
+                              torch.Generator().manual_seed(config["seed"] + 1), device)[1]
+    extra = {"vqae_config": stage1_meta["config"]}
+    step, best = 0, None
+    for epoch in range(1, train_cfg["epochs"] + 1):
+        started = time.perf_counter()
+        transformer.train()
+        total, count = 0.0, 0
+        for indices in torch.randperm(len(train_tokens), generator=generator).split(batch):
+            loss = absorbing_loss(transformer, train_tokens[indices.to(device)], timesteps, generator)
+            lr = _step(optimizer, transformer.parameters(), loss, step, schedule, train_cfg["grad_clip"])
+            step += 1
+            total, count = total + float(loss), count + 1
+        transformer.eval()
+        with torch.no_grad():
+            val_loss = float(masked_ce(transformer, val_tokens, val_masks))
+        row = {"epoch": epoch, "lr": lr, "train_loss": total / count, "val_loss": val_loss,
+               "seconds": time.perf_counter() - started}
+        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch, extra))
+        keep()
+        if best is None or val_loss < best[1]:
+            best = (epoch, val_loss)
+            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch, extra))
+        append_metrics(run_dir / "metrics.csv", row, TRANSFORMER_FIELDS)
+        log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}")
+    best_model, _ = load_stage(run_dir / "checkpoints" / "best")
+    test = inpainting_scores(best_model.to(device), sets.test, diff_cfg, config["seed"])
+    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test}, log)
+
+
+def inpainting_scores(model: DiffusionModel, dataset, diff_cfg: dict, seed: int) -> dict:
+    """Mean scores (:func:`~medattn.diffusion.inpaint.score_case`) of centre-mask inpainting by the
+    transformer (``diffusion``) and by the ``random`` baseline over a dataset's volumes; case ``i`` uses
+    seed ``seed + i`` for both."""
+    cell = model.vqae.patch_size // model.vqae.latent_size
+    unknown = centre_mask(model.transformer.grid, diff_cfg["mask_fraction"])
+    voxels = tokens_to_voxels(unknown, cell)
+    out: dict[str, dict] = {}
+    for method in ("diffusion", "random"):
+        rows = []
+        for index in range(len(dataset)):
+            volume = dataset[index]["input"].float()
+            result = inpaint(model, volume, unknown, method, diff_cfg["sample_steps"], diff_cfg["temperature"],
+                             seed + index)
+            rows.append(score_case(result["output"], volume[0], result["reconstruction"], voxels))
+        out[method] = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+    out["masked_tokens"] = int(unknown.sum())
+    out["volumes"] = len(dataset)
+    return out
