@@ -25,6 +25,8 @@ from medattn.errors import UserError
 COMMANDS = {
     "demo": "medattn.commands.demo",
     "train": "medattn.commands.train",
+    "cv": "medattn.commands.cv",
+    "compare": "medattn.commands.compare",
     "eval": "medattn.commands.evaluate",
     "predict": "medattn.commands.predict",
     "inpaint": "medattn.commands.inpaint",

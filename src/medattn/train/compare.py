@@ -1,0 +1,198 @@
+"""Arms over seeds with paired tests: ``medattn compare CONFIG --attention softmax sima seqnorm --seeds 0 1 2``.
+
+An arm is the config with another attention mechanism (``--attention``: ``model.attention``) or another
+model preset (``--models``: ``model.name``; the config's mechanism is kept if the preset takes one). Each
+(arm, seed) is a normal run with ``seed`` set, in ``DIR/<arm>/seed_<s>``, resumable
+(:mod:`medattn.train.runs`). The seed drives the model's initialisation, the training order, the
+patient-level split and the synthetic generators (unless ``data.seed`` is set): every arm of one seed
+sees the same data and the same test cases.
+
+Reported per arm: the test metric per seed and its mean (std) over seeds (sample std, ddof 1). Each
+other arm is tested against the reference arm (the first, or ``reference``), difference = arm - reference:
+
+* **paired t-test over seeds**: scipy's ``ttest_rel`` on the per-seed test metrics (n = seeds; with 3
+  seeds it can only see large, consistent differences);
+* **paired bootstrap over patients**: the mean over seeds of the difference of the test metric on the
+  same test cases (:func:`medattn.metrics.paired_bootstrap`: patients resampled within each seed's test
+  set, both arms together, ``eval.bootstrap`` resamples); its percentile interval at ``eval.ci`` and a
+  two-sided p-value. This one uses every test case, so it is the sharper of the two.
+
+Written to DIR: ``compare.json``, ``compare.csv`` (arms) and ``compare_tests.csv`` (tests); the table is
+printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from medattn import metrics
+from medattn.errors import UserError, writing
+
+from .runs import Job, mean_std, mean_std_text, metric_of, read_cases, run_jobs, write_csv
+
+T_TEST = "paired t-test over seeds"
+BOOTSTRAP = "paired bootstrap over patients within each seed's test set"
+
+
+def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str, dict]:
+    """arm name -> its config (without the seed): one per mechanism, then one per model preset."""
+    from medattn.models import takes_attention
+    from medattn.models.presets import PRESETS
+
+    arms: dict[str, dict] = {}
+    for name, key, value in [*[(a, "attention", a) for a in attentions], *[(m, "name", m) for m in models]]:
+        if name in arms:
+            raise UserError(f"arm {name!r} is given twice")
+        if key == "name" and value not in PRESETS:
+            raise UserError(f"--models: unknown model {value!r}; available: {', '.join(sorted(PRESETS))}")
+        arm = copy.deepcopy(config)
+        arm["model"][key] = value
+        if key == "name" and not takes_attention(value):
+            arm["model"]["attention"] = None
+        elif key == "name" and arm["model"]["attention"] is None:
+            raise UserError(f"--models {value}: the model takes an attention mechanism; the config sets none")
+        arms[name] = arm
+    if not arms:
+        raise UserError("give the arms to compare: --attention MECHANISM ... and/or --models PRESET ...")
+    return arms
+
+
+def compare_jobs(arms: dict[str, dict], seeds: list[int]) -> list[Job]:
+    """One job per (arm, seed) in ``<arm>/seed_<s>``, seeds inner."""
+    if not seeds or len(set(seeds)) != len(seeds) or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise UserError(f"--seeds must be distinct non-negative ints, got {seeds}")
+    jobs = []
+    for name, arm in arms.items():
+        for seed in seeds:
+            config = copy.deepcopy(arm)
+            config["seed"] = seed
+            jobs.append(Job(f"{name}/seed_{seed}", config))
+    return jobs
+
+
+def reference_arm(arms: dict[str, dict], reference: str | None) -> str:
+    """The arm the others are tested against: ``reference``, or the first arm."""
+    if reference is not None and reference not in arms:
+        raise UserError(f"--reference {reference!r} is not one of the arms: {', '.join(arms)}")
+    return reference or next(iter(arms))
+
+
+def t_test(reference: list[float | None], other: list[float | None]) -> dict:
+    """Paired t-test of ``other - reference`` over the seeds where both are defined (scipy ``ttest_rel``)."""
+    from scipy.stats import ttest_rel
+
+    pairs = [(a, b) for a, b in zip(reference, other) if a is not None and b is not None]
+    result = {"test": T_TEST, "n": len(pairs), "difference": None, "statistic": None, "p_value": None}
+    if pairs:
+        result["difference"] = float(np.mean([b - a for a, b in pairs]))
+    if len(pairs) >= 2 and len({b - a for a, b in pairs}) > 1:
+        test = ttest_rel([b for _, b in pairs], [a for a, _ in pairs])
+        result.update(statistic=float(test.statistic), p_value=float(test.pvalue))
+    elif len(pairs) >= 2:
+        result["note"] = "the difference is the same for every seed: no variance to test with"
+    return result
+
+
+def bootstrap_test(reference_dirs: list[Path], other_dirs: list[Path], n_boot: int, ci: float, seed: int) -> dict:
+    """Paired bootstrap of the mean over seeds of (other - reference) on each seed's shared test cases."""
+    pairs = [(read_cases(a), read_cases(b)) for a, b in zip(reference_dirs, other_dirs)]
+    result = {"test": BOOTSTRAP, "n_cases": sum(len(a.ids) for a, _ in pairs)}
+    for (a, b), where in zip(pairs, other_dirs):
+        if a.ids != b.ids:
+            result["note"] = f"{where}: its test cases differ from the reference's; no paired test"
+            return result
+
+    def difference(index: list[np.ndarray]) -> float | None:
+        values = []
+        for (a, b), i in zip(pairs, index):
+            score_a, score_b = a.score(i), b.score(i)
+            if score_a is None or score_b is None:
+                return None
+            values.append(score_b - score_a)
+        return float(np.mean(values))
+
+    try:
+        result.update(metrics.paired_bootstrap(difference, [a.patients for a, _ in pairs], n_boot, ci, seed))
+    except metrics.UndefinedMetricError as error:
+        result["note"] = str(error)
+    return result
+
+
+def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root: Path,
+              reference: str | None = None) -> dict:
+    """Per-arm metrics over seeds and the paired tests against the reference arm, from the runs' files."""
+    names = list(arms)
+    reference = reference_arm(arms, reference)
+    per_arm = {name: results[i * len(seeds):(i + 1) * len(seeds)] for i, name in enumerate(names)}
+    rows = []
+    for name in names:
+        values = [metric_of(r) for r in per_arm[name]]
+        rows.append({"arm": name, "model": arms[name]["model"]["name"], "attention": arms[name]["model"]["attention"],
+                     "per_seed": values, **mean_std(values)})
+    by_arm = {row["arm"]: row for row in rows}
+    eval_cfg, seed = arms[reference]["eval"], arms[reference]["seed"]
+    tests = []
+    for name in names:
+        if name == reference:
+            continue
+        tests.append({"arm": name, "reference": reference, **t_test(by_arm[reference]["per_seed"],
+                                                                     by_arm[name]["per_seed"])})
+        if eval_cfg["bootstrap"]:
+            reference_dirs = [root / reference / f"seed_{s}" for s in seeds]
+            arm_dirs = [root / name / f"seed_{s}" for s in seeds]
+            tests.append({"arm": name, "reference": reference, **bootstrap_test(
+                reference_dirs, arm_dirs, eval_cfg["bootstrap"], eval_cfg["ci"], seed)})
+    first = results[0]
+    return {"metric": first["metric"], "data": first["data"], "synthetic": first["synthetic"], "seeds": seeds,
+            "reference": reference, "ci": eval_cfg["ci"], "std": "sample standard deviation over seeds (ddof 1)",
+            "difference": "arm - reference", "arms": rows, "tests": tests}
+
+
+def format_summary(summary: dict) -> str:
+    from medattn.bench.common import format_table
+
+    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
+    seeds = [f"seed {s}" for s in summary["seeds"]]
+    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r)} for r in summary["arms"]]
+    tests = []
+    for t in summary["tests"]:
+        interval = "" if t.get("ci_low") is None else f"{t['ci_low']:+.3f} to {t['ci_high']:+.3f}"
+        name = t["test"] + (f" ({t['n']})" if "n" in t else f" ({t.get('n_boot', 0)} resamples)")
+        tests.append({"arm": t["arm"], "test": name, "difference": t.get("difference"), "interval": interval,
+                      "p": t.get("p_value"), "note": t.get("note", "")})
+    return "\n".join([
+        f"test {label} on {summary['data']}{tag}: per seed, mean (std) over seeds",
+        format_table(arms, [("arm", "arm", ""), *[(s, s, ".3f") for s in seeds], ("summary", "mean (std)", "")]),
+        "", f"paired tests against {summary['reference']} (difference = arm - {summary['reference']}, "
+            f"{round(100 * summary['ci'])}% interval)",
+        format_table(tests, [("arm", "arm", ""), ("test", "test", ""), ("difference", "difference", "+.4f"),
+                             ("interval", "interval", ""), ("p", "p", ".3g"), ("note", "", "")]),
+    ])
+
+
+def compare(config: dict, attentions: list[str], models: list[str], seeds: list[int], root: str | Path, *,
+            reference: str | None = None, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) every (arm, seed) under ``root``, write compare.json, compare.csv and
+    compare_tests.csv there, print the tables and return the summary (:func:`summarise`)."""
+    root = Path(root)
+    arms = arms_of(config, attentions, models)
+    reference_arm(arms, reference)
+    results = run_jobs(compare_jobs(arms, seeds), root, progress=progress, log=log)
+    summary = summarise(arms, seeds, results, root, reference)
+    with writing(root):
+        (root / "compare.json").write_text(json.dumps(summary, indent=1))
+        write_csv(root / "compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
+                                         "n_seeds"],
+                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"]]
+                   for r in summary["arms"]])
+        keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
+                "p_value", "note"]
+        write_csv(root / "compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
+    log(format_summary(summary))
+    return summary

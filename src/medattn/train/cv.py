@@ -1,0 +1,90 @@
+"""k-fold cross-validation by patient: ``medattn cv CONFIG --folds K``.
+
+Fold k is a normal run (:func:`medattn.train.fit`) of the config with ``data.folds=K data.fold=k`` in
+``DIR/fold_k``. Every patient is in the test part of exactly one fold (scikit-learn's
+``StratifiedGroupKFold`` over patients, shuffled with the run seed, stratified by the label for
+classification); inside a fold, ``data.val_fraction`` (default 0.15) of the *training* folds' patients,
+drawn with seed + 1, is the validation set that picks the best epoch, so the test fold is never seen
+before it is scored. Table kinds split their rows this way themselves; synthetic kinds pool their
+train/val/test cases first (:mod:`medattn.data.folds`). Resumable per fold (:mod:`medattn.train.runs`).
+
+The summary is read from the folds' ``results.json``: per fold the test metric (AUROC; segmentation:
+the mean foreground Dice and each structure's Dice), then mean and sample standard deviation (ddof 1)
+over folds; written as ``cv.csv`` and ``cv.json`` in DIR and printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from medattn.errors import UserError, writing
+
+from .runs import Job, mean_std, mean_std_text, metric_of, run_jobs, write_csv
+
+
+def fold_jobs(config: dict, folds: int) -> list[Job]:
+    """One job per fold: the config with ``data.folds`` and ``data.fold`` set, in ``fold_<k>``."""
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+        raise UserError(f"--folds must be an int >= 2, got {folds!r}")
+    for key in ("folds", "fold"):
+        if config["data"].get(key) is not None:
+            raise UserError(f"the config sets data.{key}; medattn cv sets data.folds and data.fold for every fold")
+    jobs = []
+    for fold in range(folds):
+        fold_config = copy.deepcopy(config)
+        fold_config["data"].update(folds=folds, fold=fold)
+        jobs.append(Job(f"fold_{fold}", fold_config))
+    return jobs
+
+
+def summarise_folds(results: list[dict]) -> dict:
+    """Per-fold test metrics and their mean (std) over folds, from the folds' results.json (in fold order).
+
+    Rows: ``overall`` (the test AUROC, or the mean foreground Dice of the fold's test part), then for
+    segmentation one row per foreground structure (its Dice over the fold's test cases)."""
+    metric = results[0]["metric"]
+    rows = [{"structure": "overall", "per_fold": [metric_of(r) for r in results]}]
+    if metric == "dice":
+        names = list(results[0]["test"]["dice_per_class"])[1:]  # background first, left out
+        rows += [{"structure": name, "per_fold": [r["test"]["dice_per_class"].get(name) for r in results]}
+                 for name in names]
+    for row in rows:
+        row.update(mean_std(row["per_fold"]))
+    first = results[0]
+    return {"folds": len(results), "metric": metric, "synthetic": first["synthetic"], "data": first["data"],
+            "model": first["model"], "attention": first["attention"], "std": "sample standard deviation over "
+            "folds (ddof 1)", "rows": rows, "runs": [r["run_dir"] for r in results]}
+
+
+def format_summary(summary: dict) -> str:
+    """The printed table: one row per structure, one column per fold, then mean (std)."""
+    from medattn.bench.common import format_table
+
+    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    mechanism = f" ({summary['attention']})" if summary["attention"] else ""
+    tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
+    folds = [f"fold_{k}" for k in range(summary["folds"])]
+    table = [{"structure": row["structure"], **dict(zip(folds, row["per_fold"])),
+              "summary": mean_std_text(row)} for row in summary["rows"]]
+    columns = [("structure", "structure", ""), *[(f, f, ".3f") for f in folds], ("summary", "mean (std)", "")]
+    return "\n".join([f"{summary['folds']}-fold cross-validation of {summary['model']}{mechanism} on "
+                      f"{summary['data']}{tag}: test {label} per fold, mean (std) over folds",
+                      format_table(table, columns)])
+
+
+def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool = True,
+                   log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) the ``folds`` fold runs of ``config`` under ``root``, write ``cv.csv`` and ``cv.json``
+    there, print the table and return the summary (:func:`summarise_folds`)."""
+    root = Path(root)
+    results = run_jobs(fold_jobs(config, folds), root, progress=progress, log=log)
+    summary = summarise_folds(results)
+    with writing(root):
+        (root / "cv.json").write_text(json.dumps(summary, indent=1))
+        write_csv(root / "cv.csv", ["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std", "n_folds"],
+                  [[row["structure"], *row["per_fold"], row["mean"], row["std"], row["n"]] for row in summary["rows"]])
+    log(format_summary(summary))
+    return summary

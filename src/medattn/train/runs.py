@@ -1,0 +1,158 @@
+"""Many runs as one experiment: the machinery shared by cross-validation (:mod:`medattn.train.cv`) and
+comparisons over seeds (:mod:`medattn.train.compare`).
+
+A :class:`Job` is one normal training run (the same :func:`medattn.train.fit` as ``medattn train``) in its
+own folder under the experiment's folder. :func:`run_jobs` runs them in order and is resumable: a job
+whose folder holds ``results.json`` is finished and skipped (its saved config must equal the job's, else
+a UserError names the keys); one with a checkpoint resumes from it (``fit(resume=True)``, which checks the
+config too); any other starts afresh (files of a run killed before its first checkpoint are replaced).
+Everything aggregated afterwards is read back from the run folders (``results.json`` and the per-case
+``predictions_test.csv``), so a finished job and a job run now are treated alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from medattn import metrics
+from medattn.config import read_config_file
+from medattn.errors import UserError
+
+from .build import check_model_config
+from .rundir import config_diff
+
+
+@dataclass
+class Job:
+    """One run: ``name`` is its folder below the experiment's folder, ``config`` its resolved config."""
+
+    name: str
+    config: dict
+
+
+def job_state(run_dir: Path, config: dict) -> str:
+    """``done`` (results.json, same config), ``resume`` (a checkpoint) or ``new``."""
+    if (run_dir / "results.json").is_file():
+        changed = config_diff(read_config_file(run_dir / "config.yaml"), config)
+        if changed:
+            raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
+                            f"choose another --out or remove that folder")
+        return "done"
+    checkpoints = run_dir / "checkpoints"
+    return "resume" if (checkpoints / "last").exists() or (checkpoints / "last.old").exists() else "new"
+
+
+def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Run every job in ``root / job.name`` (see the module docstring); returns each job's results.json.
+
+    Every job's config is checked (schema, model section) before the first one starts, so a typo in the
+    last arm fails at once instead of after hours."""
+    from medattn.config import validate
+    from medattn.data import build_datasets
+
+    from .loop import fit
+
+    for job in jobs:
+        job.config["out"] = str(root / job.name)
+        validate(job.config, job.name)
+        check_model_config(job.config["model"])
+    results = []
+    for number, job in enumerate(jobs, 1):
+        run_dir = root / job.name
+        state = job_state(run_dir, job.config)
+        log(f"[{number}/{len(jobs)}] {job.name}: " + {"done": "finished, skipped", "resume": "resuming",
+                                                      "new": "training"}[state])
+        if state != "done":
+            config = job.config
+            bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
+            fit(config, bundle, run_dir, resume=state == "resume", overwrite=state == "new", progress=progress,
+                log=log)
+        results.append(json.loads((run_dir / "results.json").read_text()))
+    return results
+
+
+@dataclass
+class Cases:
+    """A run's per-case test outputs read back from ``predictions_test.csv``.
+
+    Classification: ``outputs`` probabilities (N, K), ``labels`` (N,) class indices (multi-class) or (N, K)
+    0/1; segmentation: ``outputs`` Dice per class (N, K) with NaN where undefined, ``labels`` None."""
+
+    ids: list[str]
+    patients: list[str]
+    outputs: np.ndarray
+    labels: np.ndarray | None
+    task_type: str
+
+    def score(self, index: np.ndarray) -> float | None:
+        """The run's test metric on the cases ``index`` (AUROC, or mean foreground Dice); None if undefined."""
+        try:
+            if self.task_type == "segmentation":
+                return metrics.mean_dice(self.outputs[index])
+            return metrics.auroc(self.outputs[index], self.labels[index], self.task_type)
+        except metrics.UndefinedMetricError:
+            return None
+
+
+def read_cases(run_dir: Path) -> Cases:
+    """Read ``predictions_test.csv`` as written by :mod:`medattn.train.report`: ``label`` (multi-class) or
+    ``label_<name>`` (binary: one, multi-label: several) and ``prob_<name>`` columns, or ``dice_<name>``
+    columns (segmentation)."""
+    path = Path(run_dir) / "predictions_test.csv"
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the run's test predictions ({error.strerror})") from None
+    if not rows:
+        raise UserError(f"{path}: no test cases")
+    columns = list(rows[0])
+
+    def matrix(prefix: str) -> np.ndarray:
+        return np.array([[float(r[c]) if r[c] != "" else math.nan for c in columns if c.startswith(prefix)]
+                         for r in rows])
+
+    ids, patients = [r["id"] for r in rows], [r["patient"] for r in rows]
+    if any(c.startswith("dice_") for c in columns):
+        return Cases(ids, patients, matrix("dice_"), None, "segmentation")
+    probs = matrix("prob_")
+    if "label" in columns:
+        return Cases(ids, patients, probs, np.array([int(r["label"]) for r in rows]), "multiclass")
+    labels = matrix("label_").astype(int)
+    return Cases(ids, patients, probs, labels, "binary" if labels.shape[1] == 1 else "multilabel")
+
+
+def metric_of(results: dict) -> float | None:
+    """The test metric of a results.json (``test.auroc`` or ``test.dice``)."""
+    return results["test"].get(results["metric"])
+
+
+def mean_std(values: list[float | None]) -> dict:
+    """Mean and sample standard deviation (ddof = 1; None for fewer than two values) of the defined values."""
+    defined = [v for v in values if v is not None and not math.isnan(v)]
+    if not defined:
+        return {"mean": None, "std": None, "n": 0}
+    std = float(np.std(defined, ddof=1)) if len(defined) > 1 else None
+    return {"mean": float(np.mean(defined)), "std": std, "n": len(defined)}
+
+
+def mean_std_text(summary: dict, digits: int = 3) -> str:
+    """``0.912 (0.021)``; ``-`` when undefined; the std left out for a single value."""
+    if summary["mean"] is None:
+        return "-"
+    std = "" if summary["std"] is None else f" ({summary['std']:.{digits}f})"
+    return f"{summary['mean']:.{digits}f}{std}"
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
