@@ -123,3 +123,35 @@ def test_bad_volumes(tmp_path):
     assert build_datasets(_cfg(csv), skip_bad=True).skipped == 1
     with pytest.raises(UserError, match="missing column.*lesion_left"):
         build_datasets(_cfg(csv, label_columns="lesion", split_sides=True))
+
+
+def _one_volume_table(tmp_path, shape, affine, **kw):
+    write_nifti(tmp_path / "v.nii.gz", np.zeros(shape, np.float32), affine=affine)
+    write_csv(tmp_path / "t.csv", ["path", "label"], [["v.nii.gz", 1]])
+    cfg = {"kind": "volume_table", "csv": str(tmp_path / "t.csv"), "label_columns": "label", "augment": False,
+           "val_fraction": 0.0, "test_fraction": 0.0, **kw}
+    return build_datasets(cfg).warnings
+
+
+@pytest.mark.parametrize("shape, affine, kw, lost", [
+    ((300, 8, 8), np.eye(4), {}, "15%"),  # H 300 > 256: centre-cropped
+    ((8, 8, 8), np.eye(4), {}, None),  # smaller: only padded
+    ((300, 8, 8), np.eye(4), {"target_size": [256, 256, 32]}, None),  # the user chose the size
+    ((8, 300, 8), np.array([[0, 1.0, 0, 0], [1.0, 0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1]]), {}, "15%"),  # W -> H
+    ((8, 8, 40), np.eye(4), {}, "20%"),  # D 40 > 32
+    ((200, 8, 8), np.eye(4), {"target_spacing": [0.5, 1.0, 1.0]}, "36%"),  # resampled to 400 voxels
+    ((400, 8, 8), np.eye(4), {"split_sides": True}, None),  # halves of 200 fit
+])
+def test_a_default_size_that_crops_the_volumes_is_a_warning(tmp_path, shape, affine, kw, lost):
+    if kw.get("split_sides"):
+        write_nifti(tmp_path / "v.nii.gz", np.zeros(shape, np.float32), affine=affine)
+        write_csv(tmp_path / "t.csv", ["path", "label_left", "label_right"], [["v.nii.gz", 1, 0]])
+        cfg = {"kind": "volume_table", "csv": str(tmp_path / "t.csv"), "label_columns": "label", "augment": False,
+               "val_fraction": 0.0, "test_fraction": 0.0, **kw}
+        warnings = build_datasets(cfg).warnings
+    else:
+        warnings = _one_volume_table(tmp_path, shape, affine, **kw)
+    if lost is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and "data.target_size is not set" in warnings[0] and f"{lost} of an axis" in warnings[0]

@@ -12,7 +12,7 @@ from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.train import build_model, fit
-from medattn.train.build import check_device, check_model_config
+from medattn.train.build import check_device, check_model_config, size_warnings
 from medattn.train.loop import improves
 from medattn.train.optim import lr_at
 from medattn.train.report import learning_warnings
@@ -158,3 +158,25 @@ def test_a_run_that_learns_nothing_says_so(tmp_path):
     assert json.loads((tmp_path / "run/results.json").read_text())["warnings"] == results["warnings"]
     learned = _run(tmp_path, image_bundle(48), "train.epochs=4", "model.attention=seqnorm", name="learns")
     assert not any("never left its start" in w for w in learned["warnings"])
+
+
+@pytest.mark.parametrize("name, shape, kwargs, ratio", [
+    ("vit2d_small", (1, 224, 224), {}, "12.2x"),  # made for 64 px with patches of 8: 64 tokens, here 784
+    ("vit2d_small", (1, 64, 64), {}, None),
+    ("vit2d_small", (1, 224, 224), {"patch_size": 28}, None),  # the user's patch size brings it back to 64
+    ("vit2d_small", (1, 224, 224), {"img_size": 224}, None),  # the user chose the size
+    ("vit2d_small", (1, 32, 32), {}, "0.25x"),  # far fewer tokens than designed
+    ("vit3d_small", (1, 64, 64, 32), {}, "8x"),
+    ("resnet2d_small", (1, 224, 224), {}, None),  # no tokens
+])
+def test_a_preset_far_from_its_design_size_is_a_warning(name, shape, kwargs, ratio):
+    task = TaskInfo("binary", "image2d" if len(shape) == 3 else "volume3d", 1, shape)
+    warnings = size_warnings({"name": name, "attention": None, "kwargs": kwargs}, task)
+    assert (warnings == []) if ratio is None else (len(warnings) == 1 and f"({ratio})" in warnings[0])
+
+
+def test_the_size_warning_reaches_the_summary_and_results(tmp_path):
+    bundle = image_bundle()
+    results = _run(tmp_path, bundle, "model.name=vit2d_tiny", "model.kwargs.patch_size=4")
+    assert any("tokens" in w for w in results["warnings"])
+    assert json.loads((tmp_path / "run/results.json").read_text())["warnings"] == results["warnings"]

@@ -158,9 +158,11 @@ def _check_nifti_complete(path: Path, image) -> None:
         raise ValueError(f"the NIfTI file is truncated: the header declares {expected} bytes, it holds {total}")
 
 
-def check_volume_header(path: Path) -> None:
+def check_volume_header(path: Path) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
     """Cheap check at build time: a DICOM series folder whose first file's header reads, or a regular
-    NIfTI file whose header describes a 3D volume and whose data are not cut short."""
+    NIfTI file whose header describes a 3D volume and whose data are not cut short. Returns a NIfTI file's
+    grid in RAS+ axis order as the loader reorients it, ((H, W, D), voxel spacing in mm), or None for a
+    DICOM series."""
     check_regular(path, folders=True)
     if path.is_dir():
         import pydicom
@@ -168,7 +170,7 @@ def check_volume_header(path: Path) -> None:
         ds = pydicom.dcmread(_dicom_files(path)[0], stop_before_pixels=True)
         if "Rows" not in ds or "Columns" not in ds:
             raise ValueError("the first DICOM file has no image (no Rows/Columns)")
-        return
+        return None
     if not is_nifti(path):
         raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
     import nibabel as nib
@@ -178,6 +180,36 @@ def check_volume_header(path: Path) -> None:
     if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
         raise ValueError(f"expected a 3D volume, the header says shape {shape}")
     _check_nifti_complete(path, image)
+    axes = nib.orientations.io_orientation(image.affine)[:, 0].astype(int)  # stored axis i -> RAS+ axis axes[i]
+    ras_shape, ras_zooms = [0, 0, 0], [0.0, 0.0, 0.0]
+    for i, axis in enumerate(axes):
+        ras_shape[axis], ras_zooms[axis] = int(shape[i]), float(image.header.get_zooms()[i])
+    return tuple(ras_shape), tuple(ras_zooms)
+
+
+def crop_warning(grids: list[tuple[tuple[int, ...], tuple[float, ...]]], spacing: tuple[float, ...] | None,
+                 size: tuple[int, ...], halves: bool) -> str | None:
+    """A sentence when the default ``target_size`` centre-crops volumes (None when nothing is cut).
+
+    ``grids``: the (shape, spacing) of the volumes in RAS+ order (:func:`check_volume_header`); ``spacing``:
+    ``target_spacing`` or None; ``halves``: the volumes are split into left and right halves along H first.
+    The extent after resampling is ``shape * spacing / target_spacing`` voxels per axis.
+    """
+    lost = 0.0
+    cropped = 0
+    for shape, zooms in grids:
+        extent = [n * z / t for n, z, t in zip(shape, zooms, spacing)] if spacing else list(shape)
+        if halves:
+            extent[0] /= 2
+        fraction = max(1 - m / n for n, m in zip(extent, size))
+        if fraction > 0:
+            cropped += 1
+            lost = max(lost, fraction)
+    if not cropped:
+        return None
+    return (f"data.target_size is not set: {cropped} of {len(grids)} volume(s) are larger than the default "
+            f"{list(size)} and are centre-cropped (up to {lost:.0%} of an axis lost; a finding outside the centre "
+            f"can vanish while its label stays); set data.target_size (and data.target_spacing) to fit the data")
 
 
 def resample(volume: torch.Tensor, spacing: tuple[float, ...], target: tuple[float, ...]) -> torch.Tensor:
@@ -285,15 +317,24 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
         bad.report(message)
     plain = VolumeLoader(spacing, size, method)
 
+    grids = []
+
     def check_headers(record: Record) -> None:
-        for path in record.paths:
+        grids.extend(grid for grid in map(check_volume_header, record.paths[:1]) if grid is not None)
+        for path in record.paths[1:]:
             check_volume_header(path)
 
-    check = plain if skip_bad else check_headers if cfg.get("check_files", True) else None
+    def check_all(record: Record) -> None:
+        check_headers(record)
+        plain(record)
+
+    check = check_all if skip_bad else check_headers if cfg.get("check_files", True) else None
     records, column = keep_valid(records, column, check, bad, f"volume_table {cfg['csv']}")
+    warning = None if "target_size" in cfg else crop_warning(grids, spacing, size, bool(sides))
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
     train_loader = VolumeLoader(spacing, size, method, build_augmentation(cfg.get("augment", True), 3))
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
-                      RecordDataset(parts["test"], plain), task, skipped=bad.count)
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count,
+                      warnings=[warning] if warning else [])

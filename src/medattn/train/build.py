@@ -72,6 +72,10 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
 TOKEN_RATIO_WARNING = 2.0
 
 
+def _per_axis(value, spatial: int) -> tuple[int, ...]:
+    return (value,) * spatial if isinstance(value, int) else tuple(value)
+
+
 def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
     """Sentences for the run summary when the data's size does not fit the preset's (empty when it does).
 
@@ -85,20 +89,20 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
     if task.input_kind == "bag" or "img_size" not in preset or "patch_size" not in preset or "img_size" in given:
         return []
     spatial = len(task.input_shape) - 1
-    patch = given.get("patch_size", preset["patch_size"])
-    patch = (patch,) * spatial if isinstance(patch, int) else tuple(patch)
-    design = preset["img_size"]
-    design = (design,) * spatial if isinstance(design, int) else tuple(design)
-    if len(patch) != spatial or len(design) != spatial:
+    design, design_patch = (_per_axis(preset[key], spatial) for key in ("img_size", "patch_size"))
+    patch = _per_axis(given.get("patch_size", preset["patch_size"]), spatial)
+    if not len(patch) == len(design) == len(design_patch) == spatial:
         return []  # build_model reports the mismatch of dimensions
     tokens = math.prod(s // p for s, p in zip(task.input_shape[1:], patch))
-    designed = math.prod(s // p for s, p in zip(design, patch))
+    designed = math.prod(s // p for s, p in zip(design, design_patch))
     if max(tokens, designed) < TOKEN_RATIO_WARNING * min(tokens, designed):
         return []
     size_key = "data.target_size" if spatial == 3 else "data.image_size"
+    shape = "x".join(map(str, task.input_shape[1:]))
     return [f"model {model_cfg['name']!r} is made for inputs of {'x'.join(map(str, design))} ({designed} tokens of "
-            f"{'x'.join(map(str, patch))}); the data gives {'x'.join(map(str, task.input_shape[1:]))}: {tokens} tokens "
-            f"({tokens / designed:.3g}x); set {size_key} or model.kwargs.patch_size to change it"]
+            f"{'x'.join(map(str, design_patch))}); the data gives {shape}: {tokens} tokens of "
+            f"{'x'.join(map(str, patch))} ({tokens / designed:.3g}x); set {size_key} or model.kwargs.patch_size "
+            f"to change it"]
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
