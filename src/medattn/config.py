@@ -53,6 +53,13 @@ DEFAULTS: dict = {
         "loss": None,  # None -> the task's (cross-entropy; segmentation: dice_ce); dice = soft Dice only
         "patch_size": None,  # segmentation: train on random patches of this size (medattn.data.patches)
         "patch_foreground": None,  # share of patches centred on a foreground voxel; None -> 1/3
+        # the small-data recipe (docs/training.md): all off by default
+        "label_smoothing": 0.0,  # classification: targets y(1 - e) + e/K (binary: K = 2)
+        "pos_weight": None,  # binary/multi-label: positive-class weight, a number or "balanced" (n_neg / n_pos)
+        "class_balance": False,  # draw training samples with equal total weight per class (with replacement)
+        "layer_decay": None,  # layer-wise lr decay: block i of L gets lr * decay^(L + 1 - i); None = 1 (off)
+        "ema": None,  # decay of an exponential moving average of the weights, evaluated and checkpointed
+        "instance_dropout": 0.0,  # bags: fraction of each training bag's instances dropped per step
     },
     "eval": {
         "bootstrap": 1000,  # resamples for the test AUROC's confidence interval
@@ -263,6 +270,13 @@ SCHEMA: dict[str, Rule] = {
     "train.patch_size": Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
                              or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
                                                             and all(_is_int(m) and m > 0 for m in v))),
+    "train.label_smoothing": Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
+    "train.pos_weight": Rule("null, a number > 0 or \"balanced\"", lambda v: v is None or v == "balanced"
+                             or (_is_number(v) and v > 0)),
+    "train.class_balance": Rule("true or false", lambda v: isinstance(v, bool)),
+    "train.layer_decay": Rule("null or a number in (0, 1]", lambda v: v is None or (_is_number(v) and 0 < v <= 1)),
+    "train.ema": Rule("null or a number in (0, 1)", lambda v: v is None or (_is_number(v) and 0 < v < 1)),
+    "train.instance_dropout": Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
     "train.patch_foreground": Rule("null or a number from 0 to 1", lambda v: v is None or (_is_number(v)
                                                                                          and 0 <= v <= 1)),
     "eval": MAPPING,

@@ -46,8 +46,9 @@ from medattn.threads import set_threads
 from . import checkpoint, distributed, report, sliding
 from .build import build_model, check_device, check_model_config, forward, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
-from .optim import lr_at, make_optimizer
+from .optim import EMA, lr_at, make_optimizer
 from .rundir import config_diff, run_folder
+from .sampling import ClassBalancedSampler, dataset_labels, drop_instances, positive_weight
 from .threshold import threshold_meta
 
 
@@ -88,7 +89,10 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
     set_threads(train_cfg["threads"], log)
     seed_everything(seed)
-    objective = objective_for(task, train_cfg["loss"])
+    objective = objective_for(task, train_cfg["loss"])  # scores validation and test with the plain loss
+    train_labels = recipe_labels(train_cfg, task, bundle.train)
+    train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],
+                                    positive_weight(train_labels, task.task_type, train_cfg["pos_weight"]))
     fields, score_key = metric_fields(objective), f"val_{objective.metric}"
     patch, window = sliding.patch_shape(config, task), sliding.inference_window(config, task)
     # a model trained on patches is built for the patch (a ViT's position embeddings match it)
@@ -99,19 +103,23 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         log(f"WARNING: {warning}")
     init_report = None if resume or init_from is None else initialise(model, init_from, log)
     optimizer = make_optimizer(model, train_cfg)
+    ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: it starts from those weights
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
     train_set = RandomPatches(bundle.train, patch, train_cfg["patch_foreground"]) if patch else bundle.train
-    train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, train_cfg["num_workers"])
+    train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, train_cfg["num_workers"],
+                               balance=train_labels if train_cfg["class_balance"] else None)
     val_loader = make_loader(bundle.val, eval_bs, False, seed, train_cfg["num_workers"])
     steps_per_epoch = math.ceil(len(train_loader) / train_cfg["grad_accum"])
     schedule = {"total_steps": train_cfg["epochs"] * steps_per_epoch,
                 "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
-    state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None}
+    state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None, "ema_updates": 0}
     if resume:
         last = checkpoint.resolve(run_dir / "checkpoints" / "last")
         checkpoint.load_model(last, model)
         state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
+        if ema is not None:
+            ema.load_state_dict(checkpoint.load_extra_tensors(last, "ema."), state["ema_updates"])
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
         report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], fields)
     elif distributed.is_main():
@@ -122,12 +130,13 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
-        train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, objective, task, train_cfg, state,
-                                     schedule, epoch, seed, device, progress)
-        val = predict(model, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress,
+        train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, train_objective, task, train_cfg,
+                                     state, schedule, epoch, seed, device, progress, ema=ema)
+        evaluated = model if ema is None else ema.module  # with EMA, the averaged weights are scored and kept
+        val = predict(evaluated, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress,
                       objective=objective, window=window)
         val_score = objective.val_score(val)
-        row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train_loss": train_loss,
+        row = {"epoch": epoch, "lr": max(g["lr"] for g in optimizer.param_groups), "train_loss": train_loss,
                "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
         state["epoch"] = epoch
         is_best = improves(state, val_score, val.loss)
@@ -138,8 +147,10 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
             epoch_meta = {**meta, "epoch": epoch, score_key: val_score,  # + the validation thresholds (Youden's J)
                           **threshold_meta(val.outputs, val.labels, task.task_type, epoch)}
             if is_best:
-                checkpoint.save(run_dir / "checkpoints" / "best", model, epoch_meta)
-            checkpoint.save(run_dir / "checkpoints" / "last", model, epoch_meta, optimizer, state)
+                checkpoint.save(run_dir / "checkpoints" / "best", evaluated, epoch_meta)
+            state["ema_updates"] = 0 if ema is None else ema.updates
+            checkpoint.save(run_dir / "checkpoints" / "last", model, epoch_meta, optimizer, state,
+                            extra_tensors=None if ema is None else ema.state_dict())
             keep()
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
@@ -158,6 +169,17 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     return test_best(model, config, bundle, run_dir, results, device, progress, log)
 
 
+def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.Tensor | None:
+    """The training labels when ``train.class_balance`` or ``train.pos_weight`` needs them (classification
+    only: a UserError for segmentation), else None."""
+    if not train_cfg["class_balance"] and train_cfg["pos_weight"] is None:
+        return None
+    if task.task_type == "segmentation":
+        raise UserError("train.class_balance and train.pos_weight apply to classification tasks; this task is "
+                        "segmentation")
+    return dataset_labels(train_set)
+
+
 def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], None]) -> dict:
     """Load ``init_from`` into a new model: a plain weights file (timm, DINO, MAE or MONAI ViT) or another run's
     checkpoint (its shared tensors); logs and returns what was loaded, adapted, new and unused."""
@@ -173,12 +195,14 @@ def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], Non
 
 def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
                     objective, task: TaskInfo, train_cfg: dict, state: dict, schedule: dict, epoch: int, seed: int,
-                    device: torch.device, progress: bool) -> float:
+                    device: torch.device, progress: bool, ema: EMA | None = None) -> float:
     """One pass over this rank's training share; returns the mean train loss over all ranks.
 
     Gradients accumulate over ``train.grad_accum`` batches (the last group of an epoch may be shorter and
     is weighted by its own size); DDP synchronises only on a group's last batch. ``state["step"]`` counts
-    optimizer steps and sets the learning rate (:func:`medattn.train.optim.lr_at`)."""
+    optimizer steps and sets the learning rate (:func:`medattn.train.optim.lr_at`, times each parameter
+    group's ``lr_scale``: layer-wise decay); ``ema`` is updated after every step. Bags lose
+    ``train.instance_dropout`` of their instances (:func:`medattn.train.sampling.drop_instances`)."""
     loader.sampler.set_epoch(epoch)
     loader.generator.manual_seed(seed * 100_003 + epoch)  # worker seeds depend on the epoch only
     ddp_model.train()
@@ -190,6 +214,8 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         group_start = (i // accum) * accum
         group_size = min(accum, n_batches - group_start)
         last_in_group = i == group_start + group_size - 1
+        if task.input_kind == "bag":
+            batch = drop_instances(batch, train_cfg["instance_dropout"])
         batch = _to(batch, device)
         sync = contextlib.nullcontext() if last_in_group or ddp_model is model else ddp_model.no_sync()
         with sync:
@@ -203,11 +229,13 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
             lr = lr_at(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg["lr"],
                        train_cfg["min_lr"])
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             if train_cfg["grad_clip"]:
                 nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(model)
             state["step"] += 1
             batches.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
     if not math.isfinite(loss_sum):
@@ -239,8 +267,10 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
-        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows],
-                                                       test.outputs if objective.outputs_are_probabilities else None)
+        probabilities = test.outputs if objective.outputs_are_probabilities else None
+        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
+        results["warnings"] += report.trivial_statistic_warnings(
+            probabilities, test.statistic, "bag size" if task.input_kind == "bag" else "image mean intensity")
         with writing(run_dir):
             results["test"] = objective.score(test, "test", run_dir, config["eval"], config["seed"], label)
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
@@ -280,13 +310,19 @@ def _collate_indexed(samples: list[dict]) -> dict:
     return {**collate(samples), "index": torch.tensor([s["index"] for s in samples])}
 
 
-def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0) -> DataLoader:
-    """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``)."""
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
+                balance: torch.Tensor | None = None) -> DataLoader:
+    """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``).
+    With ``balance`` (the dataset's labels) samples are drawn class-balanced with replacement
+    (:class:`medattn.train.sampling.ClassBalancedSampler`, ``train.class_balance``)."""
     if len(dataset) == 0:
         raise UserError("a data split is empty")
     indexed = _Indexed(dataset)
-    sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),
-                                 shuffle=shuffle, seed=seed)
+    if balance is not None:
+        sampler = ClassBalancedSampler(balance, seed, distributed.world_size(), distributed.rank())
+    else:
+        sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                     shuffle=shuffle, seed=seed)
     return DataLoader(indexed, batch_size=batch_size, sampler=sampler, collate_fn=_collate_indexed,
                       num_workers=num_workers, worker_init_fn=_seed_worker,
                       generator=torch.Generator().manual_seed(seed))
@@ -313,7 +349,7 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
     None for one forward of the whole input."""
     model.eval()
     objective = objective or objective_for(task)
-    indices, outputs, labels, losses, ids, patients = [], [], [], [], [], []
+    indices, outputs, labels, losses, ids, patients, statistics = [], [], [], [], [], [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
         batch = _to(batch, device)
         with _autocast(device, precision):
@@ -324,6 +360,7 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
         output, label = objective.outputs(logits, batch["label"])
         outputs.append(output.cpu())
         labels.append(label.cpu())
+        statistics.append(trivial_statistic(batch, task.input_kind).cpu())
         ids += batch["id"]
         patients += batch["patient"]
     index = distributed.all_gather_rows(torch.cat(indices))
@@ -332,8 +369,20 @@ def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.
     ids = distributed.all_gather_strings(ids)
     patients = distributed.all_gather_strings(patients)
     loss = distributed.all_gather_rows(torch.cat(losses))
+    statistic = distributed.all_gather_rows(torch.cat(statistics))
     # DistributedSampler pads the last ranks with repeats: keep each sample once, in dataset order.
     order = np.argsort(index.numpy(), kind="stable").tolist()
     first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
     return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
-                       outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()))
+                       outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()),
+                       statistic=statistic[first].numpy())
+
+
+def trivial_statistic(batch: dict, input_kind: str) -> torch.Tensor:
+    """(B,) float64: a statistic a model should not merely follow (:func:`report.trivial_statistic_warnings`):
+    the bag size (real instances) for bags, else the mean intensity of the input as the model sees it."""
+    if input_kind == "bag":
+        mask = batch.get("mask")
+        sizes = mask.sum(1) if mask is not None else torch.full((len(batch["id"]),), batch["input"].shape[1])
+        return sizes.double()
+    return batch["input"].flatten(1).double().mean(1)

@@ -36,14 +36,23 @@ class Predictions:
     outputs: np.ndarray
     labels: np.ndarray
     loss: float
+    statistic: np.ndarray | None = None  # (N,) a trivial statistic per sample (image mean, bag size), or None
 
 
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_sample: bool = False) -> torch.Tensor:
-    """Cross-entropy (multi-class) or binary cross-entropy; the batch mean, or (B,) with ``per_sample``."""
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_sample: bool = False,
+            label_smoothing: float = 0.0, pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy (multi-class) or binary cross-entropy; the batch mean, or (B,) with ``per_sample``.
+
+    ``label_smoothing`` e (Szegedy et al. 2016): multi-class targets ``(1 - e) one_hot + e / K``; binary and
+    multi-label targets ``y (1 - e) + e / 2`` (each output a two-class problem). ``pos_weight`` (K,) weighs
+    the positive term of the binary cross-entropy (``torch.nn.BCEWithLogitsLoss``'s ``pos_weight``)."""
     if task_type == "multiclass":
-        loss = F.cross_entropy(logits.float(), labels.long(), reduction="none")
+        loss = F.cross_entropy(logits.float(), labels.long(), reduction="none", label_smoothing=label_smoothing)
     else:
-        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").mean(-1)
+        targets = labels.float() * (1 - label_smoothing) + label_smoothing / 2
+        weight = None if pos_weight is None else pos_weight.to(logits.device)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none",
+                                                  pos_weight=weight).mean(-1)
     return loss if per_sample else loss.mean()
 
 
@@ -58,11 +67,11 @@ class Classification:
     files = "predictions_test.csv roc_test.png"
     outputs_are_probabilities = True  # Predictions.outputs: (N, K) probabilities
 
-    def __init__(self, task: TaskInfo) -> None:
-        self.task = task
+    def __init__(self, task: TaskInfo, label_smoothing: float = 0.0, pos_weight: torch.Tensor | None = None) -> None:
+        self.task, self.label_smoothing, self.pos_weight = task, label_smoothing, pos_weight
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
-        return loss_fn(logits, labels, self.task.task_type, per_sample)
+        return loss_fn(logits, labels, self.task.task_type, per_sample, self.label_smoothing, self.pos_weight)
 
     def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (probabilities (B, K), labels): the per-sample rows gathered for scoring."""
@@ -156,14 +165,20 @@ class Segmentation:
         return f"test Dice      {test['dice']:.4f}{ci}  n={test['n']}\nper class      {classes}"
 
 
-def objective_for(task: TaskInfo, loss: str | None = None) -> Classification | Segmentation:
+def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: float = 0.0,
+                  pos_weight: torch.Tensor | None = None) -> Classification | Segmentation:
     """The loss, the validation score and the test report of a task type: the one place they are chosen.
-    ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses)."""
+    ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses).
+    ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
+    the loop scores validation and test with the plain loss, so losses compare across settings."""
     if task.task_type == "segmentation":
+        if label_smoothing or pos_weight is not None:
+            raise UserError("train.label_smoothing and train.pos_weight apply to classification tasks; "
+                            "this task is segmentation")
         return Segmentation(task, loss)
     if loss is not None:
         raise UserError(f"train.loss={loss} is a segmentation loss; this task is {task.task_type} (use null)")
-    return Classification(task)
+    return Classification(task, label_smoothing, pos_weight)
 
 
 def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:

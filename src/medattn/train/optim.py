@@ -2,22 +2,58 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 
 import torch
 from torch import nn
 
 
 def make_optimizer(model: nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only: biases, norms, ``pos_embed`` and ``cls_token`` get none."""
+    """AdamW over :func:`param_groups` (weight decay on matrices only; layer-wise lr scales with
+    ``train.layer_decay``); the loop sets each group's lr to the schedule's times its ``lr_scale``."""
+    groups = param_groups(model, train_cfg["weight_decay"], train_cfg.get("layer_decay"))
+    return torch.optim.AdamW(groups, lr=train_cfg["lr"], betas=tuple(train_cfg["betas"]))
+
+
+_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+
+
+def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
+    """Each parameter's layer for layer-wise lr decay, and the number of blocks L: ``*blocks.{i}.*`` is layer
+    i + 1; parameters listed before the first block (patch/feature embedding, ``cls_token``, ``pos_embed``) are
+    layer 0; those after the last (final norm, head) are layer L + 1. A model without transformer blocks
+    (ResNet, attention-MIL) has L = 0 and every parameter in layer 1."""
+    ids, depth, seen_block = {}, 0, False
+    for name, _ in model.named_parameters():
+        match = _BLOCK.search(name)
+        if match:
+            ids[name], seen_block = int(match.group(1)) + 1, True
+            depth = max(depth, int(match.group(1)) + 1)
+        else:
+            ids[name] = 0 if not seen_block else -1  # -1: after the blocks, set below
+    return {n: depth + 1 if i == -1 or (i == 0 and depth == 0) else i for n, i in ids.items()}, depth
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+    """AdamW parameter groups: weight decay on matrices only (biases, norms, ``pos_embed`` and ``cls_token``
+    get none), and with ``layer_decay`` = d < 1 (layer-wise learning-rate decay, BEiT, Bao et al. 2022; MAE
+    fine-tuning, He et al. 2022) a learning-rate scale ``lr_scale = d^(L + 1 - layer)`` per :func:`layer_ids`:
+    the head and final norm train at the full rate, block L at d, ..., the embeddings at d^(L + 1). Without it
+    (None or 1) there are two groups with ``lr_scale`` 1."""
     def decays(name: str, p: torch.Tensor) -> bool:
         return p.ndim > 1 and "pos_embed" not in name and "cls_token" not in name
 
-    decay = [p for n, p in model.named_parameters() if decays(n, p)]
-    no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg["weight_decay"]},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=train_cfg["lr"], betas=tuple(train_cfg["betas"]))
+    decay = 1.0 if layer_decay is None else float(layer_decay)
+    ids, depth = layer_ids(model) if decay != 1.0 else ({}, 0)
+    groups: dict[tuple[int, bool], dict] = {}
+    for name, p in model.named_parameters():
+        layer, wd = ids.get(name, depth + 1), decays(name, p)
+        group = groups.setdefault((layer, wd), {"params": [], "weight_decay": weight_decay if wd else 0.0,
+                                                "lr_scale": decay ** (depth + 1 - layer)})
+        group["params"].append(p)
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
@@ -26,3 +62,39 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: flo
         return lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class EMA:
+    """Exponential moving average of a model's weights (Polyak averaging; timm's ModelEma), evaluated and
+    checkpointed in place of the trained weights.
+
+    After each optimizer step t = 1, 2, ...: ``ema = d_t * ema + (1 - d_t) * w`` for every floating-point
+    parameter and buffer (BatchNorm statistics included), integer buffers copied, with the warm-up
+    ``d_t = min(decay, (1 + t) / (10 + t))`` of TensorFlow's ``ExponentialMovingAverage(num_updates=t)``, so
+    a short run is not dominated by its random initial weights (d_1 = 0.18, d_100 = 0.92). ``module`` is a
+    frozen copy of the model in eval mode; :meth:`state_dict` / :meth:`load_state_dict` carry its tensors
+    (prefixed ``ema.``) and the update count for a resumed run.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        if not 0 < decay < 1:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
+        self.decay, self.updates = decay, 0
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for ema, value in zip(self.module.state_dict().values(), model.state_dict().values()):
+            if ema.is_floating_point():
+                ema.lerp_(value.detach(), 1 - d)  # ema + (1 - d) (value - ema)
+            else:
+                ema.copy_(value)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"ema.{k}": v for k, v in self.module.state_dict().items()}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], updates: int) -> None:
+        self.module.load_state_dict({k.removeprefix("ema."): v for k, v in tensors.items() if k.startswith("ema.")})
+        self.updates = updates

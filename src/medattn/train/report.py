@@ -80,6 +80,34 @@ def learning_warnings(train_losses: list[float], probabilities: np.ndarray | Non
     return found
 
 
+#: |Spearman rho| between a test output and a trivial statistic at or above this: "follows the statistic".
+TRIVIAL_RHO = 0.9
+
+
+def trivial_statistic_warnings(probabilities: np.ndarray | None, statistic: np.ndarray | None,
+                               name: str) -> list[str]:
+    """A sentence for each output whose test probabilities (N, K) follow a trivial per-sample ``statistic``
+    (N,) (``name``: "image mean intensity" or "bag size") with ``|Spearman rho| >= TRIVIAL_RHO``
+    (``scipy.stats.spearmanr``, ties averaged). 0.9 means the ranking the AUROC scores is nearly the
+    statistic's own (the issue's fundus ViTs had rho -1.00 with the image mean); a finding that truly moves
+    the statistic can reach it too, so the sentence asks the user to check, it does not judge. Nothing when
+    either side is constant or there are fewer than 3 samples."""
+    if probabilities is None or statistic is None or len(statistic) < 3 or np.ptp(statistic) == 0:
+        return []
+    from scipy.stats import spearmanr
+
+    found = []
+    for k in range(probabilities.shape[1]):
+        if np.ptp(probabilities[:, k]) == 0:
+            continue
+        rho = float(spearmanr(probabilities[:, k], statistic).statistic)
+        if abs(rho) >= TRIVIAL_RHO:
+            which = "the test probabilities" if probabilities.shape[1] == 1 else f"test output {k}"
+            found.append(f"{which} follow the {name} (Spearman rho {rho:+.2f}): the model may have learned "
+                         f"that statistic rather than the finding; check it against a baseline")
+    return found
+
+
 def summary(results: dict, objective: Classification | Segmentation) -> str:
     """The one-screen summary printed at the end of a run."""
     test = results["test"]
