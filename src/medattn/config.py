@@ -43,6 +43,10 @@ DEFAULTS: dict = {
         "weight_decay": 0.05,
         "betas": [0.9, 0.999],
         "warmup_epochs": 1.0,  # linear warm-up length, in epochs (fractions allowed)
+        "optimizer": "adamw",  # adamw | adam (weight decay as L2 in the gradient)
+        "schedule": "cosine",  # after the warm-up: cosine (to min_lr) | step | constant
+        "step_milestones": [0.5, 0.75],  # step schedule: fractions of the total steps where lr *= step_gamma
+        "step_gamma": 0.1,
         "grad_clip": 1.0,  # max global grad norm; 0 or None disables clipping
         "grad_accum": 1,  # micro-batches per optimizer step
         "precision": "fp32",  # fp32 | bf16 (autocast)
@@ -258,6 +262,12 @@ SCHEMA: dict[str, Rule] = {
                         lambda v: isinstance(v, (list, tuple)) and len(v) == 2
                         and all(_is_number(b) and 0 <= b < 1 for b in v)),
     "train.warmup_epochs": _number(0),
+    "train.optimizer": Rule("adamw or adam", lambda v: v in ("adamw", "adam")),
+    "train.schedule": Rule("cosine, step or constant", lambda v: v in ("cosine", "step", "constant")),
+    "train.step_milestones": Rule("a list of increasing numbers in (0, 1] (fractions of the total steps)",
+                                  lambda v: isinstance(v, list) and all(_is_number(m) and 0 < m <= 1 for m in v)
+                                  and list(v) == sorted(v)),
+    "train.step_gamma": Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
     "train.grad_clip": _number(0, optional=True),
     "train.grad_accum": _integer(1, 1 << 20),
     "train.precision": Rule(f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),

@@ -46,7 +46,7 @@ from medattn.threads import set_threads
 from . import checkpoint, distributed, report, sliding
 from .build import build_model, check_device, check_model_config, forward, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
-from .optim import EMA, lr_at, make_optimizer
+from .optim import EMA, make_optimizer, scheduled_lr
 from .rundir import config_diff, run_folder
 from .sampling import ClassBalancedSampler, dataset_labels, drop_instances, positive_weight
 from .threshold import threshold_meta
@@ -200,7 +200,7 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
 
     Gradients accumulate over ``train.grad_accum`` batches (the last group of an epoch may be shorter and
     is weighted by its own size); DDP synchronises only on a group's last batch. ``state["step"]`` counts
-    optimizer steps and sets the learning rate (:func:`medattn.train.optim.lr_at`, times each parameter
+    optimizer steps and sets the learning rate (:func:`medattn.train.optim.scheduled_lr`, times each parameter
     group's ``lr_scale``: layer-wise decay); ``ema`` is updated after every step. Bags lose
     ``train.instance_dropout`` of their instances (:func:`medattn.train.sampling.drop_instances`)."""
     loader.sampler.set_epoch(epoch)
@@ -226,8 +226,7 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         loss_sum += loss.item() * len(batch["id"])
         seen += len(batch["id"])
         if last_in_group:
-            lr = lr_at(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg["lr"],
-                       train_cfg["min_lr"])
+            lr = scheduled_lr(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
             if train_cfg["grad_clip"]:

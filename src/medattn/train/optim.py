@@ -9,12 +9,16 @@ import re
 import torch
 from torch import nn
 
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+
 
 def make_optimizer(model: nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
-    """AdamW over :func:`param_groups` (weight decay on matrices only; layer-wise lr scales with
-    ``train.layer_decay``); the loop sets each group's lr to the schedule's times its ``lr_scale``."""
+    """``train.optimizer`` (AdamW, default, or Adam: weight decay as an L2 term in the gradient) over
+    :func:`param_groups` (weight decay on matrices only; layer-wise lr scales with ``train.layer_decay``);
+    the loop sets each group's lr to the schedule's times its ``lr_scale``."""
     groups = param_groups(model, train_cfg["weight_decay"], train_cfg.get("layer_decay"))
-    return torch.optim.AdamW(groups, lr=train_cfg["lr"], betas=tuple(train_cfg["betas"]))
+    optimizer = OPTIMIZERS[train_cfg.get("optimizer", "adamw")]
+    return optimizer(groups, lr=train_cfg["lr"], betas=tuple(train_cfg["betas"]))
 
 
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
@@ -54,6 +58,27 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
                                                 "lr_scale": decay ** (depth + 1 - layer)})
         group["params"].append(p)
     return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
+
+
+def scheduled_lr(step: int, total_steps: int, warmup_steps: int, train_cfg: dict) -> float:
+    """The learning rate of optimizer step ``step`` (from 0) under ``train.schedule``, after a linear warm-up
+    ``lr (step + 1) / warmup_steps`` over ``warmup_steps``:
+
+    * ``cosine`` (default): :func:`lr_at`, down to ``train.min_lr`` at ``total_steps``;
+    * ``step``: ``lr * step_gamma^m``, m the number of ``train.step_milestones`` (fractions of
+      ``total_steps``) that ``step / total_steps`` has reached (BinaryFormer App. A.1: Adam, linear ramp-up
+      and step decay over a fixed number of iterations);
+    * ``constant``: ``lr``.
+    """
+    kind, lr = train_cfg.get("schedule", "cosine"), train_cfg["lr"]
+    if kind == "cosine":
+        return lr_at(step, total_steps, warmup_steps, lr, train_cfg["min_lr"])
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if kind == "constant":
+        return lr
+    reached = sum(step >= m * total_steps for m in train_cfg["step_milestones"])
+    return lr * train_cfg["step_gamma"] ** reached
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
