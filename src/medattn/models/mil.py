@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..attention.base import is_traced
+
 
 class AttentionMIL(nn.Module):
     """Gated attention-MIL classifier over bags of instance features.
@@ -61,7 +63,7 @@ class AttentionMIL(nn.Module):
         if mask is not None:
             if mask.shape != (B, N):
                 raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = ({B}, {N})")
-            if not bool(mask.any(dim=-1).all()):
+            if not is_traced() and not bool(mask.any(dim=-1).all()):  # data-dependent: eager mode only
                 raise ValueError("every bag needs at least one real instance (a mask row is all False)")
             features = features.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach values or gradients
         h = self.drop(self.act(self.embed(features)))  # (B, N, M)
