@@ -1,0 +1,194 @@
+"""Export a trained model to ONNX or a ``torch.export`` program, carrying what prediction needs.
+
+The exported graph is :class:`Deployable`: the model followed by its output activation, so the file
+maps preprocessed inputs to **probabilities** (sigmoid per output for binary/multi-label, softmax over
+classes for multi-class, softmax over classes per voxel for segmentation):
+
+* images and volumes: input ``x`` (B, C, H, W) or (B, C, H, W, D) -> (B, K) (segmentation (B, K, H, W, D));
+* feature bags: inputs ``features`` (B, N, F) float32, ``mask`` (B, N) bool (True = real tile),
+  ``coords`` (B, N, 2) float32 -> (B, K).
+
+Dynamic axes: the batch always; the token count N for bags; H and W for the pixel transformer (one token
+per pixel, any size; a model declares this with ``any_input_size = True`` or by taking no ``img_size``).
+ViTs, CNNs and segmentation networks keep the training input size (the preprocessing resizes to it).
+
+ONNX: opset 18 (``torch.onnx.export(dynamo=True)``). Metadata: the ONNX ``metadata_props`` key
+``medattn`` holds one JSON object (:func:`metadata`); a ``.pt2`` program holds the same JSON as the
+extra file ``medattn.json`` inside its archive (``torch.export.save(extra_files=...)``), so neither
+format needs a side-car file. :func:`read_metadata` reads both.
+
+Mechanisms whose eager path leaves PyTorch or chooses its route from the data take their plain PyTorch
+form while exported (:func:`medattn.attention.base.is_traced`): the fused SeqNorm its explicit form, and
+the binary mechanisms (BinaryFormer) their **float path**: sign bits held as float +-1 and multiplied as
+float matrices instead of the packed-bit XNOR/popcount kernel. Both give the same scores (integers in
+float32, exact up to 2^24 bits per dot product); ONNX has no bit-packed matrix product, so an exported
+binary model runs at float speed. The permutohedral attention module (``upamnet``,
+``dilated_fcn_pam``) builds data-dependent sparse lattices that neither format can express: exporting
+it is refused with a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from medattn import __version__
+from medattn.data.preprocessing import Preprocessing
+from medattn.errors import UserError, writing
+
+FORMATS = ("onnx", "pt2")
+OPSET = 18
+METADATA_KEY = "medattn"
+PT2_EXTRA = "medattn.json"
+MAX_DIM = 1 << 20
+
+
+class Deployable(nn.Module):
+    """``model`` followed by its output activation: inputs -> probabilities (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, task_type: str, input_kind: str) -> None:
+        super().__init__()
+        self.model, self.task_type, self.input_kind = model, task_type, input_kind
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, coords: torch.Tensor | None = None) -> \
+            torch.Tensor:
+        """x: images/volumes, or bag features with ``mask`` and ``coords`` -> probabilities."""
+        logits = self.model(x, mask=mask, coords=coords) if self.input_kind == "bag" else self.model(x)
+        logits = logits.float()
+        return logits.sigmoid() if self.task_type in ("binary", "multilabel") else logits.softmax(1)
+
+
+def any_input_size(model: nn.Module) -> bool:
+    """Whether the model takes images of any size (it declares ``any_input_size = True``: the pixel transformer)."""
+    return bool(getattr(model, "any_input_size", False))
+
+
+def example_inputs(prep: Preprocessing, model: nn.Module, batch: int = 2, tokens: int = 10,
+                   generator: torch.Generator | None = None) -> tuple[tuple[torch.Tensor, ...], tuple, list[str]]:
+    """-> (random example inputs, their dynamic shapes for ``torch.export``, input names).
+
+    Example sizes differ from one another (batch 2, 10 tokens, a 6 x 9 image for any-size models) so no
+    dynamic axis is mistaken for another or specialised to 1."""
+    dim = torch.export.Dim
+    b = dim("batch", min=1, max=MAX_DIM)
+    if prep.input_kind == "bag":
+        n = dim("tokens", min=1, max=MAX_DIM)
+        features = torch.randn(batch, tokens, prep.input_shape[0], generator=generator)
+        mask = torch.ones(batch, tokens, dtype=torch.bool)
+        mask[-1, tokens // 2:] = False  # a padded bag, as batches of unequal bags are
+        coords = torch.rand(batch, tokens, 2, generator=generator) * 1000
+        return (features, mask, coords), ({0: b, 1: n}, {0: b, 1: n}, {0: b, 1: n}), ["features", "mask", "coords"]
+    shape = list(prep.input_shape)
+    axes = {0: b}
+    if prep.input_kind == "image2d" and any_input_size(model):
+        shape[1:] = [6, 9]
+        axes.update({2: dim("height", min=1, max=MAX_DIM), 3: dim("width", min=1, max=MAX_DIM)})
+    return (torch.randn(batch, *shape, generator=generator),), (axes,), ["x"]
+
+
+def metadata(prep: Preprocessing, thresholds: list[float | None] | None, model_id: str, checkpoint_sha256: str,
+             input_names: list[str]) -> dict:
+    """What the exported file carries (JSON): the preprocessing description, class names, thresholds,
+    model id, checkpoint hash, the graph's inputs and what its output holds."""
+    return {"format": 1, "medattn_version": __version__, "preprocessing": prep.to_dict(),
+            "class_names": prep.output_names, "threshold": thresholds, "model_id": model_id,
+            "checkpoint_sha256": checkpoint_sha256, "inputs": input_names,
+            "output": "probabilities (sigmoid per output; softmax over classes for multiclass and segmentation)",
+            "opset": OPSET}
+
+
+def _quiet():
+    """The exporters' progress chatter (warnings, INFO logs) off for the duration."""
+    class Quiet:
+        def __enter__(self):
+            self.warnings = warnings.catch_warnings()
+            self.warnings.__enter__()
+            warnings.simplefilter("ignore")
+            self.level = logging.root.manager.disable
+            logging.disable(logging.WARNING)
+
+        def __exit__(self, *exc):
+            logging.disable(self.level)
+            self.warnings.__exit__(*exc)
+
+    return Quiet()
+
+
+def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Path, meta: dict) -> Path:
+    """Export ``model`` (eval mode, float32, CPU) wrapped in :class:`Deployable` to ``out`` in ``fmt``
+    (onnx or pt2) with ``meta`` embedded; -> the written path. A model the exporter cannot capture is a
+    one-line UserError naming the first reason."""
+    if fmt not in FORMATS:
+        raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    out = Path(out)
+    wrapper = Deployable(model.float().cpu().eval(), prep.task_type, prep.input_kind).eval()
+    args, dynamic, names = example_inputs(prep, model, generator=torch.Generator().manual_seed(0))
+    text = json.dumps({**meta, "inputs": names})
+    try:
+        with _quiet(), torch.no_grad():
+            if fmt == "onnx":
+                program = torch.onnx.export(wrapper, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic,
+                                            input_names=names, output_names=["probabilities"], verbose=False)
+                program.model.metadata_props[METADATA_KEY] = text
+            else:
+                program = torch.export.export(wrapper, args, dynamic_shapes=dynamic)
+    except Exception as error:  # the exporters raise many types; the first line says why
+        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise UserError(f"cannot export this model to {fmt}: {reason[:300]}") from None
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "onnx":
+            program.save(str(out))
+        else:
+            torch.export.save(program, str(out), extra_files={PT2_EXTRA: text})
+    return out
+
+
+def _reason(error: Exception) -> str:
+    """One line from an exporter's error: its exception summary when it has one, else its first line."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    summary = next((i for i, line in enumerate(lines) if "Exception summary" in line), None)
+    reason = lines[summary + 1] if summary is not None and summary + 1 < len(lines) else (lines or [""])[0]
+    return (reason or type(error).__name__)[:300]
+
+
+def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict:
+    """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata."""
+    from .trained import load_checkpoint
+
+    trained = load_checkpoint(checkpoint)
+    meta = metadata(trained.preprocessing, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
+    export_model(trained.model, trained.preprocessing, fmt, out, meta)
+    return read_metadata(out)
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The medattn metadata of an exported ``.onnx`` or ``.pt2`` file; a one-line UserError if it has none."""
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".onnx":
+            import onnx
+
+            props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+            text = props.get(METADATA_KEY)
+        else:
+            import zipfile
+
+            with zipfile.ZipFile(path) as archive:
+                name = next((n for n in archive.namelist() if n.endswith(f"extra/{PT2_EXTRA}")), None)
+                text = archive.read(name).decode() if name else None
+    except Exception as error:  # onnx and zipfile raise their own types for foreign files
+        raise UserError(f"{path}: not a readable exported model ({type(error).__name__}: {error})") from None
+    if text is None:
+        raise UserError(f"{path}: holds no medattn metadata (export it with medattn export)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: unreadable medattn metadata ({error})") from None

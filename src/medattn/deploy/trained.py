@@ -1,0 +1,72 @@
+"""A trained checkpoint with everything prediction needs: model, preprocessing, thresholds, provenance."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from medattn.data.base import TaskInfo
+from medattn.data.preprocessing import Preprocessing, from_checkpoint_meta
+from medattn.train import checkpoint
+from medattn.train.build import build_model
+from medattn.train.threshold import stored_thresholds
+
+
+@dataclass
+class Trained:
+    """A loaded checkpoint. ``thresholds``: the validation thresholds stored at training (None if none);
+    ``model_id``: ``<run name>/<model>[/<attention>]/epoch<E>``; ``checkpoint_sha256``: of the weights file."""
+
+    model: nn.Module
+    config: dict
+    task: TaskInfo
+    folder: Path
+    meta: dict
+    preprocessing: Preprocessing
+    thresholds: list[float | None] | None
+    model_id: str
+    checkpoint_sha256: str
+
+
+def weights_sha256(folder: Path) -> str:
+    """SHA-256 (hex) of a checkpoint's ``model.safetensors``: names the exact weights a prediction came from."""
+    digest = hashlib.sha256()
+    with open(Path(folder) / checkpoint.MODEL_FILE, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_id(meta: dict) -> str:
+    """``<run name>/<model>[/<attention>]/epoch<E>`` from checkpoint.json."""
+    config = meta["config"]
+    parts = [str(config.get("name", "run")), str(config["model"]["name"])]
+    if config["model"].get("attention"):
+        parts.append(str(config["model"]["attention"]))
+    return "/".join(parts) + (f"/epoch{meta['epoch']}" if isinstance(meta.get("epoch"), int) else "")
+
+
+def load_checkpoint(path: str | Path) -> Trained:
+    """The checkpoint at ``path`` (run folder, checkpoint folder or its model.safetensors), model in eval mode.
+
+    Nothing in the folder is trusted: checkpoint.json is checked against its schema (the stored
+    preprocessing and thresholds too), and the model is first built on the meta device (shapes only)
+    and compared with the weights file's header, so a mismatch is a one-line error naming the tensor
+    before any weight is allocated.
+    """
+    folder = checkpoint.resolve(path)
+    meta = checkpoint.load_meta(folder)
+    source = str(folder / checkpoint.META_FILE)
+    task = checkpoint.task_from_dict(meta["task"])
+    prep = from_checkpoint_meta(meta, task, source)
+    thresholds = stored_thresholds(meta, task.num_outputs, source)
+    with torch.device("meta"):
+        checkpoint.check_shapes(folder, build_model(meta["config"]["model"], task))
+    model = build_model(meta["config"]["model"], task)
+    checkpoint.load_model(folder, model)
+    return Trained(model.eval(), meta["config"], task, folder, meta, prep, thresholds, model_id(meta),
+                   weights_sha256(folder))
