@@ -29,6 +29,7 @@ COMMANDS = {
     "compare": "medattn.commands.compare",
     "eval": "medattn.commands.evaluate",
     "predict": "medattn.commands.predict",
+    "export": "medattn.commands.export",
     "inpaint": "medattn.commands.inpaint",
     "models": "medattn.commands.models",
     "wsi": "medattn.commands.wsi",

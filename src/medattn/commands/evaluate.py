@@ -39,34 +39,25 @@ def positive_int(text: str) -> int:
 
 
 def load_trained(path: str | Path):
-    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode.
+    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode
+    (:func:`medattn.deploy.load_checkpoint`: nothing in the folder is trusted, shapes are checked first)."""
+    from medattn.deploy.trained import load_checkpoint
 
-    Nothing in the folder is trusted: checkpoint.json is checked against its schema, and the model is
-    first built on the meta device (shapes only, no memory) and compared with the weights file's header,
-    so a mismatch is a one-line error naming the tensor before any weight is allocated.
-    """
-    import torch
-
-    from medattn.train import build_model, checkpoint
-
-    folder = checkpoint.resolve(path)
-    meta = checkpoint.load_meta(folder)
-    task = checkpoint.task_from_dict(meta["task"])
-    with torch.device("meta"):
-        checkpoint.check_shapes(folder, build_model(meta["config"]["model"], task))
-    model = build_model(meta["config"]["model"], task)
-    checkpoint.load_model(folder, model)
-    return model.eval(), meta["config"], task, folder
+    trained = load_checkpoint(path)
+    return trained.model, trained.config, trained.task, trained.folder
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.data_config, args.overrides)  # config errors answer before torch is imported
     from medattn.data import build_datasets
+    from medattn.data.preprocessing import describe, differences
+    from medattn.deploy.trained import load_checkpoint
     from medattn.train import distributed, make_loader, predict, score_split
     from medattn.train.build import check_device
     from medattn.train.objectives import objective_for
 
-    model, run_config, task, folder = load_trained(args.checkpoint)
+    trained = load_checkpoint(args.checkpoint)
+    model, run_config, task, folder = trained.model, trained.config, trained.task, trained.folder
     bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=args.skip_bad)
     data_task = bundle.task
     if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
@@ -74,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
                         f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
                         f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
+    data_prep = describe(config["data"], data_task)
+    changed = differences(trained.preprocessing, data_prep)
+    if changed:  # the model would see inputs prepared unlike its training data
+        key = changed[0]
+        raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "
+                        f"{getattr(data_prep, key)!r}, the checkpoint's {getattr(trained.preprocessing, key)!r} "
+                        f"(differing: {', '.join(changed)})")
     default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     out = Path(args.out or default_root / f"eval_{config['name']}_{args.split}")
     with writing(out):

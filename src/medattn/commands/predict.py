@@ -1,11 +1,17 @@
-"""Predict class probabilities for files: medattn predict CHECKPOINT FILES... --out CSV.
+"""Predict from files: medattn predict MODEL FILES... --out CSV (MODEL: a checkpoint or an exported .onnx file).
 
-Each file is read and preprocessed as the checkpoint's run read its data (its data config: image size,
-channels, normalisation; voxel spacing, size, subtraction excluded; feature bags from HDF5). Images:
-PNG, JPEG, TIFF, DICOM. Volumes: NIfTI or a DICOM series folder. Bags: one HDF5 file per slide.
-The CSV has one row per file: the file and one probability column per output. The files go through
-the engine's prediction path with the run's device and precision, so a file gives the probability
-`medattn eval` gives it.
+Each file is prepared with the preprocessing stored in the model (the training run's data config:
+image size, channels, normalisation; voxel spacing, size, subtraction, left/right halves; feature bags
+from HDF5), so a file gives the probability ``medattn eval`` gives it. Images: PNG, JPEG, TIFF, DICOM.
+Volumes: NIfTI or a DICOM series folder. Bags: one HDF5 file per slide. Models trained on subtraction
+volumes take the second volume of each pair with ``--subtract`` (one per file, in order); models
+trained on left/right halves give two rows per file (``side``).
+
+Classification CSV: file, probabilities, the predicted label (binary/multi-label: from the validation
+threshold stored at training, Youden's J, or ``--threshold``), model id and checkpoint hash.
+Segmentation: a NIfTI label map per file on the input's grid (``--label-dir``) and per-structure volumes
+in mm^3 in the CSV. ``--skip-bad`` lists unreadable files with their reasons in ``<out>_skipped.csv``
+instead of stopping. See docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -16,98 +22,83 @@ from pathlib import Path
 
 from medattn.errors import UserError, writing
 
-from .evaluate import load_trained, positive_int
+from .evaluate import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
+    parser.add_argument("checkpoint", help="run folder, checkpoint folder, model.safetensors or an exported .onnx")
     parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files")
     parser.add_argument("--out", required=True, help="CSV to write")
+    parser.add_argument("--subtract", nargs="+", metavar="FILE", default=None,
+                        help="for subtraction models: the volume subtracted from each file, in the same order")
+    parser.add_argument("--threshold", default=None,
+                        help="decision threshold(s) in [0, 1]: one, or one per output comma-separated "
+                             "(default: the validation threshold stored in the model)")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="leave out unreadable files and list them with reasons in <out>_skipped.csv")
+    parser.add_argument("--label-dir", default=None,
+                        help="segmentation: folder for the NIfTI label maps (default: <out>_labels beside the CSV)")
     parser.add_argument("--batch-size", type=positive_int, default=8)
 
 
+def sample_inputs(files: list[str], subtract: list[str] | None, per_sample: int) -> list[tuple[Path, ...]]:
+    """Files (and ``--subtract`` files) -> one tuple of paths per sample, checked against the model's need."""
+    if per_sample == 2:
+        if subtract is None or len(subtract) != len(files):
+            raise UserError(f"this model was trained on subtraction volumes: give --subtract with one volume per "
+                            f"file ({len(files)} file(s), {0 if subtract is None else len(subtract)} --subtract)")
+        return [(Path(a), Path(b)) for a, b in zip(files, subtract)]
+    if subtract is not None:
+        raise UserError("--subtract is for models trained on subtraction volumes; this one takes one file per sample")
+    return [(Path(f),) for f in files]
+
+
 def file_loader(data_cfg: dict, task):
-    """path -> sample dict, preprocessing as the run's data config did (no augmentation)."""
-    import torch
+    """path -> sample dict, prepared as the description of ``data_cfg`` and ``task`` says (one-file samples;
+    the first side for left/right models). For callers holding a run config; with a checkpoint use its
+    stored description: :func:`medattn.data.preprocessing.inference_dataset`."""
+    from medattn.data.preprocessing import describe, inference_dataset
 
-    from medattn.data.tables import Record
-
-    if task.input_kind == "image2d":
-        from medattn.data.images import ImageLoader
-
-        c = task.input_shape[0]
-        mean, std = data_cfg.get("mean", 0.5), data_cfg.get("std", 0.5)
-        mean = [mean] * c if isinstance(mean, (int, float)) else mean
-        std = [std] * c if isinstance(std, (int, float)) else std
-        load = ImageLoader(tuple(task.input_shape[1:]), c, mean, std)
-    elif task.input_kind == "volume3d":
-        from medattn.data.volumes import VolumeLoader
-
-        spacing = data_cfg.get("target_spacing")
-        load = VolumeLoader(tuple(spacing) if spacing else None, tuple(task.input_shape[1:]),
-                            data_cfg.get("normalize", "zscore"))
-    else:
-        from medattn.data.bags import BagLoader
-
-        load = BagLoader(task.input_shape[0])
+    prep = describe(data_cfg, task)
 
     def read(path: Path) -> dict:
-        record = Record(id=str(path), patient=str(path), where=str(path), paths=(path,))
-        try:
-            sample = load(record)
-        except UserError:
-            raise
-        except Exception as error:  # readers raise many types for corrupt files
-            raise UserError(f"{path}: cannot read ({error})") from None
-        label = torch.tensor(0) if task.task_type == "multiclass" else torch.zeros(task.num_outputs)
-        return {**sample, "id": str(path), "label": label}  # a placeholder label: only the outputs are kept
+        return inference_dataset(prep, [(Path(path),)])[0]
 
     return read
 
 
-class Files:
-    """The given files as samples, read on use by ``read`` (see :func:`file_loader`): a map-style dataset."""
-
-    def __init__(self, paths: list[Path], read) -> None:
-        self.paths, self.read = paths, read
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.read(self.paths[index])
+def _write(path: Path, header: list[str], rows: list[list]) -> None:
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)
 
 
 def run(args: argparse.Namespace) -> int:
-    from medattn.data.files import check_regular
-    from medattn.train import distributed, make_loader, predict
-    from medattn.train.build import check_device
+    from medattn.deploy.predict import predict_files
+    from medattn.deploy.runtime import open_model
 
-    model, config, task, _ = load_trained(args.checkpoint)
-    if task.task_type == "segmentation":
-        raise UserError("predict writes class probabilities; for a segmentation checkpoint use medattn eval")
-    if task.input_kind == "volume3d" and config["data"].get("split_sides"):
-        raise UserError("this checkpoint was trained on left/right halves; give one half-volume per file")
-    paths = [Path(f) for f in args.files]
-    for path in paths:  # before anything opens them: a named pipe would block the reader
-        try:
-            check_regular(path, folders=task.input_kind == "volume3d")
-        except (FileNotFoundError, ValueError) as error:
-            raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") from None
-    names = task.class_names if len(task.class_names) == task.num_outputs else [str(i) for i in
-                                                                                 range(task.num_outputs)]
-    # the engine's own prediction path, as eval runs it: the run's device and precision, same batching code
-    check_device(config["train"]["device"])
-    device = distributed.setup(config["train"]["device"])
-    loader = make_loader(Files(paths, file_loader(config["data"], task)), args.batch_size, False, config["seed"])
-    pred = predict(model.to(device), loader, task, device, config["train"]["precision"], "predict", progress=False)
-    rows = [[i, *[f"{p:.6f}" for p in row]] for i, row in zip(pred.ids, pred.outputs.tolist())]
+    runner = open_model(args.checkpoint)
+    prep = runner.preprocessing
+    inputs = sample_inputs(args.files, args.subtract, prep.inputs_per_sample)
+    if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
+        raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     out = Path(args.out)
-    with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["file", *[f"prob_{n}" for n in names]])
-            writer.writerows(rows)
-    print(f"wrote {len(rows)} prediction(s) to {out}")
+    label_dir = Path(args.label_dir) if args.label_dir else out.with_name(f"{out.stem}_labels")
+    if prep.task_type == "segmentation":
+        with writing(label_dir):
+            label_dir.mkdir(parents=True, exist_ok=True)
+    table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir)
+    _write(out, table.header, table.rows)
+    tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
+    print(f"wrote {len(table.rows)} prediction(s) to {out}{tag}")
+    if table.threshold_source:
+        print(f"threshold: {table.threshold_source}")
+    if args.skip_bad:
+        skipped = out.with_name(f"{out.stem}_skipped.csv")
+        _write(skipped, ["file", "reason"], [list(b) for b in table.bad])
+        if table.bad:
+            print(f"skipped {len(table.bad)} bad file(s) (--skip-bad), listed with reasons in {skipped}")
     return 0

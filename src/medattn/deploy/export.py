@@ -169,6 +169,30 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict
     return read_metadata(out)
 
 
+def check_onnx(checkpoint: str | Path, path: str | Path, tolerance: float = 1e-4) -> float | None:
+    """Largest relative difference between the ONNX file (onnxruntime) and the checkpoint (eager PyTorch) on
+    random inputs of batch 3 (17 tokens for bags); None when onnxruntime is not installed. A difference
+    above ``tolerance`` is a UserError."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    from .runtime import onnx_session
+    from .trained import load_checkpoint
+
+    trained = load_checkpoint(checkpoint)
+    prep = trained.preprocessing
+    args, _, names = example_inputs(prep, trained.model, batch=3, tokens=17, generator=torch.Generator().manual_seed(1))
+    session = onnx_session(path)
+    (actual,) = session.run(None, {n: t.numpy() for n, t in zip(names, args)})
+    with torch.no_grad():
+        expected = Deployable(trained.model, prep.task_type, prep.input_kind)(*args).numpy()
+    error = float((abs(actual - expected) / abs(expected).clip(min=1e-6)).max())
+    if error > tolerance:
+        raise UserError(f"{path}: onnxruntime differs from the checkpoint by {error:.2e} relative (> {tolerance})")
+    return error
+
+
 def read_metadata(path: str | Path) -> dict:
     """The medattn metadata of an exported ``.onnx`` or ``.pt2`` file; a one-line UserError if it has none."""
     path = Path(path)

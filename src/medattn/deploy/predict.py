@@ -1,0 +1,106 @@
+"""Predictions from files, as a table a clinic can file: probabilities, predicted labels, provenance.
+
+:func:`predict_files` prepares every file with the model's stored preprocessing
+(:func:`medattn.data.preprocessing.inference_dataset`), runs a :class:`~medattn.deploy.runtime.Runner`
+(checkpoint or ONNX file) and returns the rows:
+
+* classification: ``file`` (and ``side`` for models trained on left/right halves), ``prob_<class>`` per
+  output, the predicted label (binary/multi-label: ``pred_<class>`` = 1 when ``prob >= threshold``, with
+  the ``threshold_<class>`` used; multi-class: ``pred_label``, the arg-max class), ``model_id`` and
+  ``checkpoint_sha256``;
+* segmentation: ``file``, ``label_map`` (the NIfTI written on the input's grid, see
+  :mod:`medattn.deploy.segmentation`), ``volume_mm3_<class>`` per foreground class, ``model_id`` and
+  ``checkpoint_sha256``.
+
+With ``skip_bad`` a file that cannot be read or prepared is left out of the rows and listed in
+``PredictionTable.bad`` as (file, reason); without it the first one raises a UserError naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from medattn.data.base import collate
+from medattn.data.preprocessing import inference_dataset
+from medattn.train.threshold import resolve_thresholds
+
+from .runtime import Runner
+
+
+@dataclass
+class PredictionTable:
+    """CSV header and rows; ``bad``: (file, reason) of the files left out; ``threshold_source``: where the
+    thresholds came from (binary/multi-label only)."""
+
+    header: list[str]
+    rows: list[list]
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    threshold_source: str | None = None
+
+
+def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
+                  threshold: str | None = None, label_dir: Path | None = None) -> PredictionTable:
+    """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
+    the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``."""
+    prep = runner.preprocessing
+    dataset = inference_dataset(prep, inputs, skip_bad)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=0)
+    names = prep.output_names
+    provenance = [runner.model_id, runner.checkpoint_sha256]
+    table = PredictionTable([], [])
+    segmentation = prep.task_type == "segmentation"
+    if segmentation:
+        from .segmentation import structure_volumes, to_input_grid, write_label_map
+
+        table.header = ["file", "label_map", *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
+        label_dir = Path(label_dir) if label_dir is not None else Path("label_maps")
+        label_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        sides = ["side"] if prep.split_sides else []
+        if prep.task_type == "multiclass":
+            cut, decision = None, ["pred_label"]
+        else:
+            cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
+            decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
+        table.header = ["file", *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
+    items = {item.id: item for item in dataset.items}
+    for batch in loader:
+        probabilities = runner.probabilities(batch)
+        for sample_id, p in zip(batch["id"], probabilities):
+            if sample_id in dataset.bad:
+                continue
+            item = items[sample_id]
+            if segmentation:
+                labels, affine = to_input_grid(torch.from_numpy(np.asarray(p).argmax(0)), item.paths[0], prep)
+                out = label_dir / f"{_stem(item.paths[0])}_labels.nii.gz"
+                write_label_map(labels, affine, out)
+                volumes = structure_volumes(labels, affine, prep.num_outputs)
+                table.rows.append([str(item.paths[0]), str(out), *[f"{v:.3f}" for v in volumes], *provenance])
+                continue
+            probs = [f"{v:.6f}" for v in p]
+            if cut is None:
+                decided = [names[int(np.argmax(p))]]
+            else:
+                decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
+            sides = [item.side] if prep.split_sides else []
+            table.rows.append([str(item.paths[0]), *sides, *probs, *decided, *provenance])
+    seen = set()
+    for sample_id, reason in dataset.bad.items():  # one line per input, not per side
+        item = items[sample_id]
+        if item.paths not in seen:
+            seen.add(item.paths)
+            table.bad.append((", ".join(map(str, item.paths)), reason))
+    return table
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".nii.gz", ".nii"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem

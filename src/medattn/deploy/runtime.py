@@ -1,0 +1,110 @@
+"""Running a deployed model: a checkpoint in PyTorch or an exported ONNX file in onnxruntime, one interface.
+
+:func:`open_model` takes a checkpoint (run folder, checkpoint folder, ``model.safetensors``) or an
+``.onnx`` file and gives a :class:`Runner` whose :meth:`Runner.probabilities` maps a collated batch to
+probabilities with the exported graph's function (:class:`~medattn.deploy.export.Deployable`), so both
+give the same numbers (checked to 1e-4 relative in the tests). onnxruntime is optional (the ``onnx``
+extra); without it an ONNX file is a one-line UserError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from medattn.data.preprocessing import Preprocessing, from_dict
+from medattn.errors import UserError
+
+from .export import Deployable, read_metadata
+
+
+def onnx_session(path: str | Path):
+    """An onnxruntime session on the CPU; UserError when onnxruntime is missing or the file does not load."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError(f"{path}: running an ONNX model needs onnxruntime (pip install 'medattn[onnx]' or "
+                        f"pip install onnxruntime)") from None
+    try:
+        return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime raises its own exception types for malformed models
+        raise UserError(f"{path}: not an ONNX model onnxruntime can load ({type(error).__name__})") from None
+
+
+@dataclass
+class Runner:
+    """A model ready to predict: its preprocessing, stored thresholds, provenance and a probability function."""
+
+    preprocessing: Preprocessing
+    thresholds: list[float | None] | None
+    model_id: str
+    checkpoint_sha256: str
+    source: str
+    run: object  # batch dict -> np.ndarray probabilities
+
+    def probabilities(self, batch: dict) -> np.ndarray:
+        """Collated batch (``input``; bags also ``mask``, ``coords``) -> probabilities (B, K) or (B, K, H, W, D)."""
+        return self.run(batch)
+
+
+def _inputs(batch: dict, input_kind: str) -> tuple[torch.Tensor, ...]:
+    if input_kind == "bag":
+        return batch["input"], batch["mask"], batch["coords"]
+    return (batch["input"],)
+
+
+def _torch_runner(path: str | Path) -> Runner:
+    from medattn.train import distributed
+    from medattn.train.build import check_device
+
+    from .trained import load_checkpoint
+
+    trained = load_checkpoint(path)
+    prep = trained.preprocessing
+    check_device(trained.config["train"]["device"])
+    device = distributed.setup(trained.config["train"]["device"])
+    wrapper = Deployable(trained.model.to(device), prep.task_type, prep.input_kind).eval()
+    precision = trained.config["train"]["precision"]
+
+    @torch.no_grad()
+    def run(batch: dict) -> np.ndarray:
+        inputs = [t.to(device) for t in _inputs(batch, prep.input_kind)]
+        autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+                    else contextlib.nullcontext())  # the run's precision, as eval predicts
+        with autocast:
+            return wrapper(*inputs).float().cpu().numpy()
+
+    return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
+
+
+def _onnx_runner(path: Path) -> Runner:
+    meta = read_metadata(path)
+    source = f"{path} metadata"
+    prep = from_dict(meta.get("preprocessing"), source)
+    thresholds = meta.get("threshold")
+    if thresholds is not None and (not isinstance(thresholds, list) or len(thresholds) != prep.num_outputs):
+        raise UserError(f"{source}: threshold must list {prep.num_outputs} value(s), got {thresholds!r}")
+    session = onnx_session(path)
+    names = [i.name for i in session.get_inputs()]
+
+    def run(batch: dict) -> np.ndarray:
+        inputs = _inputs(batch, prep.input_kind)
+        (probabilities,) = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
+        return np.asarray(probabilities, dtype=np.float32)
+
+    return Runner(prep, thresholds, str(meta.get("model_id", "")), str(meta.get("checkpoint_sha256", "")), str(path),
+                  run)
+
+
+def open_model(path: str | Path) -> Runner:
+    """A :class:`Runner` for a checkpoint or an exported ``.onnx`` file."""
+    path = Path(path)
+    if path.suffix.lower() == ".onnx":
+        if not path.is_file():
+            raise UserError(f"{path}: no such file")
+        return _onnx_runner(path)
+    return _torch_runner(path)
