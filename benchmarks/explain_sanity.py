@@ -5,6 +5,8 @@ wsi RUN...: tile-level AUROC of the tile scores against the planted tumour tiles
     (signed and |r|) and gradient x input. The truth is recovered exactly: a bag is rendered twice from its
     own seed, once with the tumour centre moved far away; the tiles whose features differ are the planted
     ones (the draws do not depend on the centre's value).
+figures CXR_RUN MRI_RUN WSI_RUN --out DIR: one SYNTHETIC heatmap each for 2D, 3D (middle axial slice of the
+    NIfTI map the command writes) and WSI (a positive test bag), made by `medattn explain` itself.
 cxr RUN: model randomisation (Adebayo et al. 2018): Spearman rank correlation between the maps of the trained
     model and of the same architecture freshly initialised (seed 1), per test image, for both methods.
 """
@@ -84,12 +86,56 @@ def cxr(run: str, images: int) -> dict:
     return out
 
 
+def figures(cxr_run: str, mri_run: str, wsi_run: str, out: str) -> None:
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import h5py
+    import nibabel as nib
+    from PIL import Image
+
+    from medattn.explain.outputs import _label, overlay
+
+    out_dir, work = Path(out), Path(tempfile.mkdtemp())
+    medattn = [sys.executable, "-m", "medattn", "explain"]
+    _, config, _, _ = load_trained(cxr_run)
+    image = build_datasets(config["data"], seed=config["seed"]).test[0]["input"][0]  # zero-mean, unit-std
+    grey = ((image - image.min()) / (image.max() - image.min()) * 255).byte().numpy()
+    Image.fromarray(grey).resize((256, 256), Image.BILINEAR).save(work / "cxr.png")
+    subprocess.run([*medattn, cxr_run, str(work / "cxr.png"), "--out", str(work / "cxr")], check=True)
+    Image.open(work / "cxr" / "cxr.png").save(out_dir / "explain_2d_cxr.png")
+    _, config, _, _ = load_trained(mri_run)
+    test = build_datasets(config["data"], seed=config["seed"]).test
+    index = next(i for i in range(len(test)) if float(test[i]["label"].flatten()[0]) == 1)
+    volume = test[index]["input"][0].numpy()
+    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 1.0, 1.0])), work / "mri.nii.gz")
+    subprocess.run([*medattn, mri_run, str(work / "mri.nii.gz"), "--out", str(work / "mri")], check=True)
+    heat = nib.load(work / "mri" / "mri.nii.gz").get_fdata()
+    z = volume.shape[2] // 2
+    plane = (volume[:, :, z] - volume.min()) / (volume.max() - volume.min())
+    overlay(np.kron(plane, np.ones((8, 8)))[None], np.kron(heat[:, :, z], np.ones((8, 8))),
+            label="SYNTHETIC").save(out_dir / "explain_3d_mri.png")
+    _, config, _, _ = load_trained(wsi_run)
+    index = next(i for i in range(40) if planted_tumour(config["data"], config["seed"], "test", i)[1].any())
+    features, _ = planted_tumour(config["data"], config["seed"], "test", index)
+    sample = build_datasets(config["data"], seed=config["seed"]).test[index]
+    with h5py.File(work / "bag.h5", "w") as f:
+        f["features"], f["coords"] = features.numpy(), sample["coords"].numpy()
+    subprocess.run([*medattn, wsi_run, str(work / "bag.h5"), "--out", str(work / "wsi")], check=True)
+    _label(Image.open(work / "wsi" / "bag.png").resize((512, 512)), "SYNTHETIC").save(out_dir / "explain_wsi.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", choices=("wsi", "cxr"))
+    parser.add_argument("task", choices=("wsi", "cxr", "figures"))
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--n", type=int, default=40, help="test bags / images")
+    parser.add_argument("--out", default="docs/images", help="figures: output folder")
     args = parser.parse_args(argv)
+    if args.task == "figures":
+        figures(*args.runs, args.out)
+        return 0
     result = wsi(args.runs, args.n) if args.task == "wsi" else cxr(args.runs[0], args.n)
     print(json.dumps({"SYNTHETIC": True, **result}, indent=1))
     return 0
