@@ -65,7 +65,7 @@ def _cohort(tmp_path, patients=("p0", "p1", "p1", "p2", "p3", "p4", "p5")):
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_nifti_slices_follow_the_axis_and_keep_patients_together(tmp_path, axis):
     cfg = {**_cohort(tmp_path), "axis": axis, "slice_size": [s for i, s in enumerate(SHAPE) if i != axis],
-           "empty_fraction": 0.0}
+           "empty_fraction": 0.0, "eval_unit": "slice"}
     bundle = build_datasets(cfg, seed=3)
     assert bundle.task.input_kind == "image2d" and bundle.task.num_outputs == 3
     fg = {0: [2, 3, 4, 9], 1: [3, 4, 5, 8], 2: [1, 2, 4]}[axis]  # slices holding a label along the axis
@@ -92,7 +92,8 @@ def test_nifti_slices_follow_the_axis_and_keep_patients_together(tmp_path, axis)
 
 
 def test_empty_slices_are_subsampled_in_training_only(tmp_path):
-    cfg = {**_cohort(tmp_path), "axis": 0, "slice_size": [10, 6], "empty_fraction": 0.5, "eval_empty_fraction": 0.0}
+    cfg = {**_cohort(tmp_path), "axis": 0, "slice_size": [10, 6], "empty_fraction": 0.5, "eval_empty_fraction": 0.0,
+           "eval_unit": "slice"}
     bundle = build_datasets(cfg, seed=0)
     per_volume = {}
     for sample in bundle.train:
@@ -102,14 +103,31 @@ def test_empty_slices_are_subsampled_in_training_only(tmp_path):
 
 
 def test_in_plane_crop_and_pad(tmp_path):
-    bundle = build_datasets({**_cohort(tmp_path), "axis": 2, "slice_size": [8, 16]}, seed=0)
+    bundle = build_datasets({**_cohort(tmp_path), "axis": 2, "slice_size": [8, 16], "eval_unit": "slice"}, seed=0)
     sample = bundle.val[0]
     assert sample["input"].shape == (1, 8, 16) and sample["label"].shape == (8, 16)
+
+
+@pytest.mark.parametrize("axis", [0, 2])
+def test_evaluation_volumes_put_the_slicing_axis_last_and_match_the_slices(tmp_path, axis):
+    cfg = {**_cohort(tmp_path), "axis": axis, "slice_size": [s for i, s in enumerate(SHAPE) if i != axis]}
+    volumes = build_datasets(cfg, seed=0)
+    slices = build_datasets({**cfg, "eval_unit": "slice"}, seed=0)
+    assert len(volumes.test) == len({s["id"].split("#")[0] for s in slices.test})  # one case per volume
+    volume = volumes.test[0]
+    assert volume["input"].shape == (1, *slices.task.input_shape[1:], SHAPE[axis])
+    for sample in slices.test:
+        if sample["id"].startswith(volume["id"] + "#"):
+            s = int(sample["id"].rsplit(":", 1)[1])
+            assert torch.equal(volume["input"][..., s], sample["input"]) and torch.equal(volume["label"][..., s],
+                                                                                         sample["label"])
+    assert volume["patient"] == next(s["patient"] for s in slices.test if s["id"].startswith(volume["id"]))
 
 
 @pytest.mark.parametrize("change, message", [
     ({"axis": 3}, "axis must be 0, 1 or 2"), ({"empty_fraction": 1.5}, "empty_fraction must be a number in"),
     ({"slice_stride": 0}, "slice_stride"), ({"target_size": [8, 8, 8]}, "does not take target_size"),
+    ({"eval_unit": "patient"}, "eval_unit must be volume or slice"),
 ])
 def test_bad_slice_options(tmp_path, change, message):
     with pytest.raises(UserError, match=message):
@@ -152,7 +170,8 @@ def test_one_epoch_through_the_engine_groups_slices_by_patient(tmp_path):
     bundle = build_datasets(config["data"], seed=config["seed"])
     fit(config, bundle, tmp_path / "run", progress=False, log=lambda m: None)
     test = json.loads((tmp_path / "run/results.json").read_text())["test"]
-    assert list(test["dice_per_class"]) == CLASSES and test["n"] == len(bundle.test) == 2 * 8
+    assert list(test["dice_per_class"]) == CLASSES and test["n"] == len(bundle.test) == 2  # test patients
     assert 0 <= test["ci_low"] <= test["dice"] <= test["ci_high"] <= 1
     cases = list(csv.DictReader(open(tmp_path / "run/predictions_test.csv")))
-    assert {c["patient"] for c in cases} == {s["patient"] for s in bundle.test} and len(cases) == 16
+    assert {c["patient"] for c in cases} == {s["patient"] for s in bundle.test} and len(cases) == 2
+    assert sum(int(cases[0][f"voxels_{c}"]) for c in CLASSES) == 16 * 16 * 8  # the whole volume scored

@@ -26,6 +26,18 @@ def test_tiny_twin_maps_images_to_per_pixel_logits_at_any_multiple_of_the_patch(
         model(torch.randn(1, 1, 60, 64))
 
 
+def test_a_volume_is_segmented_slice_by_slice_along_its_last_axis():
+    torch.manual_seed(0)
+    model = create_model("vit_s8_seg_tiny", num_classes=3).eval()
+    model.slice_chunk = 4  # 2 volumes x 5 slices in chunks of 4, 4, 2
+    volume = torch.randn(2, 1, 16, 24, 5)
+    out = model(volume)
+    assert out.shape == (2, 3, 16, 24, 5)
+    with torch.no_grad():
+        for s in (0, 3, 4):
+            torch.testing.assert_close(out[..., s], model(volume[..., s]), rtol=1e-5, atol=1e-5)
+
+
 def test_full_preset_has_the_papers_widths_and_parameter_counts():
     with torch.device("meta"):
         model = create_model("vit_s8_seg")

@@ -7,12 +7,16 @@ once at build time by :func:`plan_slices`:
 * every ``slice_stride``-th slice is a candidate;
 * candidates holding any foreground label are all kept;
 * of the empty candidates (background only) a seeded random ``empty_fraction`` is kept (training;
-  ``eval_empty_fraction`` for validation and test, default 1: evaluation sees every candidate).
+  ``eval_empty_fraction``, default 1, for validation and test slices with ``eval_unit: slice``).
 
 Splits are made at patient level on the volumes before slicing (:func:`medattn.data.splits.split_records`),
 so no patient has slices in two splits, and every slice carries its volume's ``patient``: the engine's
-Dice CI resamples patients, not slices. A case of the Dice table is one slice (NaN for a class absent from
-both its label and its prediction).
+Dice CI resamples patients, not slices. Validation and test (``eval_unit``):
+
+* ``volume`` (default): whole volumes, the slicing axis moved last ((1, h, w, S)), which the 2D model
+  segments slice by slice; a case of the Dice table is a volume (3D Dice per patient, as volumes are scored);
+* ``slice``: slices planned as above with ``eval_empty_fraction``; a case is one slice (NaN for a class
+  absent from both its label and its prediction, 0 for any false positive on a slice without that class).
 
 Sample: ``"input"`` (1, H, W) float32, ``"label"`` (H, W) int64, ``"id"`` ``"<volume>#<axis>:<slice>"``.
 Each volume is normalised as a whole (``normalize``), then centre-cropped or padded in-plane to
@@ -40,7 +44,8 @@ from .tables import BadSamples, Record, keep_valid, problem
 from .volumes import crop_or_pad, normalise, volume_options
 
 KIND = "nifti_slices"
-SLICE_KEYS = frozenset({"axis", "slice_size", "slice_stride", "empty_fraction", "eval_empty_fraction", "cache"})
+SLICE_KEYS = frozenset({"axis", "slice_size", "slice_stride", "empty_fraction", "eval_empty_fraction", "eval_unit",
+                        "cache"})
 KEYS = frozenset({"csv", "data_root", "image_column", "label_column", "patient_column", "split_column", "classes",
                   "num_classes", "target_spacing", "normalize", "check_files"}) | SLICE_KEYS | SPLIT_KEYS
 
@@ -54,10 +59,12 @@ class SliceOptions:
     stride: int = 1
     empty_fraction: float = 0.1
     eval_empty_fraction: float = 1.0
+    eval_unit: str = "volume"
 
 
 def slice_options(cfg: dict, kind: str, default_size: tuple[int, int]) -> SliceOptions:
-    """``axis``, ``slice_size``, ``slice_stride``, ``empty_fraction``, ``eval_empty_fraction``, checked."""
+    """``axis``, ``slice_size``, ``slice_stride``, ``empty_fraction``, ``eval_empty_fraction``, ``eval_unit``,
+    checked."""
     axis = cfg.get("axis", 2)
     if axis not in (0, 1, 2) or isinstance(axis, bool):
         raise UserError(f"{kind}.axis must be 0, 1 or 2 (sagittal, coronal, axial of the RAS+ grid), got {axis!r}")
@@ -71,7 +78,10 @@ def slice_options(cfg: dict, kind: str, default_size: tuple[int, int]) -> SliceO
             raise UserError(f"{kind}.{key} must be a number in [0, 1], got {value!r}")
         fractions[key] = float(value)
     size = int_tuple(cfg.get("slice_size", default_size), 2, f"{kind}.slice_size")
-    return SliceOptions(axis, size, stride, **fractions)
+    unit = cfg.get("eval_unit", "volume")
+    if unit not in ("volume", "slice"):
+        raise UserError(f"{kind}.eval_unit must be volume or slice, got {unit!r}")
+    return SliceOptions(axis, size, stride, **fractions, eval_unit=unit)
 
 
 def foreground_slices(label: torch.Tensor, axis: int) -> torch.Tensor:
@@ -129,6 +139,28 @@ class SliceDataset(Dataset):
                 "id": f"{self.ids[v]}#{self.axis}:{s}", "patient": self.patients[v]}
 
 
+class VolumeDataset(Dataset):
+    """Whole volumes for evaluation, the slicing ``axis`` moved last: item v is {"input": (1, h, w, S) float32,
+    "label": (h, w, S) int64, "id", "patient"}; a 2D segmenter scores it slice by slice
+    (:class:`medattn.models.segmentation.vit_seg.SegmentationViT` takes volumes so)."""
+
+    def __init__(self, load: Callable[[int], tuple[torch.Tensor, torch.Tensor]], ids: Sequence[str],
+                 patients: Sequence[str], axis: int, cache: dict | None = None) -> None:
+        self.slices = SliceDataset(load, ids, patients, [], axis, cache)
+
+    def __len__(self) -> int:
+        return len(self.slices.ids)
+
+    def __getitem__(self, v: int) -> dict:
+        if not 0 <= v < len(self):
+            raise IndexError(v)
+        image, label = self.slices.volume(v)
+        axis = self.slices.axis
+        return {"input": image.movedim(axis, -1)[None].float().contiguous(),  # (1, h, w, S)
+                "label": label.movedim(axis, -1).long().contiguous(), "id": self.slices.ids[v],
+                "patient": self.slices.patients[v]}
+
+
 def in_plane(volume: torch.Tensor, axis: int, size: tuple[int, int]) -> torch.Tensor:
     """Centre crop or pad (with the minimum) the two axes other than ``axis`` of (H, W, D) to ``size``."""
     full = list(size)
@@ -160,12 +192,18 @@ class NiftiVolumes:
 
 
 def slice_splits(volumes: dict[str, tuple[Callable, list[str], list[str], list[torch.Tensor], dict | None]],
-                 options: SliceOptions, seed: int) -> dict[str, SliceDataset]:
-    """split -> its :class:`SliceDataset`, from split -> (load, ids, patients, foreground flags per volume,
-    cache); the plan follows ``options`` (``eval_empty_fraction`` outside the training split)."""
+                 options: SliceOptions, seed: int) -> dict[str, Dataset]:
+    """split -> its dataset, from split -> (load, ids, patients, foreground flags per volume, cache): slices
+    planned by ``options`` for training, and for validation and test whole volumes (:class:`VolumeDataset`,
+    ``eval_unit: volume``) or slices planned with ``eval_empty_fraction`` (``eval_unit: slice``)."""
     out = {}
     for split in SPLITS:
         load, ids, patients, foreground, cache = volumes[split]
+        if not ids:
+            raise UserError(f"the {split} split has no volumes; change val_fraction / test_fraction or the patients")
+        if split != "train" and options.eval_unit == "volume":
+            out[split] = VolumeDataset(load, ids, patients, options.axis, cache)
+            continue
         fraction = options.empty_fraction if split == "train" else options.eval_empty_fraction
         plan = plan_slices(foreground, options.stride, fraction, seed)
         if not plan:
@@ -203,7 +241,8 @@ def build_nifti_slices(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     ``target_spacing``, ``normalize``, ``check_files``, ``val_fraction``, ``test_fraction``, ``folds``,
     ``fold``) without ``target_size``/``augment``, plus ``axis`` (default 2, axial), ``slice_size`` (H, W,
     default [320, 320]), ``slice_stride`` (default 1), ``empty_fraction`` (default 0.1),
-    ``eval_empty_fraction`` (default 1.0) and ``cache`` (default true). Every volume is read once at build
+    ``eval_empty_fraction`` (default 1.0), ``eval_unit`` (volume (default) or slice) and ``cache`` (default
+    true). Every volume is read once at build
     time to plan the slices; a volume that fails to read is reported (or dropped with ``skip_bad``).
     """
     check_keys(cfg, KEYS, KIND)

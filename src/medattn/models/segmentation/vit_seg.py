@@ -91,7 +91,9 @@ class ConvDecoder(nn.Module):
 
 
 class SegmentationViT(VisionTransformer):
-    """2D ViT encoder + convolutional decoder: (B, C, H, W) -> (B, num_classes, H, W) logits.
+    """2D ViT encoder + convolutional decoder: (B, C, H, W) -> (B, num_classes, H, W) logits; volumes
+    (B, C, H, W, S) are segmented slice by slice along their last axis (how 2D-trained models are scored
+    per patient, :mod:`medattn.data.slices`).
 
     H and W must be multiples of the patch size (positions are interpolated for sizes other than
     ``img_size``). ``num_classes`` counts the background.
@@ -131,9 +133,16 @@ class SegmentationViT(VisionTransformer):
         del self.head  # the class token's linear head: a segmenter has the decoder instead
         self.pretrained_keep = check_keep(pretrained_keep)
         self.decoder = ConvDecoder(embed_dim, num_classes, decoder_dim, int(math.log2(patch_size)))
+        self.slice_chunk = 16  # slices of a volume per forward pass (bounds the memory of volume inference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, num_classes, H, W)."""
+        """(B, C, H, W) -> (B, num_classes, H, W); a volume (B, C, H, W, S) is segmented slice by slice along its
+        last axis, ``slice_chunk`` slices at a time: -> (B, num_classes, H, W, S)."""
+        if x.ndim == 5:
+            B, C, H, W, S = x.shape
+            slices = x.movedim(-1, 1).reshape(B * S, C, H, W)  # (B S, C, H, W)
+            logits = torch.cat([self(chunk) for chunk in slices.split(self.slice_chunk)])  # (B S, K, H, W)
+            return logits.unflatten(0, (B, S)).movedim(1, -1)  # (B, K, H, W, S)
         tokens = self.forward_features(x)[:, 1:]  # (B, N, D), class token dropped
         h, w = (s // p for s, p in zip(x.shape[2:], self.patch_size))
         grid = tokens.transpose(1, 2).unflatten(2, (h, w))  # (B, D, H/p, W/p)
