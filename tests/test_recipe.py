@@ -274,3 +274,45 @@ def test_ema_checkpoint_round_trip_is_exact(tmp_path):
     assert fresh.updates == 3
     for (name, a), b in zip(ema.module.state_dict().items(), fresh.module.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+# ---- fine-tuning from a timm-format ViT ---------------------------------------------------------------
+
+
+def timm_state_dict(**kwargs) -> dict[str, torch.Tensor]:
+    """Random weights of a ViT under timm's names (vit_*_patch*: ``blocks.{i}.*``, ``norm.*``,
+    ``patch_embed.proj.*``, an ImageNet head): what a user brings as vit_....safetensors."""
+    model = create_model("vit2d_tiny", attention="softmax", **kwargs)
+    names = {"patch_embed.weight": "patch_embed.proj.weight", "patch_embed.bias": "patch_embed.proj.bias"}
+    return {names.get(k, k.removeprefix("encoder.")): v.clone() for k, v in model.state_dict().items()}
+
+
+def test_fine_tune_from_a_timm_state_dict_into_seqnorm_with_layer_decay(tmp_path):
+    """medattn train --init-from a timm-named file (RGB, 48 px grid, 1000 classes) into a 1-channel 32 px SeqNorm
+    ViT: the run lists loaded, adapted, new and dropped tensors and trains with decayed per-layer rates."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from medattn.cli import main
+
+    weights = timm_state_dict(in_chans=3, img_size=48, num_classes=1000)
+    assert "blocks.1.attn.qkv.weight" in weights and "patch_embed.proj.weight" in weights
+    save_file(weights, tmp_path / "vit_tiny_timm.safetensors")
+    run_dir = tmp_path / "run"
+    argv = ["train", "synthetic_cxr", "model.name=vit2d_tiny", "model.attention=seqnorm", "data.image_size=32",
+            "data.num_samples=[16,8,8]", "train.epochs=1", "train.batch_size=8", "train.layer_decay=0.75",
+            "eval.bootstrap=0", "train.threads=1", "--init-from", str(tmp_path / "vit_tiny_timm.safetensors"),
+            "--out", str(run_dir), "--no-progress"]
+    assert main(argv) == 0
+    report = json.loads((run_dir / "results.json").read_text())["init_from"]
+    assert report["family"] == "timm"
+    assert {"patch_embed.weight", "pos_embed"} <= set(report["adapted"])  # RGB -> 1 channel; 6x6 -> 4x4 grid
+    assert "encoder.blocks.1.attn.qkv.weight" in report["loaded"]
+    assert "head.weight" in report["new"] and any("attn" in name for name in report["new"])  # SeqNorm's own
+    assert {"head.weight", "head.bias"} <= set(report["dropped"])  # ImageNet's 1000-class head
+    state = json.loads((run_dir / "checkpoints/last/training_state.json").read_text())
+    groups = state["optimizer"]["param_groups"]
+    top = max(g["lr"] for g in groups)
+    assert sorted({round(g["lr_scale"], 6) for g in groups}) == [round(0.75**k, 6) for k in (3, 2, 1, 0)]
+    assert all(g["lr"] == pytest.approx(top * g["lr_scale"]) for g in groups)
