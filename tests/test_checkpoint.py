@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from engine_data import image_bundle, tiny_config
 from medattn.commands.evaluate import load_trained
+from medattn.config import DEFAULTS
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model
@@ -303,3 +304,18 @@ def test_a_killed_overwrite_gets_the_previous_run_back(tmp_path):
     with pytest.raises(UserError, match="already holds a run"):
         _fit(config, run)
     assert _snapshot(run) == before and not (run / ".previous").exists()
+
+
+def test_a_checkpoint_saved_before_a_config_key_existed_loads_with_its_default(tmp_path):
+    """Keys added to the config since (train.optimizer, train.ema, ...) take today's defaults; unknown keys stay
+    an error."""
+    model = torch.nn.Linear(2, 1)
+    meta = _meta(epoch=1)
+    del meta["config"]["train"]["optimizer"], meta["config"]["eval"]
+    checkpoint.save(tmp_path / "ck", model, meta)
+    loaded = checkpoint.load_meta(tmp_path / "ck")["config"]
+    assert loaded["train"]["optimizer"] == DEFAULTS["train"]["optimizer"] and loaded["eval"] == DEFAULTS["eval"]
+    meta["config"]["train"]["no_such_key"] = 1
+    checkpoint.save(tmp_path / "ck2", model, meta)
+    with pytest.raises(UserError, match="no_such_key"):
+        checkpoint.load_meta(tmp_path / "ck2")

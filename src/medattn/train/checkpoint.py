@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from medattn.config import validate
+from medattn.config import validate, with_defaults
 from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo
 from medattn.errors import UserError, writing
 
@@ -137,6 +137,8 @@ def load_meta(folder: Path) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UserError(f"{path}: unreadable checkpoint metadata ({error})") from None
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):  # keys added since it was saved: defaults
+        meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
     return meta
 
