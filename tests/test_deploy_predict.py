@@ -1,0 +1,194 @@
+"""medattn predict and export end to end on files written here: columns, thresholds, provenance, --skip-bad,
+ONNX against the checkpoint (1e-4 relative), segmentation label maps on the input's grid."""
+
+import csv
+import hashlib
+import sys
+
+import h5py
+import nibabel as nib
+import numpy as np
+import pytest
+from PIL import Image
+
+from medattn.cli import main
+from medattn.data import build_datasets
+from medattn.deploy import read_metadata
+
+TRAIN = ["train.epochs=1", "train.batch_size=4", "train.threads=1", "eval.bootstrap=20", "--no-progress"]
+
+
+def _rows(path):
+    return list(csv.DictReader(open(path)))
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    """PNG files (positives carry a bright square) and a tiny ViT trained on them."""
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    with open(folder / "labels.csv", "w") as f:
+        f.write("path,label\n")
+        for i in range(24):
+            image = rng.integers(0, 120, (20, 20), dtype=np.uint8)
+            image[4:10, 4:10] += 130 * (i % 2)
+            Image.fromarray(image).save(folder / f"{i}.png")
+            f.write(f"{i}.png,{i % 2}\n")
+    (folder / "c.yaml").write_text(
+        f"data: {{kind: image_table, csv: {folder / 'labels.csv'}, label_columns: [label], image_size: 16, "
+        "in_chans: 1, val_fraction: 0.34, test_fraction: 0.25}\nmodel: {name: vit2d_tiny, attention: seqnorm, "
+        "kwargs: {img_size: 16}}\n")
+    assert main(["train", str(folder / "c.yaml"), *TRAIN, "--out", str(folder / "run")]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bag_run(tmp_path_factory):
+    """A tiny WSI model trained on the SYNTHETIC bag task, and test bags written as CLAM-layout HDF5 files."""
+    folder = tmp_path_factory.mktemp("bags")
+    data = ["data.feature_dim=16", "data.num_instances=[10, 30]", "data.num_samples=[16, 16, 8]"]
+    assert main(["train", "synthetic_wsi", *data, "model.name=vitwsi_tiny", "model.attention=sima", *TRAIN,
+                 "--out", str(folder / "run")]) == 0
+    bundle = build_datasets({"kind": "synthetic_wsi", "feature_dim": 16, "num_instances": [10, 30],
+                             "num_samples": [16, 16, 8]})
+    for i in range(5):
+        with h5py.File(folder / f"slide{i}.h5", "w") as f:
+            f["features"] = bundle.test[i]["input"].numpy()
+            f["coords"] = bundle.test[i]["coords"].numpy()
+    return folder
+
+
+def test_columns_threshold_and_provenance(image_run, capsys):
+    run, files = image_run / "run", [str(image_run / f"{i}.png") for i in range(4)]
+    assert main(["predict", str(run), *files, "--out", str(image_run / "p.csv")]) == 0
+    assert "threshold: validation Youden's J" in capsys.readouterr().out
+    rows = _rows(image_run / "p.csv")
+    weights = (run / "checkpoints/best/model.safetensors").read_bytes()
+    import json
+
+    meta = json.loads((run / "checkpoints/best/checkpoint.json").read_text())
+    stored = meta["threshold"]["values"][0]
+    for row in rows:
+        assert row["checkpoint_sha256"] == hashlib.sha256(weights).hexdigest()
+        assert row["model_id"] == f"run/vit2d_tiny/seqnorm/epoch{meta['epoch']}"
+        assert float(row["threshold_label"]) == pytest.approx(stored, abs=1e-6)
+        assert int(row["pred_label"]) == int(float(row["prob_label"]) >= stored)
+    for cut, expected in (("0", "1"), ("1", "0")):
+        assert main(["predict", str(run), *files, "--threshold", cut, "--out", str(image_run / "t.csv")]) == 0
+        assert {r["pred_label"] for r in _rows(image_run / "t.csv")} == {expected}
+    capsys.readouterr()
+    assert main(["predict", str(run), *files, "--threshold", "2", "--out", str(image_run / "t.csv")]) == 2
+    assert "--threshold must be one number in [0, 1]" in capsys.readouterr().err
+
+
+def test_skip_bad_lists_bad_files_with_reasons(image_run, capsys):
+    run = image_run / "run"
+    (image_run / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    files = [str(image_run / "0.png"), str(image_run / "broken.png"), str(image_run / "gone.png"),
+             str(image_run / "1.png")]
+    assert main(["predict", str(run), *files, "--out", str(image_run / "s.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.png: cannot read" in err[0]
+    out = str(image_run / "s.csv")
+    assert main(["predict", str(run), *files, "--skip-bad", "--batch-size", "3", "--out", out]) == 0
+    assert "skipped 2 bad file(s)" in capsys.readouterr().out
+    assert [r["file"] for r in _rows(image_run / "s.csv")] == [files[0], files[3]]
+    skipped = {r["file"]: r["reason"] for r in _rows(image_run / "s_skipped.csv")}
+    assert set(skipped) == {files[1], files[2]} and skipped[files[2]].endswith("no such file")
+
+
+def test_onnx_predictions_equal_the_checkpoints_on_image_files(image_run, capsys):
+    pytest.importorskip("onnxruntime")
+    run, files = image_run / "run", [str(image_run / f"{i}.png") for i in range(6)]
+    assert main(["export", str(run), "--format", "onnx", "--out", str(image_run / "m.onnx")]) == 0
+    assert "onnxruntime check: largest relative difference" in capsys.readouterr().out
+    meta = read_metadata(image_run / "m.onnx")
+    assert meta["class_names"] == ["label"] and meta["preprocessing"]["input_shape"] == [1, 16, 16]
+    assert main(["predict", str(run), *files, "--out", str(image_run / "a.csv")]) == 0
+    assert main(["predict", str(image_run / "m.onnx"), *files, "--out", str(image_run / "b.csv")]) == 0
+    _same(_rows(image_run / "a.csv"), _rows(image_run / "b.csv"))
+    assert main(["export", str(run), "--format", "pt2", "--out", str(image_run / "m.pt2")]) == 0
+    assert read_metadata(image_run / "m.pt2") == meta
+
+
+def test_onnx_predictions_equal_the_checkpoints_on_hdf5_bags(bag_run):
+    """Bags of different lengths in one batch (padded, masked) through the dynamic-token ONNX graph."""
+    pytest.importorskip("onnxruntime")
+    run, files = bag_run / "run", [str(bag_run / f"slide{i}.h5") for i in range(5)]
+    assert main(["export", str(run), "--format", "onnx", "--out", str(bag_run / "m.onnx")]) == 0
+    assert main(["predict", str(run), *files, "--out", str(bag_run / "a.csv")]) == 0
+    assert main(["predict", str(bag_run / "m.onnx"), *files, "--out", str(bag_run / "b.csv")]) == 0
+    _same(_rows(bag_run / "a.csv"), _rows(bag_run / "b.csv"))
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    """Same rows; probabilities to 1e-4 relative (the CSV keeps 6 decimals, so 1e-6 absolute below that)."""
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if key.startswith("prob_"):
+                assert abs(float(x[key]) - float(y[key])) <= max(1e-4 * abs(float(x[key])), 1.5e-6), key
+            elif not key.startswith("pred_"):  # a probability on the threshold may round either way
+                assert x[key] == y[key], key
+
+
+def test_onnx_without_onnxruntime_is_one_line(image_run, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    if not (image_run / "m.onnx").exists():
+        assert main(["export", str(image_run / "run"), "--format", "onnx", "--out", str(image_run / "m.onnx")]) == 0
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
+    out = str(image_run / "x.csv")
+    assert main(["predict", str(image_run / "m.onnx"), str(image_run / "0.png"), "--out", out]) == 2
+    assert "running an ONNX model needs onnxruntime" in capsys.readouterr().err
+
+
+def test_segmentation_label_maps_on_the_input_grid(tmp_path, capsys):
+    """Label maps keep the input's shape and affine; a volume stored flipped (another affine, same anatomy)
+    gives the flipped map; volumes are voxel counts x voxel volume."""
+    data = ["data.volume_size=[16, 16, 8]", "data.num_blobs=1", "data.num_samples=[4, 2, 2]"]
+    assert main(["train", "synthetic_vertebrae", *data, "model.name=unet3d", "train.batch_size=2", *TRAIN[:1],
+                 *TRAIN[2:], "--out", str(tmp_path / "run")]) == 0
+    image = build_datasets({"kind": "synthetic_vertebrae", "volume_size": [16, 16, 8], "num_blobs": 1,
+                            "num_samples": [4, 2, 2]}).test[0]["input"][0].numpy()
+    ras = np.diag([2.0, 1.5, 3.0, 1.0])
+    flipped = ras.copy()
+    flipped[0, 0], flipped[0, 3] = -2.0, 2.0 * 15  # axis 0 runs right to left: the same world grid
+    nib.save(nib.Nifti1Image(image, ras), tmp_path / "a.nii.gz")
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(image[::-1]), flipped), tmp_path / "b.nii.gz")
+    files = [str(tmp_path / "a.nii.gz"), str(tmp_path / "b.nii.gz")]
+    assert main(["predict", str(tmp_path / "run"), *files, "--out", str(tmp_path / "seg.csv")]) == 0
+    rows = _rows(tmp_path / "seg.csv")
+    maps = [nib.load(r["label_map"]) for r in rows]
+    assert [m.shape for m in maps] == [(16, 16, 8)] * 2
+    np.testing.assert_array_equal(maps[0].affine, ras)
+    np.testing.assert_array_equal(maps[1].affine, flipped)
+    a, b = (np.asarray(m.dataobj) for m in maps)
+    np.testing.assert_array_equal(b, a[::-1])
+    voxel = 2.0 * 1.5 * 3.0
+    assert float(rows[0]["volume_mm3_blob1"]) == pytest.approx((a == 1).sum() * voxel)
+    assert rows[0]["volume_mm3_blob1"] == rows[1]["volume_mm3_blob1"]
+
+
+@pytest.mark.parametrize("size", [(8, 16, 16), (6, 16, 12)])
+def test_label_maps_undo_reorientation_and_crop(tmp_path, size):
+    """A 'label map' computed on the model's grid (the prepared input > 0) maps back to the file's own voxels:
+    the same test on the file's array, background where the centre crop cut voxels away. The file is not
+    RAS (axes permuted and flipped): its RAS grid is 8 x 16 x 16."""
+    import torch
+
+    from medattn.data.preprocessing import Preprocessing, inference_dataset
+    from medattn.deploy.segmentation import to_input_grid
+
+    rng = np.random.default_rng(0)
+    array = rng.normal(size=(16, 16, 8)).astype(np.float32)
+    affine = np.array([[0, 0, -3.0, 20], [-1.5, 0, 0, 5], [0, 2.0, 0, -7], [0, 0, 0, 1]])
+    nib.save(nib.Nifti1Image(array, affine), tmp_path / "v.nii.gz")
+    prep = Preprocessing("nifti_segmentation", "volume3d", "segmentation", 2, ("bg", "x"), (1, *size))
+    prepared = inference_dataset(prep, [(tmp_path / "v.nii.gz",)])[0]["input"][0]
+    assert tuple(prepared.shape) == size
+    labels, out_affine = to_input_grid((prepared > 0).long(), tmp_path / "v.nii.gz", prep)
+    np.testing.assert_array_equal(out_affine, affine)
+    kept, _ = to_input_grid(torch.ones(size, dtype=torch.long), tmp_path / "v.nii.gz", prep)
+    assert kept.shape == array.shape and kept.sum() == np.prod(size)  # the voxels the model saw, each once
+    np.testing.assert_array_equal(labels, (array > 0) * kept)
