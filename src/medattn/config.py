@@ -203,6 +203,15 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
     return config
 
 
+def with_defaults(config: dict, source: str = "") -> dict:
+    """``config`` completed with today's :data:`DEFAULTS` for keys it lacks (a copy): a checkpoint saved before
+    a key existed loads with that key's default, which is what the run that wrote it did. Unknown keys stay
+    an error naming ``source``."""
+    completed = copy.deepcopy(DEFAULTS)
+    _merge(completed, config, (), source or "config")
+    return completed
+
+
 @dataclass(frozen=True)
 class Rule:
     """What one config key may hold: ``wants`` describes it in the error, ``test`` checks a value."""
