@@ -69,6 +69,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
         table.header = ["file", *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
     items = {item.id: item for item in dataset.items}
+    used: dict[str, int] = {}
     for batch in loader:
         probabilities = runner.probabilities(batch)
         for sample_id, p in zip(batch["id"], probabilities):
@@ -77,7 +78,9 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             item = items[sample_id]
             if segmentation:
                 labels, affine = to_input_grid(torch.from_numpy(np.asarray(p).argmax(0)), item.paths[0], prep)
-                out = label_dir / f"{_stem(item.paths[0])}_labels.nii.gz"
+                stem = _stem(item.paths[0])
+                used[stem] = used.get(stem, 0) + 1  # two inputs of one name (other folders) get two maps
+                out = label_dir / f"{stem}{'' if used[stem] == 1 else f'_{used[stem]}'}_labels.nii.gz"
                 write_label_map(labels, affine, out)
                 volumes = structure_volumes(labels, affine, prep.num_outputs)
                 table.rows.append([str(item.paths[0]), str(out), *[f"{v:.3f}" for v in volumes], *provenance])
