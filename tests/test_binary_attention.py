@@ -74,6 +74,27 @@ def test_tiled_online_softmax_equals_untiled_and_emulation():
     torch.testing.assert_close(untiled, reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("c", [20, 64, 130])
+def test_query_blocks_key_tiles_and_leading_padding_equal_emulation(c):
+    # Several query blocks x key tiles (the P V GEMM per tile), two query and key terms (hamming-like), and
+    # padding at the start of a sequence: its first key tiles hold no real key (the finite sentinel path).
+    torch.manual_seed(2)
+    B, H, N = 2, 2, 41
+    q, k, v = torch.randn(B, H, N, c), torch.randn(B, H, N, c), torch.randn(B, H, N, 6)
+    q2, k2 = torch.randn(B, H, N, c), torch.randn(B, H, N, c)
+    wq, wk = torch.rand(B, H, N) + 0.5, torch.rand(B, H, N) + 0.5
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[0, :17] = False
+    mask[1, 30:] = False
+    q_terms, k_terms = [(q, wq), (q2, None)], [(k, wk), (k2, None)]
+    reference = emulated_attention([(pm1(q), wq), (pm1(q2), None)], [(pm1(k), wk), (pm1(k2), None)], v, 0.3, mask)
+    for tile, rows in ((5, 3), (8, 41), (41, 7), (64, 64)):
+        got = binary_attention(q_terms, k_terms, v, 0.3, mask, tile_size=tile, block_rows=rows)
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="block_rows"):
+        binary_attention(q_terms, k_terms, v, 0.3, mask, block_rows=0)
+
+
 @pytest.mark.parametrize("name", MECHANISMS)
 @pytest.mark.parametrize("value_dim", [None, 3])
 def test_bit_kernel_path_equals_float_emulation(name, value_dim):

@@ -8,6 +8,10 @@ For every sequence length N and head dim d (one head, batch 1) it times, in one 
 * attention: the whole forward ``softmax(S) V``: fp32 and bf16 ``scaled_dot_product_attention`` and
   the bit kernel's tiled online softmax (binary-sg scores; with ``w_q w_k`` weights as binary-hamming).
 
+bf16 is timed only where the CPU has bf16 hardware (AVX-512 BF16, AMX, Arm BF16; see
+:func:`medattn.bench.common.cpu_bf16_support`); elsewhere the command says "bf16: not supported on this
+CPU" and leaves it out, since an emulated bf16 matmul (about 40x slower than fp32) means nothing.
+
 Peak memory of the attention forward is measured in a fresh subprocess per method (peak RSS over the
 input's own size, N ascending). Results: ``binary_scores`` and ``binary_attention`` CSV/JSON (and a
 PNG when matplotlib is installed) in ``--out``.
@@ -25,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
-from medattn.bench.common import environment, median_time, peak_rss_bytes, write_results
+from medattn.bench.common import cpu_bf16_support, environment, median_time, peak_rss_bytes, write_results
 from medattn.errors import UserError
 from medattn.threads import set_threads
 
@@ -152,7 +156,8 @@ def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
             pts = sorted((r["N"], r["seconds"]) for r in rows if (r["method"], r["d"]) == key)
             ax.loglog(*zip(*pts), marker="o", label=f"{key[0]} d={key[1]}")
         ax.set(xlabel="N", ylabel="seconds (median)", title=title)
-        ax.legend(fontsize=7)
+        if rows:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{out_dir}/binary.png", dpi=120)
     plt.close(fig)
@@ -161,6 +166,10 @@ def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
 def run(args) -> int:
     _check(args)
     set_threads()
+    no_bf16 = cpu_bf16_support().unsupported_reason()
+    if no_bf16 and "bf16" not in args.skip:
+        print(no_bf16, flush=True)
+        args.skip = [*args.skip, "bf16"]
     env = environment("fp32/bf16/int1")
     scores, attention = [], []
     for d in args.dims:

@@ -1,7 +1,8 @@
 """Shared benchmark plumbing: timing, the record of the machine, and CSV/JSON output.
 
-Every benchmark reports medians over repeats and records the environment (machine, threads,
-allocator, precision, versions) next to its figures, so a number is never quoted without them.
+Every benchmark reports medians over repeats and records the environment (machine, its bf16 support,
+threads, load average, allocator, precision, versions) next to its figures, so a number is never quoted
+without them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import torch
 
 
 def environment(precision: str = "fp32") -> dict:
-    """Machine, threads, allocator, precision and versions, for the header of every result file."""
+    """Machine, threads, allocator, precision and versions, for the header of every result file.
+
+    ``cpu_bf16`` says whether the CPU multiplies bf16 in hardware (see :func:`cpu_bf16_support`) and
+    ``load_average_1min`` how busy the machine was when the benchmark started (other processes' work
+    slows every timing; ratios within one run are what counts).
+    """
+    bf16 = cpu_bf16_support()
     preload = os.environ.get("LD_PRELOAD", "")
     allocator = "tcmalloc" if "tcmalloc" in preload else "jemalloc" if "jemalloc" in preload else "glibc"
     if allocator == "glibc" and "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
@@ -35,7 +42,10 @@ def environment(precision: str = "fp32") -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
         "processor": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_bf16": bf16.describe(),
         "cpu_count": os.cpu_count(),
+        "load_average_1min": _load_average(),
         "torch_threads": torch.get_num_threads(),
         "allocator": allocator,
         "precision": precision,
@@ -53,6 +63,59 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+#: /proc/cpuinfo flags of bf16 arithmetic in hardware: x86 AVX-512 BF16 and AMX-BF16, Arm's BF16 extension.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+class Bf16Support:
+    """Whether this CPU computes in bf16 in hardware: ``supported`` and the ``flags`` that say so."""
+
+    def __init__(self, flags: tuple[str, ...], cpu_capability: str) -> None:
+        self.flags, self.cpu_capability = flags, cpu_capability
+        self.supported = bool(flags)
+
+    def describe(self) -> str:
+        """``"yes (avx512_bf16, amx_bf16)"`` or ``"no (...)"``, for the machine record."""
+        if self.supported:
+            return f"yes ({', '.join(self.flags)})"
+        return f"no (no {' / '.join(BF16_FLAGS[:2])} flag; torch CPU capability {self.cpu_capability})"
+
+    def unsupported_reason(self) -> str | None:
+        """None where bf16 runs in hardware, else the line a benchmark prints instead of timing bf16."""
+        if self.supported:
+            return None
+        return (f"bf16: not supported on this CPU ({_cpu_model()}: {self.describe()}); bf16 here would be an "
+                "emulation, so it is not timed")
+
+
+def cpu_bf16_support(cpuinfo: str | None = None) -> Bf16Support:
+    """Detect bf16 hardware from the CPU flags (``/proc/cpuinfo``, or the text ``cpuinfo``).
+
+    x86: ``avx512_bf16`` (AVX-512 BF16 dot products) or ``amx_bf16`` (AMX tiles); Arm: ``bf16`` in
+    ``Features``. ``torch.backends.cpu.get_cpu_capability()`` (e.g. ``AVX2``, ``AVX512``, ``AMX``...) is
+    recorded beside it. Without a readable ``/proc/cpuinfo`` (not Linux) the answer is "no flags found".
+    """
+    capability = torch.backends.cpu.get_cpu_capability()
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return Bf16Support(tuple(flag for flag in BF16_FLAGS if flag in flags), capability)
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budget_s: float | None = None) -> float:
@@ -219,7 +282,7 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 
 #: The environment fields copied into every result row.
-ROW_ENV_KEYS = ("machine", "processor", "torch_threads", "allocator", "torch", "device")
+ROW_ENV_KEYS = ("machine", "processor", "cpu_bf16", "torch_threads", "allocator", "torch", "device")
 
 
 def row_environment(env: dict) -> dict:

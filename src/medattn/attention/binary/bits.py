@@ -11,9 +11,10 @@ The integers are exact, so the scores equal the float emulation ``sgn(q) @ sgn(k
 
 :func:`binary_attention` is the whole forward ``softmax(S) V`` with
 ``S_ij = sum_(a,b) s * wq_a[i] * wk_b[j] * <qa_i, kb_j>`` over the (query term, key term) pairs of a
-mechanism, fused in one Numba kernel: each block of 8 query rows walks the key tiles with the online
-softmax of Milakov & Gimelshein (2018), so no N x N matrix exists: besides the inputs
-(O(B H N (d / 64 + D_v))) each thread holds O(8 (T + D_v)) floats for tile size T.
+mechanism, in steps of (query rows x key tile) with the online softmax of Milakov & Gimelshein (2018):
+a Numba kernel turns each tile's popcounts into probabilities (running maximum and sum per row), and
+``P V`` is one batched GEMM per tile (PyTorch's BLAS), so no N x N matrix exists: besides the inputs
+(O(B H N (d / 64 + D_v))) the memory is one probability tile (:data:`TILE_BUDGET` floats).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic
 
 WORD_BITS = 64
@@ -67,105 +68,135 @@ def _dot_kernel(a, bT, c, out):  # pragma: no cover - compiled
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2 = np.float32(0.6931471805599453)
-_ROWS = 8  # query rows per parallel iteration: each loaded key/value row serves all of them
+_ROWS = 8  # the fewest query rows per step
 #: Finite stand-in for -inf (fast-math assumes no infinities): below any score, |score| <= c * sum |w|.
 _NO_KEY = np.float32(-3.0e38)
 
 
+_TWO = np.float32(2.0)  # float32 constants keep the vector loops in float32 (a Python 2 would promote to float64)
+
+
+@njit(fastmath=True, cache=True)
+def _score_row(qb, qw, kbT, kw, c, g, i, k0, cols, sr, h):  # pragma: no cover - compiled
+    """``sr[:cols] = sum_(a,b) qw[a,g,i] kw[b,g,k0+j] (c - 2 popcount(qb[a,g,i] xor kb[b,g,k0+j]))``.
+
+    Key rows are sliced before the loops: indexing ``kt[k0 + j]`` with a run-time ``k0`` makes Numba
+    wrap negative indices element by element, which turned the vector loads into gathers (4x slower).
+    """
+    A, W, Bk = qb.shape[0], qb.shape[3], kbT.shape[0]
+    for j in range(cols):
+        sr[j] = 0.0
+    for a in range(A):
+        wa = qw[a, g, i]
+        for b in range(Bk):
+            kwb = kw[b, g, k0 : k0 + cols]
+            kt = kbT[b, g, 0, k0 : k0 + cols]
+            x = qb[a, g, i, 0]
+            if W == 1:  # d <= 64: one word, no partial sums
+                for j in range(cols):
+                    sr[j] += wa * kwb[j] * (c - _TWO * np.float32(_popcount(x ^ kt[j])))
+                continue
+            for j in range(cols):
+                h[j] = np.float32(_popcount(x ^ kt[j]))
+            for t in range(1, W):  # words outer, keys inner: each pass is one vector loop
+                x = qb[a, g, i, t]
+                kt = kbT[b, g, t, k0 : k0 + cols]
+                for j in range(cols):
+                    h[j] += np.float32(_popcount(x ^ kt[j]))
+            for j in range(cols):
+                sr[j] += wa * kwb[j] * (c - _TWO * h[j])
+
+
+@njit(fastmath=True, cache=True)
+def _exp_row(sr, ex, cols, shift):  # pragma: no cover - compiled
+    """``sr[:cols] = exp(sr - shift)`` as ``2^n e^z`` (n = round(x log2 e), |z| <= ln2 / 2, 7th-order
+    Taylor, relative error < 1e-7), arguments clamped at 2^-126; branch-free, so LLVM vectorises it."""
+    bits = sr.view(np.int32)
+    for j in range(cols):
+        y = max((sr[j] - shift) * _LOG2E, np.float32(-126.0))
+        n = np.int32(y + np.float32(126.5)) - np.int32(126)  # round(y): truncation of a positive number
+        z = (y - np.float32(n)) * _LN2
+        q = np.float32(1.0 / 5040.0)
+        q = q * z + np.float32(1.0 / 720.0)
+        q = q * z + np.float32(1.0 / 120.0)
+        q = q * z + np.float32(1.0 / 24.0)
+        q = q * z + np.float32(1.0 / 6.0)
+        q = q * z + np.float32(0.5)
+        q = q * z + np.float32(1.0)
+        sr[j] = q * z + np.float32(1.0)
+        ex[j] = n
+    for j in range(cols):
+        bits[j] += ex[j] << 23
+
+
+_LANES = 16  # partial maxima: a max over a row is a reduction LLVM does not vectorise by itself
+
+
+@njit(fastmath=True, cache=True)
+def _masked_max(sr, kg, cols, lanes):  # pragma: no cover - compiled
+    """max of ``sr[j]`` over the keys with ``kg[j] > 0`` (``_NO_KEY`` if none), in ``_LANES`` partial maxima
+    (``lanes``, scratch of that length)."""
+    for lane in range(_LANES):
+        lanes[lane] = _NO_KEY
+    full = cols - cols % _LANES
+    for j0 in range(0, full, _LANES):
+        for lane in range(_LANES):
+            x = sr[j0 + lane] if kg[j0 + lane] > 0 else _NO_KEY
+            lanes[lane] = max(lanes[lane], x)
+    best = _NO_KEY
+    for j in range(full, cols):
+        x = sr[j] if kg[j] > 0 else _NO_KEY
+        best = max(best, x)
+    for lane in range(_LANES):
+        best = max(best, lanes[lane])
+    return best
+
+
 @njit(parallel=True, fastmath=True, cache=True)
-def _attention_kernel(qb, qw, kbT, kw, keep, v, c, tile, out):  # pragma: no cover - compiled
-    """Fused tiled online-softmax attention over packed terms, ``_ROWS`` query rows per parallel step.
+def _softmax_tile_kernel(qb, qw, kbT, kw, keep, c, i0, rows, k0, cols, p, m, total, corr, chunks):  # pragma: no cover
+    """Scores of query rows ``i0 : i0 + rows`` against keys ``k0 : k0 + cols`` and their online-softmax step.
 
     qb (A, G, N, W) uint64, qw (A, G, N) float32 (scale folded in), kbT (Bk, G, W, M) uint64,
-    kw (Bk, G, M) float32, keep (G, M) float32 (1 = real key), v (G, M, Dv) float32 -> out (G, N, Dv).
-    ``exp`` is computed as ``2^n e^z`` (n = round(x log2 e), |z| <= ln2 / 2, 7th-order Taylor,
-    relative error < 1e-8) so that LLVM vectorises it; arguments are clamped at 2^-126.
+    kw (Bk, G, M) float32, keep (G, M) float32 (1 = real key). Writes, for every group g and row r < rows:
+    ``p[g, r, :cols] = exp(S - m_new)`` (0 for masked keys), ``corr[g, r] = exp(m_old - m_new)`` (the
+    factor the caller applies to its accumulator), and updates the running maximum ``m`` and the running
+    sum ``total`` (G, R) in place. Parallel over ``chunks`` chunks of (group, row) pairs; every loop over
+    keys is branch-free, so LLVM vectorises it (``vpopcntq`` where the CPU has AVX-512 VPOPCNTDQ, a nibble
+    table on AVX2).
 
     The kernel is compiled with fast-math, which lets LLVM assume that no value is infinite or NaN, so
     no infinity may appear: the running maximum starts at the finite ``_NO_KEY`` and masked keys score
     ``_NO_KEY``; a row whose key tiles so far were all padding keeps ``_NO_KEY`` and adds nothing.
     """
-    A, G, N, W = qb.shape
-    Bk = kbT.shape[0]
-    M = kbT.shape[3]
-    Dv = v.shape[2]
-    blocks = (N + _ROWS - 1) // _ROWS
-    for r in prange(G * blocks):
-        g = r // blocks
-        i0 = (r - g * blocks) * _ROWS
-        rows = min(_ROWS, N - i0)
-        s = np.empty((rows, tile), np.float32)
-        h = np.empty(tile, np.float32)
-        p = np.empty((rows, tile), np.float32)
-        ex = np.empty(tile, np.int32)
-        acc = np.zeros((rows, Dv), np.float32)
-        m = np.full(rows, _NO_KEY, np.float32)
-        total = np.zeros(rows, np.float32)
-        kg = keep[g]
-        vg = v[g]
-        for k0 in range(0, M, tile):
-            tk = min(tile, M - k0)
-            for rr in range(rows):
-                i = i0 + rr
-                sr = s[rr]
-                for j in range(tk):
+    steps = qb.shape[1] * rows
+    chunks = min(steps, chunks)
+    for chunk in prange(chunks):  # scratch is allocated once per chunk of rows, not per row
+        h = np.empty(cols, np.float32)
+        ex = np.empty(cols, np.int32)
+        lanes = np.empty(_LANES, np.float32)
+        for r in range(chunk * steps // chunks, (chunk + 1) * steps // chunks):
+            g = r // rows
+            rr = r - g * rows
+            sr = p[g, rr]
+            _score_row(qb, qw, kbT, kw, c, g, i0 + rr, k0, cols, sr, h)
+            kg = keep[g, k0 : k0 + cols]
+            tile_max = _masked_max(sr, kg, cols, lanes)
+            m_old = m[g, rr]
+            m_new = max(m_old, tile_max)
+            # the first real key rescales nothing (the accumulator and total are still zero)
+            scale = np.float32(np.exp(m_old - m_new)) if m_old != _NO_KEY else np.float32(0.0)
+            corr[g, rr] = scale
+            if m_new == _NO_KEY:  # no real key seen yet: nothing to add
+                for j in range(cols):
                     sr[j] = 0.0
-                for a in range(A):
-                    for b in range(Bk):
-                        for j in range(tk):
-                            h[j] = 0.0
-                        for t in range(W):
-                            x = qb[a, g, i, t]
-                            kt = kbT[b, g, t]
-                            for j in range(tk):
-                                h[j] += np.float32(_popcount(x ^ kt[k0 + j]))
-                        wa = qw[a, g, i]
-                        kwb = kw[b, g]
-                        for j in range(tk):
-                            sr[j] += wa * kwb[k0 + j] * (c - 2 * h[j])
-                tile_max = _NO_KEY
-                for j in range(tk):  # branch-free so that it vectorises
-                    x = sr[j] if kg[k0 + j] > 0 else _NO_KEY
-                    tile_max = x if x > tile_max else tile_max
-                m_new = max(m[rr], tile_max)
-                if m_new == _NO_KEY:  # no real key seen yet: nothing to add
-                    p[rr, :tk] = 0.0
-                    continue
-                # the first real key rescales nothing (acc and total are still zero)
-                corr = np.float32(np.exp(m[rr] - m_new)) if m[rr] != _NO_KEY else np.float32(0.0)
-                total[rr] *= corr
-                for e in range(Dv):
-                    acc[rr, e] *= corr
-                pr = p[rr]
-                bits = pr.view(np.int32)
-                for j in range(tk):  # vectorisable exp(s - m_new) = 2^n e^z
-                    y = max((sr[j] - m_new) * _LOG2E, np.float32(-126.0))
-                    n = np.floor(y + np.float32(0.5))
-                    z = (y - n) * _LN2
-                    q = np.float32(1.0 / 5040.0)
-                    q = q * z + np.float32(1.0 / 720.0)
-                    q = q * z + np.float32(1.0 / 120.0)
-                    q = q * z + np.float32(1.0 / 24.0)
-                    q = q * z + np.float32(1.0 / 6.0)
-                    q = q * z + np.float32(0.5)
-                    q = q * z + np.float32(1.0)
-                    pr[j] = q * z + np.float32(1.0)
-                    ex[j] = np.int32(n)
-                for j in range(tk):
-                    bits[j] += ex[j] << 23
-                for j in range(tk):
-                    pr[j] *= kg[k0 + j]
-                    total[rr] += pr[j]
-                m[rr] = m_new
-            for j in range(tk):  # P V: each value row is loaded once for all rows of the block
-                vj = vg[k0 + j]
-                for rr in range(rows):
-                    pj = p[rr, j]
-                    for e in range(Dv):
-                        acc[rr, e] += pj * vj[e]
-        for rr in range(rows):
-            for e in range(Dv):
-                out[g, i0 + rr, e] = acc[rr, e] / total[rr]
+                continue
+            _exp_row(sr, ex, cols, m_new)
+            added = np.float32(0.0)
+            for j in range(cols):
+                sr[j] *= kg[j]
+                added += sr[j]
+            total[g, rr] = total[g, rr] * scale + added
+            m[g, rr] = m_new
 
 
 def pack_signs(x: torch.Tensor) -> np.ndarray:
@@ -213,6 +244,10 @@ def _check_packed(a: np.ndarray, b: np.ndarray, c: int) -> None:
 Term = tuple[torch.Tensor, torch.Tensor | None]
 
 
+#: Floats in the probability tile of one step (G groups x query rows x key tile): 4 MiB, cache-sized.
+TILE_BUDGET = 1 << 20
+
+
 def binary_attention(
     q_terms: list[Term],
     k_terms: list[Term],
@@ -220,15 +255,25 @@ def binary_attention(
     scale: float,
     mask: torch.Tensor | None = None,
     tile_size: int = 1024,
+    block_rows: int | None = None,
 ) -> torch.Tensor:
     """Tiled binary attention ``softmax(S) V`` with ``S = scale * sum_(a,b) (wq_a wk_b^T) * <sq_a, sk_b>``.
 
     q_terms / k_terms: lists of ``(signs, weights)`` with signs (B, H, N, c) (only ``>= 0`` matters)
     and weights (B, H, N) or None (= 1). v: (B, H, N, D_v). mask: (B, N) bool, True = real key.
-    Returns (B, H, N, D_v) in ``v``'s dtype, computed in float32 over key tiles of ``tile_size``.
+    Returns (B, H, N, D_v) in ``v``'s dtype, computed in float32.
+
+    Work goes in steps of ``block_rows`` query rows (default: as many as keep the probability tile of all
+    B H groups within :data:`TILE_BUDGET` floats) times ``tile_size`` keys. Per step the Numba kernel
+    :func:`_softmax_tile_kernel` computes the scores by popcount and their online-softmax probabilities
+    ``P`` (Milakov & Gimelshein 2018), and the accumulator is updated by one batched GEMM,
+    ``acc <- corr * acc + P V_tile`` (``torch.baddbmm``, PyTorch's BLAS). No N x N matrix exists: besides
+    the inputs (O(B H N (d / 64 + D_v))) the memory is the tile (at most the budget, at least 8 rows).
     """
     if tile_size <= 0:
         raise ValueError(f"tile_size must be positive, got {tile_size}")
+    if block_rows is not None and block_rows <= 0:
+        raise ValueError(f"block_rows must be positive, got {block_rows}")
     if not q_terms or not k_terms:
         raise ValueError("binary_attention needs at least one query term and one key term")
     B, H, N, c = q_terms[0][0].shape
@@ -243,7 +288,23 @@ def binary_attention(
     kb, kw = stack(k_terms, 1.0)
     kbT = np.ascontiguousarray(kb.transpose(0, 1, 3, 2))  # (Bk, G, W, N)
     keep = torch.ones(G, N) if mask is None else mask.cpu().float().repeat_interleave(H, dim=0)  # (G, N)
-    vf = v.detach().float().cpu().reshape(G, N, -1).contiguous().numpy()  # (G, N, D_v)
-    out = np.empty_like(vf)
-    _attention_kernel(qb, qw, kbT, kw, keep.contiguous().numpy(), vf, np.float32(c), min(tile_size, N), out)
-    return torch.from_numpy(out).reshape(B, H, N, -1).to(device=v.device, dtype=v.dtype)
+    keep = keep.contiguous().numpy()
+    vf = v.detach().float().cpu().reshape(G, N, -1).contiguous()  # (G, N, D_v)
+    tile = min(tile_size, N)
+    rows = min(N, block_rows or max(_ROWS, TILE_BUDGET // (G * tile)))
+    p = torch.empty(G, rows, tile)
+    m, total, corr = np.empty((G, rows), np.float32), np.empty((G, rows), np.float32), torch.empty(G, rows)
+    acc = torch.empty(G, rows, vf.shape[2])
+    out = torch.empty_like(vf)
+    p_np, corr_np, c32, chunks = p.numpy(), corr.numpy(), np.float32(c), 4 * get_num_threads()
+    for i0 in range(0, N, rows):
+        r = min(rows, N - i0)
+        m[:, :r], total[:, :r] = _NO_KEY, 0.0
+        acc.zero_()
+        for k0 in range(0, N, tile):
+            t = min(tile, N - k0)
+            _softmax_tile_kernel(qb, qw, kbT, kw, keep, c32, i0, r, k0, t, p_np, m, total, corr_np, chunks)
+            a = acc[:, :r]
+            a.mul_(corr[:, :r, None]).baddbmm_(p[:, :r, :t], vf[:, k0 : k0 + t])
+        out[:, i0 : i0 + r] = acc[:, :r] / torch.from_numpy(total[:, :r, None])
+    return out.reshape(B, H, N, -1).to(device=v.device, dtype=v.dtype)
