@@ -63,7 +63,7 @@ def run_one(mechanism: str, args, bundle) -> dict:
     test = results["test"]
     return {"mechanism": mechanism, "model": config["model"]["name"], "seed": config["seed"],
             "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
-            "n_train_slices": len(bundle.train), "n_test_slices": test["n"],
+            "n_train_slices": len(bundle.train), "n_test_cases": test["n"],
             "test_dice": test["dice"], "ci_low": test["ci_low"], "ci_high": test["ci_high"],
             **{f"dice_{k}": v for k, v in list(test["dice_per_class"].items())[1:]},
             "best_epoch": results["best_epoch"], "seconds": round(seconds, 1),

@@ -41,7 +41,7 @@ counts the background:
 ``vit_s8_seg``      DINO's ViT-S/8 (12 blocks, D = 384, 6 heads, MLP 1536), values narrowed to 16 per head,
                     decoder width 1024; 19.3M encoder + 8.8M decoder parameters at 320 x 320, 4 classes;
                     pretrained weights keep the patch embedding and the MLPs of blocks 0-3
-``vit_s8_seg_tiny`` the same layout for CPU tests and demos: D = 64, 4 blocks, 4 heads, decoder width 64
+``vit_s8_seg_tiny`` the same layout for CPU tests and demos: D = 64, 4 blocks, 4 heads, decoder width 128
 ==================  =====================================================================
 
 Any keyword given to :func:`medattn.models.create_model` overrides the preset's value.
@@ -93,7 +93,7 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                          depth=12, num_heads=6, mlp_dim=1536, value_dim=16, decoder_dim=1024,
                                          pretrained_keep="binaryformer")),
     "vit_s8_seg_tiny": (SegmentationViT, dict(img_size=64, patch_size=8, in_chans=1, num_classes=4, embed_dim=64,
-                                              depth=4, num_heads=4, mlp_dim=128, decoder_dim=64,
+                                              depth=4, num_heads=4, mlp_dim=128, decoder_dim=128,
                                               pretrained_keep="binaryformer")),
     # Baselines without attention (issue 10): a small ResNet and gated attention-MIL.
     "resnet2d": (ResNet, dict(spatial_dims=2, in_chans=3, widths=(64, 128, 256, 512), depths=(2, 2, 2, 2))),
