@@ -177,7 +177,7 @@ def train_vqae(config: dict, run_dir: Path, keep: Callable[[], None], device: to
                 lr = _step(optimizer, vqae.parameters(), loss, step, schedule, train_cfg["grad_clip"])
                 step += 1
                 count += 1
-                sums["loss"] += float(loss)
+                sums["loss"] += float(loss.detach())
                 sums["l1"] += parts["l1"]
                 sums["commitment"] += parts["commitment"]
         val = _reconstruction_scores(vqae, sets.val, device, with_ssim=False)
@@ -252,7 +252,7 @@ def train_transformer(config: dict, run_dir: Path, keep: Callable[[], None], dev
             loss = absorbing_loss(transformer, train_tokens[indices.to(device)], timesteps, generator)
             lr = _step(optimizer, transformer.parameters(), loss, step, schedule, train_cfg["grad_clip"])
             step += 1
-            total, count = total + float(loss), count + 1
+            total, count = total + float(loss.detach()), count + 1
         transformer.eval()
         with torch.no_grad():
             val_loss = float(masked_ce(transformer, val_tokens, val_masks))

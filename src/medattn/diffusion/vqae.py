@@ -10,7 +10,8 @@ Patches never see each other, so the VQ-AE cannot learn long-range structure (th
 and block artefacts at patch borders are expected, as the paper notes.
 
 Encoder: a 3x3x3 convolution to ``channels[0]``, then per level a stride-2 4x4x4 convolution and a
-3x3x3 convolution (SiLU after each), ``log2(p / l)`` levels, and a 1x1x1 convolution to ``embed_dim``.
+3x3x3 convolution (each followed by GroupNorm and SiLU), ``log2(p / l)`` levels, and a 1x1x1
+convolution to ``embed_dim``.
 The decoder mirrors it with stride-2 transposed convolutions. The loss (paper: all terms weighted
 equally) is :func:`medattn.diffusion.losses.vqae_loss`.
 """
@@ -31,6 +32,12 @@ def _levels(patch_size: int, latent_size: int) -> int:
     if latent_size < 1 or patch_size % latent_size or ratio < 1 or ratio & (ratio - 1):
         raise ValueError(f"patch_size / latent_size must be a power of two, got {patch_size} / {latent_size}")
     return int(math.log2(ratio))
+
+
+def _unit(conv: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """``conv -> GroupNorm -> SiLU``: the normalisation keeps activations at unit scale through the depth."""
+    channels = conv.out_channels
+    return conv, nn.GroupNorm(math.gcd(8, channels), channels), nn.SiLU()
 
 
 class VQAutoencoder3d(nn.Module):
@@ -57,18 +64,18 @@ class VQAutoencoder3d(nn.Module):
                              f"{latent_size}), got {channels}")
         self.in_chans, self.patch_size, self.latent_size = in_chans, patch_size, latent_size
         self.num_codebooks, self.codebook_size, self.embed_dim = num_codebooks, codebook_size, embed_dim
-        act = nn.SiLU
-        enc: list[nn.Module] = [nn.Conv3d(in_chans, channels[0], 3, padding=1), act()]
+        enc: list[nn.Module] = [*_unit(nn.Conv3d(in_chans, channels[0], 3, padding=1))]
         widths = [channels[0], *channels]
         for c_in, c_out in zip(widths[:-1], widths[1:]):
-            enc += [nn.Conv3d(c_in, c_out, 4, stride=2, padding=1), act(), nn.Conv3d(c_out, c_out, 3, padding=1), act()]
+            enc += [*_unit(nn.Conv3d(c_in, c_out, 4, stride=2, padding=1)),
+                    *_unit(nn.Conv3d(c_out, c_out, 3, padding=1))]
         enc.append(nn.Conv3d(channels[-1], embed_dim, 1))
         self.encoder = nn.Sequential(*enc)
         self.codebook = SubCodebookEMA(embed_dim, num_codebooks, codebook_size, decay, commitment)
-        dec: list[nn.Module] = [nn.Conv3d(embed_dim, channels[-1], 3, padding=1), act()]
+        dec: list[nn.Module] = [*_unit(nn.Conv3d(embed_dim, channels[-1], 3, padding=1))]
         for c_in, c_out in zip(widths[::-1][:-1], widths[::-1][1:]):
-            dec += [nn.ConvTranspose3d(c_in, c_out, 4, stride=2, padding=1), act(),
-                    nn.Conv3d(c_out, c_out, 3, padding=1), act()]
+            dec += [*_unit(nn.ConvTranspose3d(c_in, c_out, 4, stride=2, padding=1)),
+                    *_unit(nn.Conv3d(c_out, c_out, 3, padding=1))]
         dec.append(nn.Conv3d(channels[0], in_chans, 3, padding=1))
         self.decoder = nn.Sequential(*dec)
 
