@@ -47,7 +47,7 @@ def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tenso
     return total, total_sq
 
 
-def _scale_shift(total, total_sq, count, gamma, beta, eps):
+def scale_shift(total, total_sq, count, gamma, beta, eps):
     """Per-channel scale s and shift c of the normalization, and mean and variance, all (B, H, 1, d)."""
     mean = total / count
     var = (total_sq / count - mean.square()).clamp_min(0.0)
@@ -64,9 +64,9 @@ def _output_map(moments, count, affines, eps):
     s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv = moments
     gq, bq, gk, bk, gv, bv = affines
     eps_q, eps_k, eps_v = eps
-    scale_q, shift_q, _, _ = _scale_shift(s_q, sq_q, count, gq, bq, eps_q)
-    scale_k, shift_k, _, _ = _scale_shift(s_k, sq_k, count, gk, bk, eps_k)
-    scale_v, shift_v, mean_v, _ = _scale_shift(s_v, sq_v, count, gv, bv, eps_v)
+    scale_q, shift_q, _, _ = scale_shift(s_q, sq_q, count, gq, bq, eps_q)
+    scale_k, shift_k, _, _ = scale_shift(s_k, sq_k, count, gk, bk, eps_k)
+    scale_v, shift_v, mean_v, _ = scale_shift(s_v, sq_v, count, gv, bv, eps_v)
     ktv = scale_k.transpose(-2, -1) * g_kv * scale_v  # (B, H, d, D_v)
     ktv = ktv + count * (bk.transpose(-2, -1) * shift_v + shift_k.transpose(-2, -1) * (scale_v * mean_v))
     a = ktv / count

@@ -59,7 +59,7 @@ def _dicom_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_dicom_series(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_dicom_series(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     """-> (array (columns, rows, slices), affine in RAS)."""
     import pydicom
 
@@ -113,7 +113,7 @@ def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
 
     check_regular(path, folders=True)
     if path.is_dir():
-        array, affine = _read_dicom_series(path)
+        array, affine = read_dicom_series(path)
     elif is_nifti(path):
         array, affine = _read_nifti(path)
     else:

@@ -78,10 +78,10 @@ def place_centred(x: torch.Tensor, size: tuple[int, ...], fill: float = 0.0) -> 
 def native_grid(path: Path) -> tuple[tuple[int, int, int], np.ndarray]:
     """(shape, voxel-to-world affine) of a NIfTI file or a DICOM series folder as stored (DICOM: the
     (columns, rows, slices) array and RAS affine the volume reader builds)."""
-    from ..data.volumes import _read_dicom_series, is_nifti
+    from ..data.volumes import is_nifti, read_dicom_series
 
     if path.is_dir():
-        array, affine = _read_dicom_series(path)
+        array, affine = read_dicom_series(path)
         return tuple(array.shape), affine
     if not is_nifti(path):
         raise UserError(f"{path}: expected a NIfTI file or a DICOM series folder")

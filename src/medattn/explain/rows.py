@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..attention import Attention
 from ..attention.linear import LinearAttention
 from ..attention.seqnorm import SeqNormAttention
-from ..attention.seqnorm_fused import _scale_shift
+from ..attention.seqnorm_fused import scale_shift
 from ..attention.sima import SimAAttention
 from ..attention.softmax import SoftmaxAttention
 from ..errors import UserError
@@ -94,7 +94,7 @@ class SeqNormRows(FactorisedRows):
         out = []
         for name, x, norm in (("q", q, module.q_norm), ("k", k, module.k_norm)):
             gamma, beta = (p.detach().double().view(1, H, 1, -1) for p in (norm.weight, norm.bias))
-            scale, shift, _, _ = _scale_shift(stats[f"{name}1"], stats[f"{name}2"], count, gamma, beta, norm.eps)
+            scale, shift, _, _ = scale_shift(stats[f"{name}1"], stats[f"{name}2"], count, gamma, beta, norm.eps)
             out.append(_masked(x.double() * scale + shift, weights))
         return out[0], out[1], 1.0 / count[:, 0]
 
