@@ -67,7 +67,8 @@ READ_WITHOUT_CALL = {
     ("seqnorm", ".attn.v_norm"): "as above",
 }
 
-SHRINK = {"embed_dim": 32, "attn_dim": 32, "mlp_dim": 32, "feature_dim": 8, "num_heads": 4, "decoder_dim": 32}  # applied where a preset is wider
+# applied where a preset is wider
+SHRINK = {"embed_dim": 32, "attn_dim": 32, "mlp_dim": 32, "feature_dim": 8, "num_heads": 4, "decoder_dim": 32}
 
 
 def small_kwargs(name: str) -> dict:
