@@ -50,6 +50,8 @@ DEFAULTS: dict = {
         "grad_clip": 1.0,  # max global grad norm; 0 or None disables clipping
         "grad_accum": 1,  # micro-batches per optimizer step
         "precision": "fp32",  # fp32 | bf16 (autocast)
+        "activation_checkpointing": False,  # recompute each transformer block in backward: less memory, ~1/3 slower
+        "compile": False,  # torch.compile(model, fullgraph=True) for the training step (inductor; CPU: a C++ compiler)
         "num_workers": 0,
         "threads": None,  # torch intra-op threads; None -> medattn.threads.default_threads (free cores)
         "device": "auto",  # auto | cpu | cuda | cuda:N
@@ -282,6 +284,8 @@ SCHEMA: dict[str, Rule] = {
     "train.precision": Rule(f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
     "train.num_workers": _integer(0, 1024),
     "train.threads": _integer(1, 4096, optional=True),
+    "train.activation_checkpointing": Rule("true or false", lambda v: isinstance(v, bool)),
+    "train.compile": Rule("true or false", lambda v: isinstance(v, bool)),
     "train.device": Rule("auto, cpu, mps, cuda or cuda:N", lambda v: isinstance(v, str)
                          and DEVICE_PATTERN.fullmatch(v) is not None),
     "train.skip_bad": Rule("true or false", lambda v: isinstance(v, bool)),

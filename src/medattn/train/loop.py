@@ -44,6 +44,7 @@ from medattn.models.pretrained import describe, load_pretrained
 from medattn.threads import set_threads
 
 from . import checkpoint, distributed, report, sliding
+from .acceleration import training_module
 from .build import build_model, check_device, check_model_config, forward, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
@@ -105,6 +106,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     optimizer = make_optimizer(model, train_cfg)
     ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: it starts from those weights
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
+    ddp_model = training_module(model, ddp_model, train_cfg)  # checkpointing, torch.compile (train/acceleration.py)
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
     train_set = RandomPatches(bundle.train, patch, train_cfg["patch_foreground"]) if patch else bundle.train
     train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, train_cfg["num_workers"],
@@ -217,7 +219,7 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         if task.input_kind == "bag":
             batch = drop_instances(batch, train_cfg["instance_dropout"])
         batch = _to(batch, device)
-        sync = contextlib.nullcontext() if last_in_group or ddp_model is model else ddp_model.no_sync()
+        sync = contextlib.nullcontext() if last_in_group or distributed.world_size() == 1 else ddp_model.no_sync()
         with sync:
             with _autocast(device, train_cfg["precision"]):
                 logits = forward(ddp_model, batch, task.input_kind)
