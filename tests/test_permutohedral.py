@@ -271,3 +271,25 @@ def test_gradgradcheck_values_and_features(normalize):
     features.requires_grad_(True)
     assert torch.autograd.gradgradcheck(lambda v, f: permutohedral_filter(v, f, normalize=normalize),
                                         (values, features), eps=1e-6, atol=1e-5)
+
+
+def test_cpu_kernels_equal_searchsorted_and_csr_blur():
+    # the Numba merge and blur (CPU path) against the device-independent path: searchsorted and CSR products
+    from medattn.permutohedral.cpu_kernels import blur_direction, shifted_positions
+
+    _, features = cloud(400, 3, 1.5, seed=19)
+    index = _lattice_index(features)
+    structure = LatticeStructure(index.ids, index.perm, index.counts, [index.neighbours(j) for j in range(4)])
+    lattice = torch.randn(index.num, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for direction, matrix in enumerate(structure.blur_matrices(torch.float64)):
+        step = torch.ones(3, dtype=torch.int64)
+        if direction < 3:
+            step[direction] = -3
+        offset = int((step * index.strides[:3]).sum())
+        for sign in (1, -1):
+            pos, found = index._find(index.keys, index.keys + sign * offset)
+            expected = torch.where(found, pos, torch.full_like(pos, index.num))
+            assert torch.equal(shifted_positions(index.keys, sign * offset), expected)
+        torch.testing.assert_close(blur_direction(lattice, *structure.neighbours[direction]), matrix @ lattice)
+        torch.testing.assert_close(blur_direction(lattice.float(), *structure.neighbours[direction]),
+                                   (matrix @ lattice).float())

@@ -218,6 +218,11 @@ class _VertexIndex:
         step = torch.ones(self.dim, dtype=torch.int64, device=self.ids.device)
         if direction < self.dim:
             step[direction] = -self.dim  # direction vector (1, ..., -d, ..., 1); last coordinate implied
+        if self.packed and self.keys.device.type == "cpu":  # sorted keys: one merge per direction, O(U)
+            from .cpu_kernels import shifted_positions
+
+            offset = int((step * self.strides[: self.dim]).sum())
+            return shifted_positions(self.keys, offset), shifted_positions(self.keys, -offset)
         if self.packed:
             offset = int((step * self.strides[: self.dim]).sum())
             pos, found = self._find(self.keys, self.keys + offset)

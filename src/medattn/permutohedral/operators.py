@@ -7,12 +7,14 @@ With P points, each touching its d+1 simplex vertices, and U lattice vertices, t
 where A(w) (P, U) is the slice matrix, ``A[p, id(p, r)] = w(p, r)`` (barycentric weights), A^T the
 splat, and B_j (U, U) the [1 2 1] / 4 blur along lattice direction j (symmetric: the - neighbour of a
 vertex's + neighbour is the vertex itself). Each product is one CSR times dense matrix (MKL on CPU,
-cuSPARSE on CUDA), so no (P (d+1), C) temporary is formed in the forward pass. The gradient w.r.t. the
-values uses the transposed matrix, the gradient w.r.t. the weights ``dL/dw(p, r) = <g_p, x_id(p, r)>``
-(slice) or ``<g_id(p, r), x_p>`` (splat); the blur has no parameters. The backward is itself built from
-these products (the splat's backward is a slice and vice versa, the blur's is the blur in reverse order)
-and differentiable torch ops (gather, batched dot), so autograd differentiates it again: second
-derivatives (Hessian-vector products, double backward) are exact, checked by ``gradgradcheck`` and against
+cuSPARSE on CUDA), so no (P (d+1), C) temporary is formed in the forward pass; on CPU the blur reads the
+neighbour ids directly (``cpu_kernels.blur_direction``, the same symmetric B_j without building it).
+The gradient w.r.t. the values uses the transposed matrix, the gradient w.r.t. the weights
+``dL/dw(p, r) = <g_p, x_id(p, r)>`` (slice) or ``<g_id(p, r), x_p>`` (splat); the blur has no parameters.
+The backward is itself built from these products (the splat's backward is a slice and vice versa, the
+blur's is the blur in reverse order) and differentiable torch ops (gather, batched dot), so autograd
+differentiates it again: second derivatives (Hessian-vector products, double backward) are exact, checked
+by ``gradgradcheck`` and against
 a dense reference in the tests.
 """
 
@@ -49,19 +51,32 @@ class LatticeStructure:
         self.num_points = ids.numel() // d1
         self.ids, self.perm = ids, perm
         device = ids.device
+        self.neighbours = neighbours
         self.slice_crow = torch.arange(0, ids.numel() + 1, d1, device=device)
         self.splat_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         self.splat_col = perm // d1  # point of each (point, vertex) row in vertex order
-        own = torch.arange(num, device=device)
-        self.blur_crow = torch.arange(0, 3 * num + 1, 3, device=device)
-        self.blur_cols, self.blur_found = [], []
-        for direction, (plus, minus) in enumerate(neighbours):
+        self._blur_csr: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    @property
+    def blur_cols(self) -> list[torch.Tensor]:
+        """Per direction, the (3 U,) CSR columns of B_j: (first neighbour, self, last), self where absent."""
+        return self._blur_structure()[0]
+
+    def _blur_structure(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if self._blur_csr is not None:
+            return self._blur_csr
+        num = self.num
+        own = torch.arange(num, device=self.ids.device)
+        blur_cols, blur_found = [], []
+        for direction, (plus, minus) in enumerate(self.neighbours):
             has_plus, has_minus = plus < num, minus < num
             first, last = (minus, plus) if direction > 0 else (plus, minus)
             has_first, has_last = (has_minus, has_plus) if direction > 0 else (has_plus, has_minus)
             cols = torch.stack([torch.where(has_first, first, own), own, torch.where(has_last, last, own)], dim=1)
-            self.blur_cols.append(cols.reshape(-1))
-            self.blur_found.append(torch.stack([has_first, torch.ones_like(has_first), has_last], dim=1))
+            blur_cols.append(cols.reshape(-1))
+            blur_found.append(torch.stack([has_first, torch.ones_like(has_first), has_last], dim=1))
+        self._blur_csr = blur_cols, blur_found
+        return self._blur_csr
 
     def slice_matrix(self, weights: torch.Tensor) -> torch.Tensor:
         """A(w) (P, U) from the point-major weights (P (d+1),)."""
@@ -74,8 +89,17 @@ class LatticeStructure:
     def blur_matrices(self, dtype: torch.dtype) -> list[torch.Tensor]:
         """B_0, ..., B_d (U, U): 1/2 on the diagonal, 1/4 for each present neighbour."""
         kernel = torch.tensor([0.25, 0.5, 0.25], dtype=dtype, device=self.ids.device)
-        return [_csr(self.blur_crow, cols, (found * kernel).reshape(-1), (self.num, self.num))
-                for cols, found in zip(self.blur_cols, self.blur_found, strict=True)]
+        crow = torch.arange(0, 3 * self.num + 1, 3, device=self.ids.device)
+        return [_csr(crow, cols, (found * kernel).reshape(-1), (self.num, self.num))
+                for cols, found in zip(*self._blur_structure(), strict=True)]
+
+    def blur_step(self, lattice: torch.Tensor, direction: int, matrices: list[torch.Tensor] | None) -> torch.Tensor:
+        """B_direction applied to the (U, C) lattice values: Numba on CPU, else the CSR product."""
+        if matrices is None:
+            from .cpu_kernels import blur_direction
+
+            return blur_direction(lattice, *self.neighbours[direction])
+        return matrices[direction] @ lattice
 
     def gathered_dot(self, per_vertex: torch.Tensor, per_point: torch.Tensor) -> torch.Tensor:
         """(P (d+1),) point-major ``<per_vertex[id(p, r)], per_point[p]>``."""
@@ -120,18 +144,19 @@ class _Slice(torch.autograd.Function):
 
 
 class _Blur(torch.autograd.Function):
-    """``M_k ... M_1 L`` for symmetric ``matrices`` M_1..M_k; backward: the same in reverse order."""
+    """``B_(j_k) ... B_(j_1) L`` for the symmetric blurs along ``directions`` j_1..j_k; backward: the same in
+    reverse order. ``matrices`` are the CSR B_j (None on CPU, where the Numba blur reads the neighbours)."""
 
     @staticmethod
-    def forward(ctx, lattice, matrices):
-        ctx.matrices = matrices
-        for matrix in matrices:
-            lattice = matrix @ lattice
+    def forward(ctx, lattice, structure, directions, matrices):
+        ctx.structure, ctx.directions, ctx.matrices = structure, directions, matrices
+        for direction in directions:
+            lattice = structure.blur_step(lattice, direction, matrices)
         return lattice
 
     @staticmethod
     def backward(ctx, grad):
-        return _Blur.apply(grad.contiguous(), ctx.matrices[::-1]), None
+        return _Blur.apply(grad.contiguous(), ctx.structure, ctx.directions[::-1], ctx.matrices), None, None, None
 
 
 def splat(weights: torch.Tensor, values: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
@@ -141,7 +166,8 @@ def splat(weights: torch.Tensor, values: torch.Tensor, structure: LatticeStructu
 
 def blur(lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
     """(U, C) lattice values blurred along the d+1 lattice directions in turn."""
-    return _Blur.apply(lattice.contiguous(), structure.blur_matrices(lattice.dtype))
+    matrices = None if lattice.device.type == "cpu" else structure.blur_matrices(lattice.dtype)
+    return _Blur.apply(lattice.contiguous(), structure, tuple(range(structure.d1)), matrices)
 
 
 def slice_points(weights: torch.Tensor, lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
