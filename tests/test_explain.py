@@ -1,5 +1,7 @@
 """Explanations: the linear-time class rows equal the explicit N x N attention of the same module, rollout
-equals the explicit matrix product, streamed bags equal in-memory ones, gradient x input is the gradient."""
+equals the explicit matrix product, gradient-weighted rollout equals its rule on explicit matrices whose gradient
+autograd gives (and Chefer et al.'s entry-wise rule at the top block), streamed bags equal in-memory ones,
+gradient x input is the gradient."""
 
 from __future__ import annotations
 
@@ -7,9 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from medattn.attention import build_attention
+from medattn.attention import Attention, build_attention
 from medattn.errors import UserError
-from medattn.explain import attention_rollout, explain, record_attention, rows_for, streaming_rollout
+from medattn.explain import (
+    attention_rollout,
+    default_method,
+    explain,
+    gradient_rollout,
+    record_attention,
+    rows_for,
+    streaming_rollout,
+)
 from medattn.models import create_model
 
 MECHANISMS = ["seqnorm", "sima", "linear", "softmax"]
@@ -105,6 +115,76 @@ def test_rollout_equals_the_explicit_matrix_product(name):
     assert (r[~torch.cat([mask.new_ones(2, 1), mask], 1)] == 0).all()  # padded tiles get nothing
 
 
+def explicit_gradient_rollouts(model, target, *inputs, **kwargs):
+    """(the row-clamped rule, Chefer's entry-clamped rule) from explicit N x N float64 weights: each module's
+    attention is replaced by ``A @ values`` with A written out (:func:`explicit_attention`), and autograd
+    gives d logit / dA directly, independent of the factorisation and of the probe/proj gradient."""
+    weights = []
+
+    def explicit(module):
+        def attend(q, k, v, mask):
+            keep = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool) if mask is None else mask
+            A, values = explicit_attention(module, q, k, v, keep)
+            A.retain_grad()
+            weights.append(A)
+            return A @ values
+        return attend
+
+    modules = [m for m in model.modules() if isinstance(m, Attention)]
+    for module in modules:
+        module.attend = explicit(module)
+    try:
+        model(*inputs, **kwargs)[:, target].sum().backward()
+    finally:
+        for module in modules:
+            del module.attend
+    products = [A.grad * A.detach() for A in weights]  # (B, H, N, N) each: G ⊙ A
+    B, _, N, _ = products[0].shape
+    r = torch.zeros(B, N, dtype=torch.float64)
+    r[:, 0] = 1
+    for X in reversed(products):
+        r = r + torch.einsum("bn,bhnm->bhm", r, X).clamp_min(0).mean(1)
+    R = torch.eye(N, dtype=torch.float64).expand(B, N, N)
+    for X in products:
+        R = R + X.clamp_min(0).mean(1) @ R
+    return r, R[:, 0]
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_gradient_rollout_equals_its_rule_on_explicit_matrices(name, depth):
+    torch.manual_seed(6)
+    model = create_model("vitwsi_tiny", attention=name, num_classes=3, depth=depth).double().eval()
+    perturb_norms(model)
+    features = torch.randn(2, 33, 16, dtype=torch.float64) + 0.3
+    mask = torch.ones(2, 33, dtype=torch.bool)
+    mask[1, 25:] = False
+    logits, index, r = gradient_rollout(model, features, target=2, mask=mask)
+    assert all(p.grad is None for p in model.parameters()) and (index == 2).all()
+    torch.testing.assert_close(logits, model(features, mask=mask).detach())  # the probes change nothing
+    rule, chefer = explicit_gradient_rollouts(model, 2, features, mask=mask)
+    torch.testing.assert_close(r, rule, rtol=1e-9, atol=1e-12)
+    assert (r >= 0).all() and (r[:, 1:][~mask] == 0).all()
+    assert (r <= chefer + 1e-12).all()  # the clamp after the sum over queries never exceeds Chefer's
+    if depth == 1:  # the top block reads the class row itself: Chefer's rule exactly
+        torch.testing.assert_close(r, chefer, rtol=1e-9, atol=1e-12)
+    else:
+        assert (r < chefer - 1e-9).any()  # the two rules do differ below the top (this check can fail)
+
+
+def test_gradient_rollout_on_images_follows_the_target_and_the_default():
+    torch.manual_seed(7)
+    model = create_model("vit2d_tiny", attention="seqnorm", num_classes=3).eval()
+    x = torch.randn(2, 1, 32, 32)
+    out = explain(model, x)  # auto: gradrollout for a transformer with rules
+    assert out.method == "gradrollout" and (out.target == out.logits.argmax(1)).all()
+    assert out.relevance.shape == (2, 32, 32) and (out.relevance >= 0).all()
+    maps = [explain(model, x, "gradrollout", target=t).relevance for t in range(3)]
+    assert not torch.allclose(maps[0], maps[1])  # class-specific, unlike rollout
+    assert default_method(create_model("vit2d_tiny", attention="binary-ste").eval()) == "gradxinput"
+    assert explain(create_model("resnet2d_tiny").eval(), x[:1]).method == "gradxinput"
+
+
 def test_softmax_rollout_is_a_probability_vector_at_every_depth():
     torch.manual_seed(2)
     model = create_model("vit2d_tiny", attention="softmax").double().eval()
@@ -120,7 +200,7 @@ def test_streamed_bag_rollout_equals_in_memory(chunk_size):
                          coord_scale=256.0).eval()
     perturb_norms(model)
     features, coords = torch.randn(300, 16) + 2.0, torch.randint(0, 40, (300, 2)).float() * 256
-    expected = explain(model, features[None], coords=coords[None])
+    expected = explain(model, features[None], "rollout", coords=coords[None])
     logits, scores = streaming_rollout(model, features, coords, chunk_size=chunk_size)
     torch.testing.assert_close(torch.from_numpy(scores), expected.relevance[0], rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(logits, expected.logits, rtol=1e-5, atol=1e-5)
@@ -148,7 +228,7 @@ def test_rollout_heatmap_gives_each_patch_its_token(preset, shape):
     torch.manual_seed(5)
     model = create_model(preset, attention="sima").eval()
     x = torch.randn(*shape)
-    out = explain(model, x)
+    out = explain(model, x, "rollout")
     _, r = attention_rollout(model, x)
     assert out.relevance.shape == (shape[0], *shape[2:])
     grid = tuple(s // p for s, p in zip(shape[2:], model.patch_size))
@@ -165,8 +245,9 @@ def test_bad_requests_are_user_errors():
     with pytest.raises(UserError, match="expected"):
         explain(model, torch.randn(1, 2, 32, 32))
     with pytest.raises(UserError, match="no rule"):
-        explain(create_model("vit2d_tiny", attention="binary-ste").eval(), torch.randn(1, 1, 32, 32))
+        explain(create_model("vit2d_tiny", attention="binary-ste").eval(), torch.randn(1, 1, 32, 32), "gradrollout")
     with pytest.raises(UserError, match="class token"):
-        explain(create_model("resnet2d_tiny").eval(), torch.randn(1, 1, 32, 32))
-    with pytest.raises(UserError, match="target"):
-        explain(model, torch.randn(1, 1, 32, 32), method="gradxinput", target=3)
+        explain(create_model("resnet2d_tiny").eval(), torch.randn(1, 1, 32, 32), "rollout")
+    for method in ("gradxinput", "gradrollout"):
+        with pytest.raises(UserError, match="target"):
+            explain(model, torch.randn(1, 1, 32, 32), method=method, target=3)

@@ -1,16 +1,19 @@
 """Explanations: which pixels, voxels or tiles a prediction rests on (docs/explain.md).
 
 >>> from medattn.explain import explain
->>> heat = explain(model, images, method="rollout").relevance     # (B, H, W) for images
+>>> heat = explain(model, images).relevance     # (B, H, W) for images; method "auto": gradrollout where it applies
 
-``rollout`` is class-token attention rollout, exact and linear-time for linear attention (SeqNorm, SimA);
-``gradxinput`` is gradient x input for any model. Whole-slide bags too long for memory stream through
-:func:`streaming_rollout`; :mod:`medattn.explain.outputs` writes PNG overlays, NIfTI maps and tile tables.
+``gradrollout`` (the default for transformers) is gradient-weighted rollout (Chefer et al.'s attention-gradient
+rule, positive part per head on the relevance row) and ``rollout`` class-token attention rollout, both linear-time
+for linear attention (SeqNorm, SimA); ``gradxinput`` is gradient x input for any model. Whole-slide bags too
+long for memory stream through :func:`streaming_rollout` (plain rollout);
+:mod:`medattn.explain.outputs` writes PNG overlays, NIfTI maps and tile tables.
 """
 
-from .core import METHODS, Explanation, explain, gradient_x_input
-from .rollout import attention_rollout, record_attention, streaming_rollout
+from .core import METHODS, Explanation, default_method, explain, gradient_x_input
+from .rollout import attention_rollout, gradient_rollout, record_attention, streaming_rollout
 from .rows import ClassRows, FactorisedRows, register_rows, rows_for
 
-__all__ = ["METHODS", "ClassRows", "Explanation", "FactorisedRows", "attention_rollout", "explain",
-           "gradient_x_input", "record_attention", "register_rows", "rows_for", "streaming_rollout"]
+__all__ = ["METHODS", "ClassRows", "Explanation", "FactorisedRows", "attention_rollout", "default_method", "explain",
+           "gradient_rollout", "gradient_x_input", "record_attention", "register_rows", "rows_for",
+           "streaming_rollout"]

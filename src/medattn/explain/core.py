@@ -1,7 +1,11 @@
 """``explain(model, inputs, method)``: relevance per pixel/voxel (images, volumes) or per tile (bags).
 
-Methods:
+Methods (``method="auto"``, the default, picks ``gradrollout`` for transformers whose every attention
+module has a rule, SeqNorm, SimA, elu+1 and softmax, and ``gradxinput`` otherwise: :func:`default_method`):
 
+* ``gradrollout``: gradient-weighted rollout of logit ``target`` (Chefer et al.'s attention-gradient rule
+  with the positive part taken per head on the relevance row, :mod:`medattn.explain.rollout`), linear
+  time and memory for linear attention; >= 0, class-specific. One backward pass.
 * ``rollout``: class-token attention rollout (:mod:`medattn.explain.rollout`), exact and linear-time for
   linear attention (SeqNorm, SimA, elu+1), from the explicit weights for softmax. Class-agnostic (no
   target). Each patch token's value is given to every pixel of its patch (nearest, no smoothing), so a
@@ -23,29 +27,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
-from .rollout import attention_rollout
+from .rollout import attention_rollout, check_rollout_model, gradient_rollout, target_index
 
-METHODS = ("rollout", "gradxinput")
+METHODS = ("gradrollout", "rollout", "gradxinput")
 
 
 @dataclass
 class Explanation:
     """relevance: (B, *spatial) on the input's grid for images/volumes, (B, N) per tile for bags (float32);
-    logits: (B, num_classes); target: the logit explained per sample (None for rollout)."""
+    logits: (B, num_classes); method: the method used; target: the logit explained per sample (None for
+    rollout, which is class-agnostic)."""
 
     relevance: torch.Tensor
     logits: torch.Tensor
     method: str
     target: torch.Tensor | None = None
-
-
-def target_index(logits: torch.Tensor, target: int | None) -> torch.Tensor:
-    """(B,) logit indices: ``target`` for every sample, or the predicted class (argmax; 0 for one output)."""
-    if target is None:
-        return logits.argmax(dim=1)
-    if not 0 <= target < logits.shape[1]:
-        raise UserError(f"target {target} is not one of the model's {logits.shape[1]} output(s)")
-    return torch.full((logits.shape[0],), target, dtype=torch.long, device=logits.device)
 
 
 def gradient_x_input(model: nn.Module, x: torch.Tensor, target: int | None = None, **kwargs):
@@ -62,15 +58,28 @@ def is_bag_model(model: nn.Module) -> bool:
     return getattr(model, "input_contract", "image") == "bag"
 
 
-def explain(model: nn.Module, inputs: torch.Tensor, method: str = "rollout", target: int | None = None,
+def default_method(model: nn.Module) -> str:
+    """``gradrollout`` where the model is a transformer with a class token and every attention module has a
+    rule (:func:`~medattn.explain.rows.rows_for`), else ``gradxinput`` (binary mechanisms, CNNs)."""
+    try:
+        check_rollout_model(model)
+    except UserError:
+        return "gradxinput"
+    return "gradrollout"
+
+
+def explain(model: nn.Module, inputs: torch.Tensor, method: str = "auto", target: int | None = None,
             mask: torch.Tensor | None = None, coords: torch.Tensor | None = None) -> Explanation:
     """Relevance of each input element for ``model``'s prediction on ``inputs``.
 
     inputs: images (B, C, H, W), volumes (B, C, H, W, D) or bags (B, N, F) (with ``mask`` (B, N) bool and
-    ``coords`` (B, N, 2) as the bag model takes them). -> :class:`Explanation`. Padded tiles get 0.
+    ``coords`` (B, N, 2) as the bag model takes them). ``method``: one of :data:`METHODS` or "auto"
+    (:func:`default_method`). -> :class:`Explanation` (``method`` the one used). Padded tiles get 0.
     """
+    if method == "auto":
+        method = default_method(model)
     if method not in METHODS:
-        raise UserError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+        raise UserError(f"unknown explanation method {method!r}; choose auto or one of {', '.join(METHODS)}")
     bag = is_bag_model(model)
     if inputs.ndim < 3 or (bag and inputs.ndim != 3):
         raise UserError(f"explain: expected a batch of {'bags (B, N, F)' if bag else 'images (B, C, ...)'}, "
@@ -83,16 +92,20 @@ def explain(model: nn.Module, inputs: torch.Tensor, method: str = "rollout", tar
             if mask is not None:
                 relevance = relevance * mask
             return Explanation(relevance.float(), logits, method, index)
-        logits, r = attention_rollout(model, inputs, **kwargs)
+        if method == "gradrollout":
+            logits, index, r = gradient_rollout(model, inputs, target=target, **kwargs)
+        else:
+            logits, r = attention_rollout(model, inputs, **kwargs)
+            index = None
     except ValueError as error:  # the model's own input checks
         if isinstance(error, UserError):
             raise
         raise UserError(f"explain: {error}") from None
     tokens = r[:, 1:].float()  # (B, N) without the class token
     if bag:
-        return Explanation(tokens if mask is None else tokens * mask, logits, method)
+        return Explanation(tokens if mask is None else tokens * mask, logits, method, index)
     spatial = tuple(inputs.shape[2:])
     grid = tuple(s // p for s, p in zip(spatial, model.patch_size))
     heat = tokens.reshape(inputs.shape[0], 1, *grid)
     heat = F.interpolate(heat, size=tuple(g * p for g, p in zip(grid, model.patch_size)), mode="nearest")
-    return Explanation(heat[:, 0], logits, method)
+    return Explanation(heat[:, 0], logits, method, index)

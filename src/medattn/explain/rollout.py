@@ -1,6 +1,6 @@
-"""Attention rollout from the class token, exact and linear-time for linear attention.
+"""Attention rollout and gradient-weighted rollout from the class token, linear-time for linear attention.
 
-The rule (Abnar & Zuidema 2020, "Quantifying attention flow in transformers", read from the class
+**Rollout** (Abnar & Zuidema 2020, "Quantifying attention flow in transformers", read from the class
 token's row only). A pre-norm block maps token i to ``x_i + sum_j A_ij (...)_j`` (attention) and then a
 token-wise MLP, which mixes no tokens. Rollout models each block's token mixing as ``M = (I + Abar) / 2``
 with ``Abar`` the head-mean of the attention weights, and the class token's relevance over the input
@@ -10,18 +10,41 @@ tokens as the row ``e_cls^T M_L ... M_1``. Going down from the top:
 
 and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps).
 Only row vectors ever meet A, so linear attention needs ``r^T A_h = s (r^T phi_q) phi_k^T``, O(N d)
-(:mod:`medattn.explain.rows`); softmax forms its weights a block of queries at a time.
+(:mod:`medattn.explain.rows`); softmax forms its weights a block of queries at a time. Softmax weights
+are row-stochastic, so r stays a probability vector; linear-attention weights are signed and their rows
+do not sum to 1, so r is signed, and its sign says whether a token adds to or takes from the class
+token's mixture, not whether it raises the logit (docs/explain.md).
 
-What the rule means per mechanism (docs/explain.md): softmax weights are row-stochastic, so r stays a
-probability vector (it sums to 1 at every layer, entries >= 0). Linear-attention weights are signed and
-their rows do not sum to 1 (SeqNorm: ``sum_j A_ij = Q'_i . mean(K')``); rollout keeps the signs and does
-not renormalize (taking |A| or renormalizing rows would give up the exact factorisation, or divide by
-row sums that can vanish), so r is a signed vector whose total is not fixed. Heatmaps and tile scores
-use r as it is; its sign says whether a token adds to or takes from the class token's mixture, not
-whether it raises the logit (gradient x input answers that).
+**Gradient-weighted rollout** (the attention-gradient rule of Chefer, Gur & Wolf: ICCV 2021, "Generic
+attention-model explainability for interpreting bi-modal and encoder-decoder transformers", eqs. 5-6;
+their CVPR 2021 paper uses LRP relevances of A where this rule uses A itself). Chefer's rule, with
+``G_h = d y_t / d A_h`` the gradient of the explained logit y_t through the whole network:
+
+    Abar_l = mean_h (G_h ⊙ A_h)^+,   R <- R + Abar_l R  (block 1 to L, R = I),   relevance = R[cls, 1:]
+
+Read from the class row, top-down: ``r_L = e_cls``, ``r_{l-1} = r_l + Abar_l^T r_l``. The entry-wise
+positive part does not factorise through ``phi_q phi_k^T``, so this module computes instead
+
+    r_{l-1} = r_l + mean_h ( r_l^T (G_h ⊙ A_h) )^+                    (positive part of the row, per head)
+
+The row ``r^T (G_h ⊙ A_h)`` factorises exactly (:meth:`~medattn.explain.rows.ClassRows.gradient_rows`;
+``G_h[i, j] = g_i . v_j`` with ``g = d y_t / d out_h``): O(N d D_v) per block, no N x N matrix. How it
+differs from Chefer's: the clamp acts after the sum over queries i instead of on each (i, j) entry.
+Because r >= 0 throughout, ``(sum_i r_i X_ij)^+ <= sum_i r_i X_ij^+``, so every entry is at most
+Chefer's (at every depth, by induction), >= 0, and equal to Chefer's for the top block (r = e_cls,
+the class row itself, which is exact) and wherever one head's terms ``r_i X_ij`` for a key j share one
+sign. Softmax uses the same row rule from its explicit weights (block-wise), so the maps of all
+mechanisms mean the same thing. Tested against explicit N x N float64 matrices whose gradient autograd
+gives (tests/test_explain.py).
+
+The gradients g come from one backward pass: a forward hook adds a zero probe tensor to each attention
+module's output, autograd gives ``d y_t / d output`` and, since :class:`~medattn.attention.base.Attention`
+returns ``proj(out) * mask``, ``g = (d y_t / d output * mask) @ proj.weight`` split per head. No model
+branches on the mechanism; parameters get no ``.grad``. The gradient rule needs that backward over the
+whole sequence, so it is not streamed: bags too long for memory use :func:`streaming_rollout`.
 
 The per-layer quantities (each attention module's input and mask) come from forward hooks on the
-:class:`~medattn.attention.base.Attention` modules; q and k are recomputed from that input with the
+:class:`~medattn.attention.base.Attention` modules; q, k, v are recomputed from that input with the
 module's own ``qkv`` and ``split_heads``. Models must put the class token first (``cls_token``).
 """
 
@@ -41,28 +64,47 @@ from .rows import FactorisedRows, rows_for
 
 @dataclass
 class AttentionCall:
-    """One attention module's forward: its input x (B, N, dim) and key-padding mask (B, N) or None."""
+    """One attention module's forward: its input x (B, N, dim), key-padding mask (B, N) or None, and (with
+    probes) the zero tensor added to its output, whose gradient is the gradient at the output."""
 
     module: Attention
     x: torch.Tensor
     mask: torch.Tensor | None
+    probe: torch.Tensor | None = None
+
+    def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (B, H, N, d) and v (B, H, N, D_v) as the module computes them."""
+        with torch.no_grad():
+            return self.module.split_heads(self.module.qkv(self.x))
 
     def qk(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (B, H, N, d) as the module computes them."""
-        q, k, _ = self.module.split_heads(self.module.qkv(self.x))
-        return q, k
+        return self.qkv()[:2]
+
+    def head_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """d y / d output (B, N, dim) -> g = d y / d out_h (B, H, N, D_v), out_h the per-head attention output
+        (the base class returns ``proj(out) * mask``; dropout is off in eval mode)."""
+        module = self.module
+        if self.mask is not None:
+            grad = grad * self.mask[..., None].to(grad.dtype)
+        g = grad @ module.proj.weight.to(grad.dtype)  # (B, N, H * D_v)
+        return g.unflatten(-1, (module.num_heads, module.value_dim)).transpose(1, 2)
 
 
 @contextlib.contextmanager
-def record_attention(model: nn.Module):
+def record_attention(model: nn.Module, probe: bool = False):
     """Within the block, every forward of an Attention module in ``model`` appends an :class:`AttentionCall`
-    to the yielded list, in call order."""
+    to the yielded list, in call order. With ``probe`` each output gets a zero tensor added (``call.probe``,
+    requires grad), so autograd can give the gradient at every attention output."""
     calls: list[AttentionCall] = []
 
-    def hook(module, args, kwargs, _output):
+    def hook(module, args, kwargs, output):
         x = args[0] if args else kwargs["x"]
         mask = args[1] if len(args) > 1 else kwargs.get("mask", kwargs.get("attn_mask"))
         calls.append(AttentionCall(module, x.detach(), None if mask is None else mask.detach()))
+        if probe:
+            calls[-1].probe = torch.zeros_like(output, requires_grad=True)
+            return output + calls[-1].probe
+        return None
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Attention)]
     try:
@@ -70,6 +112,15 @@ def record_attention(model: nn.Module):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def target_index(logits: torch.Tensor, target: int | None) -> torch.Tensor:
+    """(B,) logit indices: ``target`` for every sample, or the predicted class (argmax; 0 for one output)."""
+    if target is None:
+        return logits.argmax(dim=1)
+    if not 0 <= target < logits.shape[1]:
+        raise UserError(f"target {target} is not one of the model's {logits.shape[1]} output(s)")
+    return torch.full((logits.shape[0],), target, dtype=torch.long, device=logits.device)
 
 
 def check_rollout_model(model: nn.Module) -> None:
@@ -93,16 +144,42 @@ def rollout_from_calls(calls: list[AttentionCall]) -> torch.Tensor:
     return r
 
 
+def check_calls(model: nn.Module, calls: list[AttentionCall]) -> None:
+    depth = sum(isinstance(m, Attention) for m in model.modules())
+    if len(calls) != depth:
+        raise UserError(f"expected each of the {depth} attention modules to run once, saw {len(calls)} calls")
+
+
 @torch.no_grad()
 def attention_rollout(model: nn.Module, *inputs, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``model(*inputs, **kwargs)``; -> (logits, r_0 (B, 1 + N) float64, class token first)."""
     check_rollout_model(model)
     with record_attention(model) as calls:
         logits = model(*inputs, **kwargs)
-    depth = sum(isinstance(m, Attention) for m in model.modules())
-    if len(calls) != depth:
-        raise UserError(f"expected each of the {depth} attention modules to run once, saw {len(calls)} calls")
+    check_calls(model, calls)
     return logits, rollout_from_calls(calls)
+
+
+def gradient_rollout(model: nn.Module, *inputs, target: int | None = None,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradient-weighted rollout (module docstring) of logit ``target`` (default: the predicted class) for
+    ``model(*inputs, **kwargs)``; -> (logits, target indices (B,), r_0 (B, 1 + N) float64 >= 0, class
+    token first). One forward and one backward; memory that of a training step on the batch."""
+    check_rollout_model(model)
+    with record_attention(model, probe=True) as calls, torch.enable_grad():
+        logits = model(*inputs, **kwargs)
+        index = target_index(logits, target)
+        check_calls(model, calls)
+        grads = torch.autograd.grad(logits.gather(1, index[:, None]).sum(), [call.probe for call in calls])
+    B, N, _ = calls[0].x.shape
+    r = calls[0].x.new_zeros(B, N, dtype=torch.float64)
+    r[:, 0] = 1.0
+    with torch.no_grad():
+        for call, grad in zip(reversed(calls), reversed(grads)):
+            q, k, v = call.qkv()
+            rows = rows_for(call.module).gradient_rows(call.module, q, k, v, call.mask, r, call.head_gradient(grad))
+            r = r + rows.clamp_min(0).mean(dim=1)
+    return logits.detach(), index, r
 
 
 @torch.no_grad()

@@ -1,9 +1,15 @@
-"""The class-token row of each mechanism's attention weights, applied to a relevance row vector.
+"""A mechanism's attention weights applied to a relevance row vector, never as an N x N matrix.
 
-Rollout (:mod:`medattn.explain.rollout`) needs ``r^T A_h`` for a row vector r (B, N) over the tokens and
-every head's attention weights A_h (N x N). How a mechanism forms A_h is mechanism-specific; this module
-holds one rule per mechanism class, found by :func:`rows_for` along the class's MRO (a new mechanism
-registers its own with :func:`register_rows`). No rule changes a model or its forward.
+Rollout (:mod:`medattn.explain.rollout`) needs, for a row vector r (B, N) over the tokens and every
+head's attention weights A_h (N x N) with values V_h (the tensor A_h multiplies: ``out_h = A_h V_h``):
+
+* ``row``: the head-mean ``mean_h r^T A_h`` (attention rollout);
+* ``gradient_rows``: per head ``r^T (G_h ⊙ A_h)`` with ``G_h = dy/dA_h = g_h V_h^T`` (``g_h = dy/d out_h``,
+  (N, D_v)), i.e. entry j is ``sum_i r_i (g_i . v_j) A_ij`` (gradient-weighted rollout).
+
+How a mechanism forms A_h is mechanism-specific; this module holds one rule per mechanism class, found
+by :func:`rows_for` along the class's MRO (a new mechanism registers its own with :func:`register_rows`).
+No rule changes a model or its forward.
 
 Linear attention (:class:`FactorisedRows`): ``A_h = s * phi_q(Q)_h phi_k(K)_h^T`` with per-token feature
 maps that depend on the sequence only through additive statistics (sums over tokens), so
@@ -11,9 +17,14 @@ maps that depend on the sequence only through additive statistics (sums over tok
     r^T A_h = s * (r^T phi_q(Q)_h) phi_k(K)_h^T            (a d-vector, then N dot products)
 
 costs O(N d) time and memory, never an N x N matrix, and the same statistics can be summed chunk by chunk
-(streaming). Rules: SeqNorm ``phi(Q) = Q'``, ``phi(K) = K'`` (sequence-normalized, eqs. 2-7 of Khader et
-al.), ``s = 1/N``; SimA ``phi(Q) = Q / ||Q||_1,N``, ``phi(K) = K / ||K||_1,N``, ``s = 1``; elu+1 linear
-attention ``phi(q_i) = (elu(q_i)+1) / ((elu(q_i)+1) . sum_n (elu(k_n)+1) + eps)``, ``phi(k) = elu(k)+1``.
+(streaming). The gradient-weighted row factorises too:
+
+    [r^T (G_h ⊙ A_h)]_j = s * sum_{a,b} phi_k[j,a] V[j,b] M[a,b],   M = sum_i r_i phi_q[i] g_i^T  (d x D_v)
+
+in O(N d D_v) time and O(N (d + D_v)) memory. Rules: SeqNorm ``phi(Q) = Q'``, ``phi(K) = K'``, values ``V'``
+(sequence-normalized, eqs. 2-7 of Khader et al.), ``s = 1/N``; SimA ``phi(Q) = Q / ||Q||_1,N``, ``phi(K) = K /
+||K||_1,N``, ``s = 1``; elu+1 linear attention ``phi(q_i) = (elu(q_i)+1) / ((elu(q_i)+1) . sum_n (elu(k_n)+1)
++ eps)``, ``phi(k) = elu(k)+1``.
 
 Softmax (:class:`SoftmaxRows`) forms the weights explicitly, ``softmax(q k^T / sqrt(d))`` over real keys,
 a block of queries at a time (memory O(block N), time O(N^2 d)).
@@ -31,7 +42,7 @@ import torch.nn.functional as F
 from ..attention import Attention
 from ..attention.linear import LinearAttention
 from ..attention.seqnorm import SeqNormAttention
-from ..attention.seqnorm_fused import scale_shift
+from ..attention.seqnorm_fused import scale_shift, sequence_normalize
 from ..attention.sima import SimAAttention
 from ..attention.softmax import SoftmaxAttention
 from ..errors import UserError
@@ -57,6 +68,16 @@ class ClassRows:
         """Head-mean of ``r^T A_h``: q, k (B, H, N, d), mask (B, N) or None, r (B, N) -> (B, N) float64."""
         raise NotImplementedError
 
+    def values(self, module: Attention, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The values the weights multiply, (B, H, N, D_v) float64 (the projected v unless overridden)."""
+        return v.double()
+
+    def gradient_rows(self, module: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None, r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Per head ``r^T (G_h ⊙ A_h)`` with ``G_h[i, j] = g_i . values_j``: q, k (B, H, N, d), v and g
+        (B, H, N, D_v) (g = d y / d out_h), r (B, N) -> (B, H, N) float64."""
+        raise NotImplementedError
+
 
 class FactorisedRows(ClassRows):
     """``A_h = s phi_q phi_k^T`` with per-token maps fixed by additive statistics (module docstring)."""
@@ -78,6 +99,13 @@ class FactorisedRows(ClassRows):
         u = torch.einsum("bn,bhnd->bhd", r.double(), phi_q)  # r^T phi_q per head
         return torch.einsum("bhd,bhnd->bn", u, phi_k) * scale[:, :, 0] / q.shape[1]
 
+    def gradient_rows(self, module, q, k, v, mask, r, g):
+        q, k = q.double(), k.double()
+        weights = _weights(mask, q)
+        phi_q, phi_k, scale = self.maps(module, q, k, weights, self.statistics(module, q, k, weights))
+        m = (phi_q * r.double()[:, None, :, None]).transpose(-2, -1) @ g.double()  # (B, H, d, D_v)
+        return ((phi_k @ m) * self.values(module, v, mask)).sum(-1) * scale  # (B, H, N)
+
 
 class SeqNormRows(FactorisedRows):
     """SeqNorm: ``A_h = Q'_h K'_h^T / N`` (normalized q, k with the module's own affine and eps)."""
@@ -97,6 +125,14 @@ class SeqNormRows(FactorisedRows):
             scale, shift, _, _ = scale_shift(stats[f"{name}1"], stats[f"{name}2"], count, gamma, beta, norm.eps)
             out.append(_masked(x.double() * scale + shift, weights))
         return out[0], out[1], 1.0 / count[:, 0]
+
+    def values(self, module, v, mask):
+        v = v.double()
+        weights = _weights(mask, v)
+        count = v.shape[2] if weights is None else weights.sum(2, keepdim=True)
+        norm, H = module.v_norm, module.num_heads
+        gamma, beta = (p.detach().double().view(1, H, 1, -1) for p in (norm.weight, norm.bias))
+        return sequence_normalize(v, gamma, beta, weights, count, norm.eps)
 
 
 class SimARows(FactorisedRows):
@@ -125,18 +161,31 @@ class EluLinearRows(FactorisedRows):
 class SoftmaxRows(ClassRows):
     """Softmax: ``A_h = softmax(q k^T / sqrt(d))`` over real keys, formed a block of queries at a time."""
 
-    def row(self, module, q, k, mask, r):
+    def blocks(self, q, k, mask):
+        """(start, weights (B, H, b, N) float64) for consecutive blocks of b queries."""
         B, H, N, d = q.shape
-        q, k, r = q.double(), k.double(), r.double()
+        q, k = q.double(), k.double()
         key_bias = None if mask is None else torch.zeros(B, 1, 1, N, dtype=q.dtype).masked_fill(
             ~mask[:, None, None, :], float("-inf"))
         block = max(1, SOFTMAX_BLOCK // (N * H))
-        out = q.new_zeros(B, N)
         for start in range(0, N, block):
             scores = q[:, :, start:start + block] @ k.transpose(-2, -1) / d ** 0.5  # (B, H, b, N)
-            weights = (scores if key_bias is None else scores + key_bias).softmax(dim=-1)
-            out += torch.einsum("bn,bhnm->bm", r[:, start:start + block], weights)
-        return out / H
+            yield start, (scores if key_bias is None else scores + key_bias).softmax(dim=-1)
+
+    def row(self, module, q, k, mask, r):
+        r, out = r.double(), q.new_zeros(q.shape[0], q.shape[2], dtype=torch.float64)
+        for start, weights in self.blocks(q, k, mask):
+            out += torch.einsum("bn,bhnm->bm", r[:, start:start + weights.shape[2]], weights)
+        return out / q.shape[1]
+
+    def gradient_rows(self, module, q, k, v, mask, r, g):
+        r, g, v = r.double(), g.double(), self.values(module, v, mask)
+        out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float64)
+        for start, weights in self.blocks(q, k, mask):
+            stop = start + weights.shape[2]
+            grad = g[:, :, start:stop] @ v.transpose(-2, -1)  # (B, H, b, N): d y / d A for these queries
+            out += torch.einsum("bn,bhnm->bhm", r[:, start:stop], grad * weights)
+        return out
 
 
 _ROWS: dict[type, ClassRows] = {
