@@ -208,20 +208,25 @@ def test_scaling_bench_failing_variant_keeps_the_others(monkeypatch):
     assert rows[1]["status"] == "failed: RuntimeError: no compiler here"
 
 
-def test_adamw_is_fused_on_cpu_and_steps_like_the_loop_version():
-    torch.manual_seed(0)
-    fused_params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
-    loop_params = [torch.nn.Parameter(p.detach().clone()) for p in fused_params]
-    fused = scaling.adamw([{"params": fused_params[:1], "weight_decay": 0.1},
-                           {"params": fused_params[1:], "weight_decay": 0.0}], lr=1e-2)
-    plain = torch.optim.AdamW([{"params": loop_params[:1], "weight_decay": 0.1},
-                               {"params": loop_params[1:], "weight_decay": 0.0}], lr=1e-2, foreach=False)
-    assert fused.defaults["fused"] is True
-    for _ in range(3):
-        for a, b in zip(fused_params, loop_params):
-            a.grad = torch.full_like(a, 0.5)
-            b.grad = torch.full_like(b, 0.5)
-        fused.step()
-        plain.step()
-    for a, b in zip(fused_params, loop_params):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+def test_scaling_bench_bf16_beside_fp32_or_says_why_not(monkeypatch):
+    class Bf16:
+        def __init__(self, reason):
+            self.reason = reason
+
+        def unsupported_reason(self):
+            return self.reason
+
+    monkeypatch.setattr(scaling, "cpu_bf16_support", lambda: Bf16(None))
+    rows = scaling.run_scaling_bench(["seqnorm"], [32], model="vit2d_tiny", precision=["fp32", "bf16"], repeats=1,
+                                     warmup=0, rates=RATES, isolate=False, device="cpu")
+    assert [(r["variant"], r["precision"], r["status"]) for r in rows] == [
+        ("eager", "fp32", "ok"), ("eager bf16", "bf16", "ok")]
+    assert rows[1]["matmul_floor_s"] == pytest.approx(rows[1]["matmul_gflop"] / 400.0)  # the bf16 rate
+    assert rows[1]["vs_eager"] == pytest.approx(rows[1]["step_s"] / rows[0]["step_s"])
+
+    monkeypatch.setattr(scaling, "cpu_bf16_support", lambda: Bf16("bf16: not supported on this CPU (test)"))
+    rows = scaling.run_scaling_bench(["seqnorm"], [32], model="vit2d_tiny", precision=["fp32", "bf16"], repeats=1,
+                                     warmup=0, rates=RATES, isolate=False, device="cpu")
+    assert [(r["variant"], r["status"]) for r in rows] == [
+        ("eager bf16", "skipped: bf16: not supported on this CPU (test)"), ("eager", "ok")]
+    assert "step_s" not in rows[0]

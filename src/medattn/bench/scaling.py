@@ -14,15 +14,19 @@ allocator overhead (on CUDA: ``torch.cuda.max_memory_allocated``). Configuration
 extrapolated from the smaller resolutions, exceed the budgets are skipped and recorded as such.
 Writes ``scaling.csv``, ``scaling.json`` and ``scaling.png`` (time per epoch and memory vs resolution).
 
-Variants (``--compile``, ``--activation-checkpointing``): each configuration is then also measured
-compiled (``torch.compile(model, fullgraph=True)``, inductor; the first call's compile time is
-``compile_s``) and/or with per-block activation checkpointing, in the same process one variant after
-the other, so the ratio ``vs_eager`` (step time / the plain eager step of that process) compares like
-with like on a shared machine. A variant's memory is its peak RSS minus the RSS before its model was
-built (freed memory is handed back to the OS between variants with glibc's ``malloc_trim``).
+Variants (``--compile``, ``--activation-checkpointing``, ``--precision fp32,bf16``): each configuration
+is then also measured compiled (``torch.compile(model, fullgraph=True)``, inductor; the first call's
+compile time is ``compile_s``), with per-block activation checkpointing and/or under bf16 autocast, in
+the same process one variant after the other, so the ratio ``vs_eager`` (step time / the first
+variant's, the plain eager step) compares like with like on a shared machine. bf16 is timed on a CPU
+only where it has bf16 hardware (AVX-512 BF16 or AMX, :func:`~medattn.bench.common.cpu_bf16_support`);
+elsewhere its rows say why they were skipped instead of reporting an emulation's slowdown. The matmul
+floor of a bf16 row uses the measured bf16 matmul rate. A variant's memory is its peak RSS minus the
+RSS before its model was built (freed memory is handed back to the OS between variants with glibc's
+``malloc_trim``).
 
-The optimizer is AdamW with ``fused=True`` where torch supports it (CPU and CUDA float parameters), as
-in training (:func:`adamw`).
+The optimizer is training's (:func:`medattn.train.optim.make_optimizer` with the default train config:
+AdamW, fused where torch has the kernel).
 
     medattn bench scaling --resolutions 224,512 --model vit2d --out reports/bench-scaling
     medattn bench scaling --resolutions 224,1024 --compile --out reports/bench-compile
@@ -43,13 +47,16 @@ import torch
 import torch.nn.functional as F
 
 from medattn.attention import get_attention_class
+from medattn.config import DEFAULTS
 from medattn.errors import UserError
 from medattn.models import available_models, create_model
 from medattn.threads import set_threads
+from medattn.train.optim import make_optimizer
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
 from .common import (
     comma_list,
+    cpu_bf16_support,
     current_rss_bytes,
     environment,
     extrapolate,
@@ -68,16 +75,6 @@ DEFAULT_MECHANISMS = ("softmax", "sima", "seqnorm")
 DEFAULT_RESOLUTIONS = (224, 512, 1024, 2048)
 
 
-def adamw(parameters, lr: float = 1e-4, **kwargs) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with ``fused=True`` where torch has a fused kernel for these parameters (float
-    tensors on CPU or CUDA): one pass over every parameter instead of a loop of small ops (6x faster on
-    a 34M-parameter model on this project's CPU). Parameter groups are accepted as by AdamW."""
-    groups = list(parameters)
-    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
-    fused = bool(tensors) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in tensors)
-    return torch.optim.AdamW(groups, lr=lr, fused=fused or None, **kwargs)
-
-
 def _release_freed_memory() -> None:
     """Collect garbage and hand freed heap memory back to the OS (glibc ``malloc_trim``; no-op elsewhere)."""
     gc.collect()
@@ -87,18 +84,18 @@ def _release_freed_memory() -> None:
         pass
 
 
-def variant_name(compiled: bool, checkpointing: bool) -> str:
-    """"eager", "compiled", "eager+checkpointing" or "compiled+checkpointing"."""
-    return ("compiled" if compiled else "eager") + ("+checkpointing" if checkpointing else "")
+def variant_name(compiled: bool, checkpointing: bool, precision: str = "fp32") -> str:
+    """"eager", "compiled", "eager+checkpointing", "compiled+checkpointing", each with " bf16" under bf16."""
+    name = ("compiled" if compiled else "eager") + ("+checkpointing" if checkpointing else "")
+    return name if precision == "fp32" else f"{name} {precision}"
 
 
-def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 1, precision: str = "fp32",
-                 repeats: int = 3, warmup: int = 1, budget_s: float | None = None, device: str = "cpu",
-                 seed: int = 0, threads: int | None = None,
-                 variants: list[list[bool]] | tuple = ((False, False),)) -> dict:
+def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 1, repeats: int = 3,
+                 warmup: int = 1, budget_s: float | None = None, device: str = "cpu", seed: int = 0,
+                 threads: int | None = None, variants: list[list] | tuple = ((False, False, "fp32"),)) -> dict:
     """Median training-step time and peak memory of one configuration per variant; meant for a fresh process.
 
-    ``variants``: ``(compiled, checkpointing)`` pairs, measured one after the other on the same input
+    ``variants``: ``(compiled, checkpointing, precision)`` triples, measured one after the other on the same input
     with the same initial weights. Returns ``{"variants": [{"variant", "step_s", "compile_s",
     "peak_mem_bytes", "status"}, ...], "memory_method"}``; a variant that raises gets a "failed: ..."
     status and the others still run.
@@ -111,8 +108,8 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
     images = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
     targets = torch.zeros(batch_size, 1, device=device)
     results = []
-    for compiled, checkpointing in variants:
-        name = variant_name(compiled, checkpointing)
+    for compiled, checkpointing, precision in variants:
+        name = variant_name(compiled, checkpointing, precision)
         _release_freed_memory()
         baseline = current_rss_bytes() if device == "cpu" else 0
         reset_peak_memory(device)
@@ -120,7 +117,7 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
             torch.manual_seed(seed)
             net = create_model(model, attention=mechanism, img_size=resolution, num_classes=1,
                                activation_checkpointing=checkpointing).to(device)
-            optimizer = adamw(net.parameters())
+            optimizer = make_optimizer(net, DEFAULTS["train"])  # as training builds it: fused AdamW
             run = torch.compile(net, fullgraph=True) if compiled else net
             autocast = torch.autocast(device, dtype=DTYPES[precision]) if precision != "fp32" else nullcontext()
 
@@ -151,7 +148,7 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
 
 
 def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUTIONS, model: str = "vit2d",
-                      batch_size: int = 1, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
+                      batch_size: int = 1, precision: str | list[str] = "fp32", repeats: int = 3, warmup: int = 1,
                       time_budget_s: float = 120.0, memory_budget_gb: float = 8.0, images_per_epoch: int = 15000,
                       device: str | None = None, rates: MachineRates | None = None, isolate: bool = True,
                       threads: int | None = None, verbose: bool = False, compile: bool = False,
@@ -159,22 +156,26 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
     """One row per (mechanism, resolution, variant): step time, epoch time, peak memory, matmul floor.
 
     ``time_budget_s`` bounds one training step; ``rates`` defaults to measuring them now. Skipped
-    configurations are rows with a ``status`` starting with "skipped:". ``compile`` and
-    ``activation_checkpointing`` add the variants of the module docstring beside the eager step; the
-    first variant's times drive the budget checks.
+    configurations are rows with a ``status`` starting with "skipped:". ``compile``,
+    ``activation_checkpointing`` and a list of precisions (e.g. ``["fp32", "bf16"]``) add the variants of
+    the module docstring beside the first precision's eager step; its times drive the budget checks.
     """
-    resolutions = _check_arguments(mechanisms, resolutions, model, precision)
+    precisions = [precision] if isinstance(precision, str) else list(precision)
+    resolutions = _check_arguments(mechanisms, resolutions, model, precisions)
     if batch_size < 1 or repeats < 1 or images_per_epoch < 1 or time_budget_s <= 0 or memory_budget_gb <= 0:
         raise UserError("batch size, repeats, images per epoch and the budgets must be positive")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if threads:
         torch.set_num_threads(threads)
-    env = environment(precision)
+    env = environment(precisions[0])
     env_fields = row_environment(env)
     rates = rates or measure_rates(device=device)
     memory_budget = memory_budget_gb * 2**30
-    variants = list(itertools.product((False, True) if compile else (False,),
-                                      (False, True) if activation_checkpointing else (False,)))
+    unsupported = {p: _unsupported_reason(p, device) for p in precisions}
+    variants = [(c, a, p) for p, c, a in itertools.product(precisions, (False, True) if compile else (False,),
+                                                           (False, True) if activation_checkpointing else (False,))]
+    skipped_variants = [v for v in variants if unsupported[v[2]]]
+    variants = [v for v in variants if not unsupported[v[2]]]
     rows = []
     for mechanism in mechanisms:
         times: list[tuple[float, float]] = []
@@ -185,14 +186,21 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
             shape = (batch_size, probe.in_chans, *(resolution,) * probe.spatial_dims)
             tokens = 1 + math.prod(probe.grid_size)
             flops = matmul_flops(partial(create_model, model, attention=mechanism, img_size=resolution), shape)
-            floor = flops / (rates.matmul_gflops[precision] * 1e9)
-            row = dict(mechanism=mechanism, model=model, resolution=resolution, tokens=tokens, batch_size=batch_size,
-                       precision=precision, matmul_gflop=flops / 1e9, matmul_floor_s=floor)
-            status = _skip_reason(tokens, times, memories, time_budget_s, memory_budget)
+            floors = {p: flops / (rates.matmul_gflops[p] * 1e9) for p in precisions}
+            base = dict(mechanism=mechanism, model=model, resolution=resolution, tokens=tokens, batch_size=batch_size,
+                        matmul_gflop=flops / 1e9)
+
+            def row(variant, base=base, floors=floors):
+                return {**base, "variant": variant_name(*variant), "precision": variant[2],
+                        "matmul_floor_s": floors[variant[2]]}
+
+            rows.extend({**row(v), "status": f"skipped: {unsupported[v[2]]}", **env_fields} for v in skipped_variants)
+            status = "skipped: no variant to measure" if not variants else _skip_reason(
+                tokens, times, memories, time_budget_s, memory_budget)
             if status is None:
                 kwargs = dict(model=model, mechanism=mechanism, resolution=resolution, batch_size=batch_size,
-                              precision=precision, repeats=repeats, warmup=warmup, budget_s=time_budget_s,
-                              device=device, threads=threads, variants=variants)
+                              repeats=repeats, warmup=warmup, budget_s=time_budget_s, device=device,
+                              threads=threads, variants=variants)
                 started = time.perf_counter()
                 if isolate:
                     timeout = len(variants) * ((warmup + 2) * time_budget_s * 4 + 120) + (900 if compile else 0)
@@ -204,15 +212,16 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                     print(f"  {mechanism} {resolution}px: {time.perf_counter() - started:.1f} s wall", flush=True)
                 status = measured.get("status")
             if status is not None:
-                rows.extend({**row, "variant": variant_name(*v), "status": status, **env_fields} for v in variants)
+                rows.extend({**row(v), "status": status, **env_fields} for v in variants)
                 continue
             reference = measured["variants"][0].get("step_s")
-            for result in measured["variants"]:
+            for variant, result in zip(variants, measured["variants"]):
                 if result["status"] != "ok":
-                    rows.append({**row, "variant": result["variant"], "status": result["status"], **env_fields})
+                    rows.append({**row(variant), "status": result["status"], **env_fields})
                     continue
                 step = result["step_s"]
-                rows.append({**row, "variant": result["variant"], "status": "ok", "step_s": step,
+                floor = floors[variant[2]]
+                rows.append({**row(variant), "status": "ok", "step_s": step,
                              "vs_eager": step / reference if reference else None, "compile_s": result["compile_s"],
                              "epoch_s": step * images_per_epoch / batch_size,
                              "epoch_h": step * images_per_epoch / batch_size / 3600, "floor_ratio": step / floor,
@@ -225,7 +234,12 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
     return rows
 
 
-def _check_arguments(mechanisms, resolutions, model: str, precision: str) -> list[int]:
+def _unsupported_reason(precision: str, device: str) -> str | None:
+    """Why ``precision`` is not timed on this device (bf16 on a CPU without bf16 hardware), or None."""
+    return cpu_bf16_support().unsupported_reason() if precision == "bf16" and device == "cpu" else None
+
+
+def _check_arguments(mechanisms, resolutions, model: str, precisions: list[str]) -> list[int]:
     """Raise UserError on an unknown mechanism, model or precision; the resolutions as sorted ints."""
     for name in mechanisms:
         try:
@@ -234,8 +248,11 @@ def _check_arguments(mechanisms, resolutions, model: str, precision: str) -> lis
             raise UserError(str(error)) from None
     if model not in available_models():
         raise UserError(f"unknown model {model!r}; available: {', '.join(available_models())}")
-    if precision not in DTYPES:
-        raise UserError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
+    for precision in precisions:
+        if precision not in DTYPES:
+            raise UserError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
+    if not precisions or len(set(precisions)) != len(precisions):
+        raise UserError(f"precisions must be given once each, got {precisions}")
     resolutions = sorted(int(r) for r in resolutions)
     if not resolutions or resolutions[0] <= 0:
         raise UserError(f"resolutions must be positive integers, got {resolutions}")
@@ -267,7 +284,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated image sizes in pixels (default: %(default)s)")
     parser.add_argument("--model", default="vit2d", help="model preset (default: vit2d; vit2d_small for a smoke run)")
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32", help="bf16 = bf16 autocast")
+    parser.add_argument("--precision", type=comma_list, default=["fp32"],
+                        help="fp32, bf16 (autocast) or both side by side, e.g. fp32,bf16 (default: fp32)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--time-budget", type=float, default=120.0, help="seconds per training step")
@@ -296,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         not args.no_isolate, args.threads, verbose=True, compile=args.compile,
         activation_checkpointing=args.activation_checkpointing,
     )
-    env = {**environment(args.precision), "rates": rates.as_dict()}
+    env = {**environment(args.precision[0]), "rates": rates.as_dict()}
     csv_path, json_path = write_results(rows, args.out, "scaling", env)
     print(format_table(rows, TABLE))
     print(f"wrote {csv_path} and {json_path}")
