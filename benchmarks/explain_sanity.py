@@ -1,14 +1,20 @@
 """Sanity checks of the explanations on the built-in SYNTHETIC tasks (docs/explain.md has the runs).
 
 wsi RUN...: tile-level AUROC of the tile scores against the planted tumour tiles of the synthetic_wsi test
-    bags (positive bags only; pooled over their tiles, and the mean of the per-bag AUROCs), for rollout
-    (signed and |r|) and gradient x input. The truth is recovered exactly: a bag is rendered twice from its
-    own seed, once with the tumour centre moved far away; the tiles whose features differ are the planted
-    ones (the draws do not depend on the centre's value).
+    bags (positive bags only; pooled over their tiles, and the mean of the per-bag AUROCs), for
+    gradient-weighted rollout (the default), Chefer et al.'s entry-wise rule computed densely (N x N, the
+    reference the linear-time rule approximates below the top block; mean per-bag Spearman between the
+    two), rollout (signed and |r|) and gradient x input; as controls, gradient-weighted rollout of the same
+    architecture freshly initialised (seed 1) and the tiles' feature norms. Every class-specific map
+    explains logit 0. The truth is recovered exactly: a bag is rendered twice from its own seed, once with
+    the tumour centre moved far away; the tiles whose features differ are the planted ones (the draws do
+    not depend on the centre's value).
 figures CXR_RUN MRI_RUN WSI_RUN --out DIR: one SYNTHETIC heatmap each for 2D, 3D (middle axial slice of the
     NIfTI map the command writes) and WSI (a positive test bag), made by `medattn explain` itself.
 cxr RUN: model randomisation (Adebayo et al. 2018): Spearman rank correlation between the maps of the trained
-    model and of the same architecture freshly initialised (seed 1), per test image, for both methods.
+    model and of the same architecture freshly initialised (seed 1), per test image, for every method; and
+    each map's Spearman correlation with the input's mean intensity per token (per pixel for gradient x
+    input), trained and untrained: what a map shares with the untrained one may be the image itself.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from sklearn.metrics import roc_auc_score
 from medattn.commands.evaluate import load_trained
 from medattn.data import build_datasets
 from medattn.data import synthetic_wsi as sw
-from medattn.explain import explain
+from medattn.explain import explain, record_attention, rows_for
+from medattn.explain.rows import FactorisedRows
 from medattn.train import build_model
 
 
@@ -41,27 +48,62 @@ def planted_tumour(data_cfg: dict, seed: int, split: str, index: int) -> tuple[t
     return draws[0][0], (draws[0][0] != draws[1][0]).any(dim=1)
 
 
+def dense_chefer(model, features: torch.Tensor, target: int = 0) -> np.ndarray:
+    """Chefer et al.'s attention-gradient rule with the entry-wise positive part, from dense (N x N) weights:
+    ``r <- r + mean_h (G_h ⊙ A_h)^+ ^T r`` top-down from the class row (the library's tested factor maps,
+    values and output gradients; one bag (N, F)) -> (N,) scores."""
+    with record_attention(model, probe=True) as calls, torch.enable_grad():
+        logits = model(features[None])
+        grads = torch.autograd.grad(logits[:, target].sum(), [call.probe for call in calls])
+    r = torch.zeros(features.shape[0] + 1, dtype=torch.float64)
+    r[0] = 1
+    with torch.no_grad():
+        for call, grad in zip(reversed(calls), reversed(grads)):
+            q, k, v = call.qkv()
+            rule = rows_for(call.module)
+            if isinstance(rule, FactorisedRows):
+                phi_q, phi_k, scale = rule.maps(call.module, q.double(), k.double(), None,
+                                                rule.statistics(call.module, q, k, None))
+                weights = phi_q @ phi_k.transpose(-2, -1) * scale[..., None]
+            else:
+                weights = torch.cat([w for _, w in rule.blocks(q, k, None)], dim=2)
+            values = rule.values(call.module, v, None)
+            product = (call.head_gradient(grad).double() @ values.transpose(-2, -1)) * weights  # G ⊙ A
+            r = r + (r[None, None, :, None] * product.clamp_min(0)).sum(2).mean(1)[0]
+    return r[1:].float().numpy()
+
+
 def wsi(runs: list[str], bags: int) -> dict:
     results = {}
     for run in runs:
         model, config, task, _ = load_trained(run)
-        scores = {"rollout": [], "|rollout|": [], "gradxinput": []}
-        truth, per_bag = [], {k: [] for k in scores}
+        torch.manual_seed(1)
+        fresh = build_model(config["model"], task).eval()
+        scores = {"gradrollout": [], "chefer_dense": [], "rollout": [], "|rollout|": [], "gradxinput": [],
+                  "gradrollout_untrained": [], "feature_norm": []}
+        truth, per_bag, agreement = [], {k: [] for k in scores}, []
         for index in range(bags):
             features, mask = planted_tumour(config["data"], config["seed"], "test", index)
             if not mask.any():
                 continue
             r = explain(model, features[None], "rollout").relevance[0].numpy()
-            g = explain(model, features[None], "gradxinput", target=0).relevance[0].numpy()
-            for key, value in (("rollout", r), ("|rollout|", np.abs(r)), ("gradxinput", g)):
+            maps = {"gradrollout": explain(model, features[None], "gradrollout", target=0).relevance[0].numpy(),
+                    "chefer_dense": dense_chefer(model, features), "rollout": r, "|rollout|": np.abs(r),
+                    "gradxinput": explain(model, features[None], "gradxinput", target=0).relevance[0].numpy(),
+                    "gradrollout_untrained": explain(fresh, features[None], "gradrollout",
+                                                     target=0).relevance[0].numpy(),
+                    "feature_norm": features.norm(dim=1).numpy()}
+            for key, value in maps.items():
                 scores[key].append(value)
                 per_bag[key].append(roc_auc_score(mask.numpy(), value))
+            agreement.append(scipy.stats.spearmanr(maps["gradrollout"], maps["chefer_dense"]).statistic)
             truth.append(mask.numpy())
         y = np.concatenate(truth)
         results[config["model"]["attention"]] = {
             "positive_bags": len(truth), "tiles": int(len(y)), "tumour_tiles": int(y.sum()),
             **{f"pooled_auroc_{k}": round(float(roc_auc_score(y, np.concatenate(v))), 4) for k, v in scores.items()},
-            **{f"mean_bag_auroc_{k}": round(float(np.mean(v)), 4) for k, v in per_bag.items()}}
+            **{f"mean_bag_auroc_{k}": round(float(np.mean(v)), 4) for k, v in per_bag.items()},
+            "mean_bag_spearman_gradrollout_vs_chefer_dense": round(float(np.mean(agreement)), 4)}
     return results
 
 
@@ -71,18 +113,23 @@ def cxr(run: str, images: int) -> dict:
     fresh = build_model(config["model"], task).eval()
     test = build_datasets(config["data"], seed=config["seed"]).test
     out = {}
-    for method in ("rollout", "gradxinput"):
-        rhos = []
+    for method in ("gradrollout", "rollout", "gradxinput"):
+        rhos, brightness = [], {"trained": [], "untrained": []}
         for index in range(images):
             x = test[index]["input"][None]
-            a, b = (explain(m, x, method, target=0 if method == "gradxinput" else None).relevance[0]
+            a, b = (explain(m, x, method, target=None if method == "rollout" else 0).relevance[0]
                     for m in (model, fresh))
-            step = model.patch_size if method == "rollout" else (1, 1)  # one value per token for rollout
+            step = (1, 1) if method == "gradxinput" else model.patch_size  # one value per token for rollouts
             a, b = a[::step[0], ::step[1]], b[::step[0], ::step[1]]
             rhos.append(scipy.stats.spearmanr(a.flatten().numpy(), b.flatten().numpy()).statistic)
+            mean = torch.nn.functional.avg_pool2d(x[:, :1], step)[0, 0].flatten().numpy()  # the pixel/patch mean
+            for name, heat in (("trained", a), ("untrained", b)):
+                brightness[name].append(scipy.stats.spearmanr(heat.flatten().numpy(), mean).statistic)
         out[method] = {"images": images, "mean_spearman": round(float(np.mean(rhos)), 4),
                        "mean_abs_spearman": round(float(np.mean(np.abs(rhos))), 4),
-                       "max_abs_spearman": round(float(np.max(np.abs(rhos))), 4)}
+                       "max_abs_spearman": round(float(np.max(np.abs(rhos))), 4),
+                       **{f"mean_spearman_vs_intensity_{k}": round(float(np.mean(v)), 4)
+                          for k, v in brightness.items()}}
     return out
 
 

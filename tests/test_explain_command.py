@@ -1,4 +1,5 @@
-"""medattn explain on 2D, 3D and bag files through the command, from tiny checkpoints saved by the checkpoint module."""
+"""medattn explain on 2D, 3D and bag files through the command, from tiny checkpoints saved by the checkpoint module;
+files are prepared as medattn predict prepares them (the checkpoint's stored preprocessing)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from PIL import Image
 from medattn.cli import main
 from medattn.config import load_config
 from medattn.data.base import TaskInfo
+from medattn.data.preprocessing import describe
 from medattn.errors import UserError
 from medattn.explain.outputs import place_centred, volume_map_to_input
 from medattn.train import build_model, checkpoint
@@ -24,7 +26,8 @@ def save_checkpoint(folder, config_name, overrides, task, data=None):
     config["data"].update(data or {})
     torch.manual_seed(0)
     model = build_model(config["model"], task)
-    checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task)})
+    checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task),
+                                    "preprocessing": describe(config["data"], task).to_dict()})
     return folder
 
 
@@ -33,7 +36,7 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("method", ["rollout", "gradxinput"])
+@pytest.mark.parametrize("method", ["auto", "rollout", "gradxinput"])
 def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
     ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=vit2d_tiny"],
                          TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True))
@@ -48,6 +51,8 @@ def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
     summary = rows(tmp_path / "out" / "summary.csv")
     assert [r["outputs"] for r in summary] == ["img0.png", "img1.png"]
     assert 0 < float(summary[0]["prob_cardiomegaly"]) < 1
+    assert summary[0]["method"] == {"auto": "gradrollout"}.get(method, method)
+    assert summary[0]["target"] == ("" if method == "rollout" else "0")
 
 
 def test_explain_volume_writes_nifti_on_the_input_grid(tmp_path):
@@ -83,8 +88,10 @@ def test_volume_map_returns_each_voxel_to_where_it_came_from(tmp_path):
     torch.testing.assert_close(place_centred(torch.ones(2, 2), (4, 1)), torch.tensor([[0.0], [1.0], [1.0], [0.0]]))
 
 
-@pytest.mark.parametrize("attention, chunk", [("seqnorm", "40"), ("softmax", "32768")])
-def test_explain_bag_writes_tile_tables_and_a_map(tmp_path, attention, chunk):
+@pytest.mark.parametrize("attention, chunk, used", [("seqnorm", "40", "rollout"), ("seqnorm", "32768", "gradrollout"),
+                                                    ("softmax", "40", "gradrollout")])
+def test_explain_bag_writes_tile_tables_and_a_map(tmp_path, attention, chunk, used):
+    """auto: gradrollout in memory, streamed rollout for a SeqNorm bag longer than --chunk-size."""
     ck = save_checkpoint(tmp_path / "ck", "synthetic_wsi", ["model.name=vitwsi_tiny", f"model.attention={attention}"],
                          TaskInfo("binary", "bag", 1, (16,), ["tumour"], synthetic=True))
     path = tmp_path / "slide.h5"
@@ -97,9 +104,11 @@ def test_explain_bag_writes_tile_tables_and_a_map(tmp_path, attention, chunk):
     assert len(table) == len(coords) and table[5]["x"] == str(coords[5, 0])
     with h5py.File(tmp_path / "out" / "slide_tiles.h5") as f:
         assert f["scores"].shape == (len(coords),) and f["coords"].shape == (len(coords), 2)
+        assert f.attrs["method"] == used
         scores = f["scores"][:]
     assert Image.open(tmp_path / "out" / "slide.png").size[0] > 0
     np.testing.assert_allclose([float(r["score"]) for r in table], scores, rtol=1e-6)
+    assert rows(tmp_path / "out" / "summary.csv")[0]["method"] == used
 
 
 def test_streamed_and_in_memory_bag_files_agree(tmp_path):
@@ -109,9 +118,35 @@ def test_streamed_and_in_memory_bag_files_agree(tmp_path):
     with h5py.File(path, "w") as f:
         f["features"] = np.random.default_rng(1).normal(size=(200, 16)).astype(np.float32)
     for chunk in ("16", "1000"):
-        assert main(["explain", str(ck), str(path), "--out", str(tmp_path / chunk), "--chunk-size", chunk]) == 0
+        assert main(["explain", str(ck), str(path), "--out", str(tmp_path / chunk), "--chunk-size", chunk,
+                     "--method", "rollout"]) == 0
     a, b = (np.array([float(r["score"]) for r in rows(tmp_path / c / "slide_tiles.csv")]) for c in ("16", "1000"))
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_explain_prepares_files_as_predict_does(tmp_path, capsys):
+    """A subtraction model (DUKE's subtract_column): explain reads each pair through the stored preprocessing, so its
+    probabilities are predict's. Before, explain read the first volume alone (and had no --subtract)."""
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=vit3d_tiny"],
+                         TaskInfo("binary", "volume3d", 1, (1, 16, 16, 8), ["cancer"]),
+                         data={"kind": "volume_table", "subtract_column": "post", "normalize": "zscore"})
+    rng = np.random.default_rng(2)
+    pre, post = [], []
+    for i in range(2):
+        base = rng.normal(100, 30, (18, 14, 8)).astype(np.float32)
+        for name, array, kept in (("pre", base + rng.normal(0, 1, base.shape).astype(np.float32), pre),
+                                  ("post", base, post)):
+            nib.save(nib.Nifti1Image(array, np.diag([0.7, 0.7, 3.0, 1.0])), tmp_path / f"{name}{i}.nii.gz")
+            kept.append(str(tmp_path / f"{name}{i}.nii.gz"))
+    assert main(["predict", str(ck), *pre, "--subtract", *post, "--out", str(tmp_path / "p.csv")]) == 0
+    assert main(["explain", str(ck), *pre, "--subtract", *post, "--out", str(tmp_path / "out")]) == 0
+    predicted = [float(r["prob_cancer"]) for r in rows(tmp_path / "p.csv")]
+    explained = [float(r["prob_cancer"]) for r in rows(tmp_path / "out" / "summary.csv")]
+    np.testing.assert_allclose(explained, predicted, rtol=1e-5)
+    assert nib.load(tmp_path / "out" / "pre0.nii.gz").shape == (18, 14, 8)
+    capsys.readouterr()
+    assert main(["explain", str(ck), *pre, "--out", str(tmp_path / "o2")]) == 2
+    assert "give --subtract" in capsys.readouterr().err
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):

@@ -1,12 +1,16 @@
 """Explain a checkpoint's predictions as heatmaps: medattn explain CHECKPOINT FILES... --out DIR.
 
-Each file is read and preprocessed as `medattn predict` reads it. Methods (docs/explain.md): `rollout`
-(default; class-token attention rollout, exact and linear-time for SeqNorm/SimA, from the weights for
-softmax) and `gradxinput` (gradient x input, any model and mechanism). Writes to DIR, per file:
-2D images `<stem>.png` (overlay on the image at its own size); 3D volumes `<stem>.nii.gz` (the map on the
-input file's grid and affine); whole-slide bags (HDF5) `<stem>_tiles.csv` and `<stem>_tiles.h5` (a score
-per tile) and `<stem>.png` (the scores drawn on the tile coordinates). A SeqNorm bag longer than
---chunk-size tiles is streamed in bounded memory. `summary.csv` lists every file with its probabilities.
+Each file is prepared exactly as `medattn predict` prepares it: with the preprocessing description stored
+in the checkpoint (:mod:`medattn.data.preprocessing`; subtraction models take the subtracted volume of
+each file with --subtract). Methods (docs/explain.md): `auto` (default: `gradrollout` for transformers
+whose attention forms weights, `gradxinput` otherwise), `gradrollout` (gradient-weighted rollout,
+linear-time for SeqNorm/SimA), `rollout` (class-token attention rollout) and `gradxinput` (gradient x
+input, any model and mechanism). Writes to DIR, per file: 2D images `<stem>.png` (overlay on the image at
+its own size); 3D volumes `<stem>.nii.gz` (the map on the input file's grid and affine); whole-slide bags
+(HDF5) `<stem>_tiles.csv` and `<stem>_tiles.h5` (a score per tile) and `<stem>.png` (the scores drawn on
+the tile coordinates). With `auto`, a SeqNorm bag longer than --chunk-size tiles is explained by rollout
+streamed in bounded memory (the gradient rule needs a backward over the whole bag). `summary.csv` lists
+every file with the method used and its probabilities.
 """
 
 from __future__ import annotations
@@ -18,16 +22,22 @@ from medattn.errors import UserError, writing
 
 from .evaluate import positive_int
 
+METHOD_CHOICES = ("auto", "gradrollout", "rollout", "gradxinput")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
     parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--method", choices=("rollout", "gradxinput"), default="rollout")
+    parser.add_argument("--method", choices=METHOD_CHOICES, default="auto",
+                        help="auto (default): gradrollout for transformers with attention weights, else gradxinput")
     parser.add_argument("--target", type=int, default=None,
-                        help="gradxinput: the output explained (default: the predicted class)")
+                        help="gradrollout/gradxinput: the output explained (default: the predicted class)")
+    parser.add_argument("--subtract", nargs="+", metavar="FILE", default=None,
+                        help="for subtraction models: the volume subtracted from each file, in the same order")
     parser.add_argument("--chunk-size", type=positive_int, default=32_768,
-                        help="bags longer than this stream in chunks of this many tiles (SeqNorm rollout)")
+                        help="with --method auto/rollout, SeqNorm bags longer than this stream in chunks of this "
+                             "many tiles (plain rollout)")
 
 
 def _stem(path: Path) -> str:
@@ -38,41 +48,52 @@ def _stem(path: Path) -> str:
     return path.stem
 
 
-def _streams(model, method: str) -> bool:
+def _streams(model) -> bool:
+    """Whether every block of ``model`` streams and has factorised rows (streamed rollout applies)."""
     from medattn.explain.rows import FactorisedRows, rows_for
 
     blocks = getattr(getattr(model, "encoder", None), "blocks", [])
-    return method == "rollout" and len(blocks) > 0 and all(
+    return len(blocks) > 0 and all(
         block.attn.stream_passes > 0 and isinstance(rows_for(block.attn), FactorisedRows) for block in blocks)
 
 
-def explain_bag_file(model, path: Path, method: str, target, chunk_size: int):
-    """-> (probability logits (1, K), scores (N,) numpy, coords (N, 2) numpy, HDF5 attributes) for one bag file."""
+def streamed_bag(model, path: Path, chunk_size: int):
+    """(logits (1, K), scores (N,), coords (N, 2), HDF5 attributes) by :func:`streaming_rollout`, the bag read
+    chunk by chunk from the file; coords are zeros where the file has none (as the bag loader gives them)."""
     import h5py
     import numpy as np
     import torch
 
-    from medattn.data.bags import feature_key, read_slide, slide_shape
-    from medattn.explain import explain, streaming_rollout
+    from medattn.data.bags import feature_key
+    from medattn.explain import streaming_rollout
 
+    rows, attrs = bag_header(path)
     try:
-        rows, _ = slide_shape(path)
         with h5py.File(path, "r") as f:
-            attrs = dict(f.attrs)
-            coords = np.asarray(f["coords"][:rows], dtype=np.float64) if "coords" in f else None
-            if rows > chunk_size and _streams(model, method):
-                logits, scores = streaming_rollout(model, f[feature_key(f)], coords, chunk_size)
-                return logits, scores, coords, attrs
-        features, _ = read_slide(path)
+            coords = (np.asarray(f["coords"][:rows], dtype=np.float32) if "coords" in f
+                      else np.zeros((rows, 2), np.float32))
+            logits, scores = streaming_rollout(model, f[feature_key(f)], torch.from_numpy(coords), chunk_size)
     except (OSError, ValueError) as error:
         if isinstance(error, UserError):
             raise
         raise UserError(f"{path}: {error}") from None
-    if features.shape[1] != model.feature_dim:
-        raise UserError(f"{path}: features have dimension {features.shape[1]}, the model takes {model.feature_dim}")
-    tensor_coords = None if coords is None else torch.from_numpy(coords).float()[None]
-    out = explain(model, features[None], method, target, coords=tensor_coords)
-    return out.logits, out.relevance[0].numpy(), coords, attrs
+    return logits, scores, coords, attrs
+
+
+def bag_header(path: Path) -> tuple[int, dict]:
+    """(tiles, HDF5 attributes) of a bag file, from its header; UserError naming the file otherwise."""
+    import h5py
+
+    from medattn.data.bags import slide_shape
+
+    try:
+        rows, _ = slide_shape(path)
+        with h5py.File(path, "r") as f:
+            return rows, dict(f.attrs)
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"{path}: {error}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,64 +102,78 @@ def run(args: argparse.Namespace) -> int:
 
     from medattn.data.files import check_regular
     from medattn.data.images import read_image
-    from medattn.explain import explain, outputs
+    from medattn.data.preprocessing import inference_dataset
+    from medattn.deploy.trained import load_checkpoint
+    from medattn.explain import default_method, explain, outputs
     from medattn.train.objectives import probabilities
 
-    from .evaluate import load_trained
-    from .predict import file_loader
+    from .predict import sample_inputs
 
-    model, config, task, folder = load_trained(args.checkpoint)
-    if task.task_type == "segmentation":
+    trained = load_checkpoint(args.checkpoint)
+    model, prep = trained.model, trained.preprocessing
+    if prep.task_type == "segmentation":
         raise UserError("explain explains class predictions; this is a segmentation checkpoint")
-    if task.input_kind == "volume3d" and config["data"].get("split_sides"):
-        raise UserError("this checkpoint was trained on left/right halves; give one half-volume per file")
-    paths = [Path(f) for f in args.files]
-    for path in paths:
-        try:
-            check_regular(path, folders=task.input_kind == "volume3d")
-        except (FileNotFoundError, ValueError) as error:
-            raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") from None
+    if prep.split_sides:
+        raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
+                        "back to the file yet (medattn predict gives both sides' probabilities)")
+    inputs = sample_inputs(args.files, args.subtract, prep.inputs_per_sample)
+    for paths in inputs:  # every file before anything is written
+        for path in paths:
+            try:
+                check_regular(path, folders=prep.input_kind == "volume3d")
+            except (FileNotFoundError, ValueError) as error:
+                raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
+                    from None
     out_dir = Path(args.out)
     with writing(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-    label = "SYNTHETIC" if task.synthetic else None
-    names = task.class_names if len(task.class_names) == task.num_outputs else [str(i) for i in
-                                                                                 range(task.num_outputs)]
-    read = file_loader(config["data"], task) if task.input_kind != "bag" else None
-    summary = []
-    for path in paths:
+    label = "SYNTHETIC" if prep.synthetic else None
+    method = default_method(model) if args.method == "auto" else args.method
+    dataset = inference_dataset(prep, inputs)
+    summary, streamed = [], 0
+    for index, item in enumerate(dataset.items):
+        path = item.paths[0]
         stem = out_dir / _stem(path)
-        if task.input_kind == "bag":
-            logits, scores, coords, attrs = explain_bag_file(model, path, args.method, args.target, args.chunk_size)
-            coords = np.zeros((len(scores), 2)) if coords is None else coords
-            outputs.write_tile_scores(stem.with_name(f"{stem.name}_tiles"), coords, scores, args.method)
+        used = method
+        if prep.input_kind == "bag":
+            rows, attrs = bag_header(path)
+            if args.method in ("auto", "rollout") and rows > args.chunk_size and _streams(model):
+                logits, scores, coords, attrs = streamed_bag(model, path, args.chunk_size)
+                used, target, streamed = "rollout", "", streamed + 1
+            else:
+                sample = dataset[index]
+                result = explain(model, sample["input"][None], method, args.target, coords=sample["coords"][None])
+                logits, scores, coords = result.logits, result.relevance[0].numpy(), sample["coords"].numpy()
+                target = "" if result.target is None else int(result.target[0])
+            outputs.write_tile_scores(stem.with_name(f"{stem.name}_tiles"), coords, scores, used)
             written = [f"{stem.name}_tiles.csv", f"{stem.name}_tiles.h5"]
             if np.ptp(coords, axis=0).any():
                 image = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), label)
                 with writing(stem.with_suffix(".png")):
                     image.save(stem.with_suffix(".png"))
                 written.append(f"{stem.name}.png")
-            target = "" if args.method == "rollout" else args.target
         else:
-            sample = read(path)
-            result = explain(model, sample["input"][None], args.method, args.target)
+            result = explain(model, dataset[index]["input"][None], method, args.target)
             logits, heat = result.logits, result.relevance[0]
             target = "" if result.target is None else int(result.target[0])
-            if task.input_kind == "image2d":
+            if prep.input_kind == "image2d":
                 image = outputs.overlay(read_image(path).numpy(), heat.numpy(), label=label)
                 with writing(stem.with_suffix(".png")):
                     image.save(stem.with_suffix(".png"))
                 written = [f"{stem.name}.png"]
             else:
-                spacing = config["data"].get("target_spacing")
-                array, affine = outputs.volume_map_to_input(heat, path, tuple(spacing) if spacing else None)
+                array, affine = outputs.volume_map_to_input(heat, path, prep.spacing)
                 outputs.write_nifti(out_dir / f"{stem.name}.nii.gz", array, affine)
                 written = [f"{stem.name}.nii.gz"]
         with torch.no_grad():
-            probs = probabilities(logits.detach().float(), task.task_type)[0].tolist()
-        summary.append({"file": str(path), "method": args.method, "target": target,
-                        **{f"prob_{n}": f"{p:.6f}" for n, p in zip(names, probs)}, "outputs": " ".join(written)})
+            probs = probabilities(logits.detach().float(), prep.task_type)[0].tolist()
+        summary.append({"file": item.id, "method": used, "target": target,
+                        **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs)},
+                        "outputs": " ".join(written)})
     outputs.write_summary(out_dir / "summary.csv", summary)
-    tag = " [SYNTHETIC model]" if task.synthetic else ""
-    print(f"explained {len(summary)} file(s) with {args.method}{tag} -> {out_dir} (checkpoint {folder})")
+    tag = " [SYNTHETIC model]" if prep.synthetic else ""
+    print(f"explained {len(summary)} file(s) with {method}{tag} -> {out_dir} (checkpoint {trained.folder})")
+    if streamed:
+        print(f"{streamed} bag(s) longer than --chunk-size were explained by streamed rollout in bounded memory "
+              f"(gradrollout needs a backward over the whole bag: ask for it with --method gradrollout)")
     return 0
