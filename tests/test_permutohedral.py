@@ -293,3 +293,26 @@ def test_cpu_kernels_equal_searchsorted_and_csr_blur():
         torch.testing.assert_close(blur_direction(lattice, *structure.neighbours[direction]), matrix @ lattice)
         torch.testing.assert_close(blur_direction(lattice.float(), *structure.neighbours[direction]),
                                    (matrix @ lattice).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_simplices_and_ids_equal_torch_path(dtype):
+    # Numba (CPU) against the device-independent torch path: simplex integers (30 rows with tied differentials:
+    # integer features put points on simplex boundaries, where the sort must be stable) and the radix-sorted ids.
+    from medattn.permutohedral.cpu_kernels import dense_ids, simplex_integers
+
+    gen = torch.Generator().manual_seed(20)
+    features = torch.cat([torch.randn(500, 4, generator=gen) * 3, torch.randint(-4, 5, (200, 4), generator=gen)])
+    elevated = features.to(dtype) @ _elevation_matrix(4, dtype, "cpu")
+    simplices = _Simplices.__new__(_Simplices)
+    simplices.dim = 4
+    expected = simplices._chunk_integers(elevated)
+    for got, want in zip(simplex_integers(elevated), expected, strict=True):
+        assert torch.equal(got, want)
+    keys = torch.randint(0, 2**40, (3000,), generator=gen).repeat(3)
+    unique, ids, perm, counts = dense_ids(keys)
+    sorted_keys, want_perm = keys.sort(stable=True)
+    want_unique, want_inverse, want_counts = torch.unique_consecutive(sorted_keys, return_inverse=True,
+                                                                      return_counts=True)
+    assert torch.equal(unique, want_unique) and torch.equal(counts, want_counts) and torch.equal(perm, want_perm)
+    assert torch.equal(unique[ids], keys)

@@ -23,7 +23,8 @@ packed key is the vertex key plus a constant, so the queries are sorted too); th
 inverting that map; missing neighbours contribute zero. When the packed key would not fit into 62 bits,
 ids are built column by column (one ``unique`` per coordinate), still exact. Splat, blur and slice are
 then sparse (CSR) matrix products, see ``operators.py``; before them the points are put in the order of
-their remainder-0 vertex, so that the products read memory nearly sequentially.
+their remainder-0 vertex, so that the products read memory nearly sequentially. On CPU the integer work
+(simplices, the sort, the neighbour search) and the blur run in Numba kernels (``cpu_kernels.py``).
 
 Gradients w.r.t. the values flow through the transposed products (splat and slice are each other's
 transpose, each blur is symmetric), w.r.t. the features through the barycentric weights (hand-written
@@ -80,30 +81,42 @@ class _Simplices:
         dim = features.shape[-1]
         self.dim = dim
         elevated = features @ _elevation_matrix(dim, features.dtype, features.device)  # (P, d+1)
-        parts = [self._chunk(elevated[start:start + _CHUNK]) for start in range(0, elevated.shape[0], _CHUNK)]
-        order, rem0, to_rank, weights, low, high = zip(*parts, strict=True)
-        self.order, self.rem0, self.to_rank = torch.cat(order), torch.cat(rem0), torch.cat(to_rank)
-        self.weights = torch.cat(weights)
-        self.coord_low = torch.stack(low).amin(dim=0)  # (d+1,) of the remainder-0 points, before the wrap
-        self.coord_high = torch.stack(high).amax(dim=0)
+        chunks = range(0, elevated.shape[0], _CHUNK)
+        if elevated.device.type == "cpu":  # one Numba pass, O(d^2) per point (the torch path sorts rows)
+            from .cpu_kernels import simplex_integers
 
-    def _chunk(self, elevated: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Simplices of a chunk of elevated points (small temporaries stay in cache and are reused)."""
+            self.order, self.rem0, self.to_rank, self.coord_low, self.coord_high = simplex_integers(elevated.detach())
+        else:
+            parts = [self._chunk_integers(elevated[start:start + _CHUNK].detach()) for start in chunks]
+            order, rem0, to_rank, low, high = zip(*parts, strict=True)
+            self.order, self.rem0, self.to_rank = torch.cat(order), torch.cat(rem0), torch.cat(to_rank)
+            self.coord_low = torch.stack(low).amin(dim=0)  # (d+1,) of the remainder-0 points, before the wrap
+            self.coord_high = torch.stack(high).amax(dim=0)
+        self.weights = torch.cat([self._chunk_weights(elevated, slice(start, start + _CHUNK)) for start in chunks])
+
+    def _chunk_integers(self, elevated: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """order, rem0, to_rank of a chunk of elevated points, and the chunk's low / high remainder-0 coordinates
+        (small temporaries stay in cache and are reused)."""
         dim, d1 = self.dim, self.dim + 1
-        with torch.no_grad():  # small-integer arithmetic in floating point (exact): fewer, smaller temporaries
-            rounded = torch.round(elevated / d1)  # nearest remainder-0 point, divided by d+1
-            shift = rounded.sum(dim=1, keepdim=True)  # (P, 1): off-plane excess
-            order = torch.sort(elevated - rounded * d1, dim=1, descending=True, stable=True).indices
-            rank = torch.arange(d1, device=elevated.device, dtype=elevated.dtype) + shift  # off by a wrap
-            wrap = (rank > dim).to(elevated.dtype) - (rank < 0).to(elevated.dtype)  # rank in [-d, 2d]
-            rem0 = (rounded.gather(1, order) - wrap) * d1  # (P, d+1), sorted order, wrapped
-            to_rank = (dim - rank + d1 * wrap).to(torch.int64)  # = (d - rank) mod (d+1)
-            low, high = (rounded.amin(dim=0) * d1).to(torch.int64), (rounded.amax(dim=0) * d1).to(torch.int64)
-        y = (elevated.gather(1, order) - rem0) / d1  # (P, d+1), sorted order
+        # small-integer arithmetic in floating point (exact): fewer, smaller temporaries
+        rounded = torch.round(elevated / d1)  # nearest remainder-0 point, divided by d+1
+        shift = rounded.sum(dim=1, keepdim=True)  # (P, 1): off-plane excess
+        order = torch.sort(elevated - rounded * d1, dim=1, descending=True, stable=True).indices
+        rank = torch.arange(d1, device=elevated.device, dtype=elevated.dtype) + shift  # off by a wrap
+        wrap = (rank > dim).to(elevated.dtype) - (rank < 0).to(elevated.dtype)  # rank in [-d, 2d]
+        rem0 = (rounded.gather(1, order) - wrap) * d1  # (P, d+1), sorted order, wrapped
+        to_rank = (dim - rank + d1 * wrap).to(torch.int64)  # = (d - rank) mod (d+1)
+        low, high = (rounded.amin(dim=0) * d1).to(torch.int64), (rounded.amax(dim=0) * d1).to(torch.int64)
+        return order, rem0.to(torch.int64), to_rank, low, high
+
+    def _chunk_weights(self, elevated: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Barycentric weights (p, d+1) of the points ``rows``, differentiable in ``elevated``."""
+        dim, d1 = self.dim, self.dim + 1
+        order, rem0, to_rank = self.order[rows], self.rem0[rows].to(elevated.dtype), self.to_rank[rows]
+        y = (elevated[rows].gather(1, order) - rem0) / d1  # (P, d+1), sorted order
         z = y.gather(1, to_rank)  # z[:, j]: y of the coordinate of rank d - j
         # barycentric weights (Adams et al. 2010, p. 10): b_r = z_r - z_{r-1}, b_0 = 1 + z_0 - z_d
-        weights = torch.cat([1.0 + z[:, :1] - z[:, dim:], z[:, 1:] - z[:, :-1]], dim=1)
-        return order, rem0.to(torch.int64), to_rank, weights, low, high
+        return torch.cat([1.0 + z[:, :1] - z[:, dim:], z[:, 1:] - z[:, :-1]], dim=1)
 
     def vertex_coords(self) -> torch.Tensor:
         """Lattice coordinates (P, d+1, d) of the d+1 vertices (the last coordinate is implied)."""
@@ -165,11 +178,16 @@ class _VertexIndex:
             self.strides = torch.tensor(strides, dtype=torch.int64, device=batch.device)  # (d+1,), last 0
             keys = simplices.packed_keys(low, self.strides) + (batch * strides[0] * radix[0])[:, None]
             self.point_order = keys[:, 0].argsort()  # points by remainder-0 vertex: local gathers later
-            keys = keys.index_select(0, self.point_order)
-            sorted_keys, self.perm = keys.reshape(-1).sort()
-            self.keys, sorted_ids, self.counts = torch.unique_consecutive(sorted_keys, return_inverse=True,
-                                                                          return_counts=True)
-            self.ids = torch.empty_like(sorted_ids).scatter_(0, self.perm, sorted_ids)
+            keys = keys.index_select(0, self.point_order).reshape(-1)
+            if keys.device.type == "cpu":  # radix sort and dense ids in Numba
+                from .cpu_kernels import dense_ids
+
+                self.keys, self.ids, self.perm, self.counts = dense_ids(keys)
+            else:
+                sorted_keys, self.perm = keys.sort(stable=True)
+                self.keys, sorted_ids, self.counts = torch.unique_consecutive(sorted_keys, return_inverse=True,
+                                                                              return_counts=True)
+                self.ids = torch.empty_like(sorted_ids).scatter_(0, self.perm, sorted_ids)
             self.num = self.keys.numel()
         else:
             self.point_order = None
