@@ -42,3 +42,10 @@ def test_binary_bench_leaves_bf16_out_without_hardware(monkeypatch, tmp_path, ca
     assert "bf16: not supported on this CPU" in capsys.readouterr().out
     methods = (tmp_path / "binary_scores.csv").read_text() + (tmp_path / "binary_attention.csv").read_text()
     assert "bits-popcount" in methods and "bits-sg" in methods and "bf16" not in methods
+
+
+def test_interleaved_medians_time_every_method_each_round():
+    calls = []
+    medians = binary.interleaved_medians({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    assert calls == ["a", "b"] * 4  # one warm-up round, then three timed rounds in turn
+    assert set(medians) == {"a", "b"} and all(t >= 0 for t in medians.values())

@@ -1,6 +1,7 @@
 """BinaryFormer bit kernel vs fp32/bf16: Q K^T scores and whole attention forward, time and memory.
 
-For every sequence length N and head dim d (one head, batch 1) it times, in one process:
+For every sequence length N and head dim d (one head, batch 1) it times, in one process, the methods
+in rounds (one call of each per round; medians over the rounds, see :func:`interleaved_medians`):
 
 * scores: all N x N dot products, in blocks of ``--block`` query rows (the same blocks for every
   method, so no N x N matrix is held): fp32 ``torch.matmul``, bf16 ``torch.matmul`` and the packed-bit
@@ -21,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -62,24 +66,42 @@ def _time(fn, args) -> float:
     return median_time(fn, repeats=args.repeats, warmup=1, budget_s=args.budget_s)
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, budget_s: float | None = None
+                        ) -> dict[str, float]:
+    """Median wall time of each callable, timed in rounds (one call of each per round, after one warm-up
+    round), so that a change of load on a shared machine falls on every method alike and their ratios
+    hold. Stops after ``repeats`` rounds or, with ``budget_s``, once the rounds took longer than that."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def bench_scores(n: int, d: int, args) -> list[dict]:
     """Time the N x N scores in query blocks for fp32, bf16 and bits; one row per method."""
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
     block = min(args.block, n)
-    rows = []
 
     def blocks(a, b, out):
         for i in range(0, n, block):
             torch.matmul(a[i : i + block], b.T, out=out[: min(block, n - i)])
 
     out32 = torch.empty(block, n)
-    rows.append(("fp32-matmul", _time(lambda: blocks(q, k, out32), args), 0.0))
+    fns = {"fp32-matmul": lambda: blocks(q, k, out32)}
     if "bf16" not in args.skip:
         qb, kb, outb = q.bfloat16(), k.bfloat16(), torch.empty(block, n, dtype=torch.bfloat16)
-        rows.append(("bf16-matmul", _time(lambda: blocks(qb, kb, outb), args), 0.0))
+        fns["bf16-matmul"] = lambda: blocks(qb, kb, outb)
     pack_s = _time(lambda: (pack_signs(q), pack_signs(k)), args)
-    qp, kp = pack_signs(q)[None], pack_signs(k)[None]  # (1, N, W)
+    qp, kp = pack_signs(q)[None], pack_signs(k)[None]  # (1, N, W): packed once
     outi = np.empty((1, block, n), dtype=smallest_exact_int(d))
 
     def bit_blocks():
@@ -87,10 +109,12 @@ def bench_scores(n: int, d: int, args) -> list[dict]:
             m = min(block, n - i)
             binary_dot(qp[:, i : i + m], kp, d, out=outi[:, :m])
 
-    rows.append(("bits-popcount", _time(bit_blocks, args), pack_s))
-    fp32 = rows[0][1]
-    return [dict(N=n, d=d, method=m, seconds=t, pack_seconds=p, gmacs_per_s=n * n * d / t / 1e9,
-                 speedup_vs_fp32=fp32 / t) for m, t, p in rows]
+    fns["bits-popcount"] = bit_blocks
+    times = interleaved_medians(fns, args.repeats, args.budget_s)
+    fp32 = times["fp32-matmul"]
+    return [dict(N=n, d=d, method=m, seconds=t, pack_seconds=pack_s if m.startswith("bits") else 0.0,
+                 gmacs_per_s=n * n * d / t / 1e9, scores_per_ns=n * n / t / 1e9, speedup_vs_fp32=fp32 / t)
+            for m, t in times.items()]
 
 
 def _attention_inputs(n: int, d: int, dv: int, dtype=torch.float32):
@@ -113,7 +137,8 @@ def run_attention(method: str, n: int, d: int, dv: int, tile: int):
 def bench_attention(n: int, d: int, args) -> list[dict]:
     dv = args.value_dim or d
     methods = [m for m in ATTENTION_METHODS if not (m.startswith("bf16") and "bf16" in args.skip)]
-    times = {m: _time(run_attention(m, n, d, dv, args.tile_size), args) for m in methods}
+    times = interleaved_medians({m: run_attention(m, n, d, dv, args.tile_size) for m in methods}, args.repeats,
+                                args.budget_s)
     return [dict(N=n, d=d, value_dim=dv, method=m, seconds=t, speedup_vs_fp32=times["fp32-sdpa"] / t)
             for m, t in times.items()]
 
