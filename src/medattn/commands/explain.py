@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                         "outputs": " ".join(written)})
     outputs.write_summary(out_dir / "summary.csv", summary)
     tag = " [SYNTHETIC model]" if prep.synthetic else ""
-    print(f"explained {len(summary)} file(s) with {method}{tag} -> {out_dir} (checkpoint {trained.folder})")
+    used = "/".join(sorted({row["method"] for row in summary}))
+    print(f"explained {len(summary)} file(s) with {used}{tag} -> {out_dir} (checkpoint {trained.folder})")
     if streamed:
         print(f"{streamed} bag(s) longer than --chunk-size were explained by streamed rollout in bounded memory "
               f"(gradrollout needs a backward over the whole bag: ask for it with --method gradrollout)")
