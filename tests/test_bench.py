@@ -15,6 +15,12 @@ from medattn.models import create_model
 RATES = roofline.MachineRates({"fp32": 100.0, "bf16": 400.0}, 10.0)  # fixed, so no measuring in tests
 
 
+@pytest.fixture(autouse=True)
+def _fixed_rate_after_each_variant(monkeypatch):
+    """bench scaling measures the matmul rate again after each variant; fixed here (50 GFLOP/s)."""
+    monkeypatch.setattr(scaling, "measure_matmul_gflops", lambda precision, device="cpu": 50.0)
+
+
 def test_attention_cost_by_hand():
     # seqnorm core, B=1, H=2, N=8, d=4, fp32: K'^T V and Q' C are 2 * H * N * d^2 = 512 FLOPs each, 1024 in
     # all; compulsory bytes: q, k, v read and the output written, 4 tensors of H N d = 64 floats = 1024 bytes.
@@ -128,6 +134,7 @@ def test_scaling_bench_rows_in_process():
         assert row["status"] == "ok"
         assert row["epoch_s"] == pytest.approx(100 * row["step_s"])
         assert row["floor_ratio"] == pytest.approx(row["step_s"] / row["matmul_floor_s"])
+        assert row["floor_ratio_after"] == pytest.approx(row["step_s"] / (row["matmul_gflop"] / 50.0))
         assert row["matmul_floor_s"] == pytest.approx(row["matmul_gflop"] / 100.0)
 
 

@@ -6,7 +6,10 @@ N = 196 ... 16,384 patches of 16 for ``vit2d``), one training step of the model 
 time, the epoch time it implies for ``--images-per-epoch`` images, the peak memory, and the step's
 matmul floor, i.e. the FLOPs of every ``nn.Linear`` and convolution (qkv and output projections, MLP,
 patch embedding, head) forward and backward at the measured matmul rate, with the ratio
-step time / floor. The attention cores are not in the floor: a ratio near 1 means attention is free.
+step time / floor (``floor_ratio``: the rate measured before the runs; ``floor_ratio_after``: the rate
+measured again by the measuring process right after the variant's steps, so a machine whose load
+changed during a long run is compared with itself). The attention cores are not in the floor: a ratio
+near 1 means attention is free.
 
 Memory: each configuration runs in a fresh Python process (``--no-isolate``: in this one); the peak
 RSS minus the RSS after imports, so it counts parameters, gradients, AdamW state, activations and
@@ -69,7 +72,7 @@ from .common import (
     run_isolated,
     write_results,
 )
-from .roofline import DTYPES, MachineRates, matmul_flops, measure_rates
+from .roofline import DTYPES, MachineRates, matmul_flops, measure_matmul_gflops, measure_rates
 
 DEFAULT_MECHANISMS = ("softmax", "sima", "seqnorm")
 DEFAULT_RESOLUTIONS = (224, 512, 1024, 2048)
@@ -134,8 +137,10 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                 step()
                 compile_s = time.perf_counter() - started
             seconds = median_time(step, repeats=repeats, warmup=max(warmup - compiled, 0), budget_s=budget_s)
+            peak = peak_memory_bytes(device, baseline)
             results.append({"variant": name, "status": "ok", "step_s": seconds, "compile_s": compile_s,
-                            "peak_mem_bytes": peak_memory_bytes(device, baseline)})
+                            "peak_mem_bytes": peak, "matmul_gflops_after": measure_matmul_gflops(precision,
+                                                                                                  device=device)})
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
             results.append({"variant": name, "status": f"failed: {type(error).__name__}: {error}"[:300]})
         finally:
@@ -225,6 +230,7 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                              "vs_eager": step / reference if reference else None, "compile_s": result["compile_s"],
                              "epoch_s": step * images_per_epoch / batch_size,
                              "epoch_h": step * images_per_epoch / batch_size / 3600, "floor_ratio": step / floor,
+                             "floor_ratio_after": step * result["matmul_gflops_after"] * 1e9 / flops,
                              "peak_mem_mb": result["peak_mem_bytes"] / 2**20,
                              "memory_method": measured["memory_method"], **env_fields})
             first = measured["variants"][0]
