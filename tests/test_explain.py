@@ -21,6 +21,7 @@ from medattn.explain import (
     streaming_rollout,
 )
 from medattn.models import create_model
+from medattn.models.layers import set_activation_checkpointing
 
 MECHANISMS = ["seqnorm", "sima", "linear", "softmax"]
 
@@ -170,6 +171,17 @@ def test_gradient_rollout_equals_its_rule_on_explicit_matrices(name, depth):
         torch.testing.assert_close(r, chefer, rtol=1e-9, atol=1e-12)
     else:
         assert (r < chefer - 1e-9).any()  # the two rules do differ below the top (this check can fail)
+
+
+def test_gradient_rollout_ignores_activation_checkpointing():
+    """A recomputed block ran the probe hooks again, so the gradients went to fresh probes (silently wrong maps)."""
+    torch.manual_seed(8)
+    model = create_model("vitwsi_tiny", attention="seqnorm").eval()
+    features = torch.randn(1, 40, 16)
+    expected = explain(model, features, "gradrollout").relevance
+    set_activation_checkpointing(model, True)
+    torch.testing.assert_close(explain(model, features, "gradrollout").relevance, expected)
+    assert model.encoder.activation_checkpointing  # restored
 
 
 def test_gradient_rollout_on_images_follows_the_target_and_the_default():

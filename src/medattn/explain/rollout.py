@@ -160,13 +160,29 @@ def attention_rollout(model: nn.Module, *inputs, **kwargs) -> tuple[torch.Tensor
     return logits, rollout_from_calls(calls)
 
 
+@contextlib.contextmanager
+def without_recompute(model: nn.Module):
+    """Activation checkpointing off in every encoder of ``model`` within the block (restored after): a
+    recomputed block would run the attention hooks again and put fresh probes in the backward's graph."""
+    from ..models.layers import Encoder
+
+    encoders = [(m, m.activation_checkpointing) for m in model.modules() if isinstance(m, Encoder)]
+    for encoder, _ in encoders:
+        encoder.activation_checkpointing = False
+    try:
+        yield
+    finally:
+        for encoder, state in encoders:
+            encoder.activation_checkpointing = state
+
+
 def gradient_rollout(model: nn.Module, *inputs, target: int | None = None,
                      **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradient-weighted rollout (module docstring) of logit ``target`` (default: the predicted class) for
     ``model(*inputs, **kwargs)``; -> (logits, target indices (B,), r_0 (B, 1 + N) float64 >= 0, class
     token first). One forward and one backward; memory that of a training step on the batch."""
     check_rollout_model(model)
-    with record_attention(model, probe=True) as calls, torch.enable_grad():
+    with without_recompute(model), record_attention(model, probe=True) as calls, torch.enable_grad():
         logits = model(*inputs, **kwargs)
         index = target_index(logits, target)
         check_calls(model, calls)
