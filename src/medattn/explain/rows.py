@@ -76,7 +76,8 @@ class ClassRows:
                       mask: torch.Tensor | None, r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Per head ``r^T (G_h ⊙ A_h)`` with ``G_h[i, j] = g_i . values_j``: q, k (B, H, N, d), v and g
         (B, H, N, D_v) (g = d y / d out_h), r (B, N) -> (B, H, N) float64."""
-        raise NotImplementedError
+        raise UserError(f"the rollout rule of {type(module).__name__} has no gradient-weighted form; use --method "
+                        f"rollout or gradxinput")
 
 
 class FactorisedRows(ClassRows):
