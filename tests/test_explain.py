@@ -263,3 +263,17 @@ def test_bad_requests_are_user_errors():
     for method in ("gradxinput", "gradrollout"):
         with pytest.raises(UserError, match="target"):
             explain(model, torch.randn(1, 1, 32, 32), method=method, target=3)
+
+
+def test_a_rule_without_a_gradient_form_is_a_user_error():
+    from medattn.attention.sima import SimAAttention
+    from medattn.explain import ClassRows, register_rows
+
+    class Custom(SimAAttention):
+        pass
+
+    register_rows(Custom, ClassRows())  # a rule that only knows rollout's row (here: not even that)
+    module = Custom(8, num_heads=2)
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(UserError, match="no gradient-weighted form.*gradxinput"):
+        rows_for(module).gradient_rows(module, q, q, q, None, torch.ones(1, 5), q)
