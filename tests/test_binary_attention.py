@@ -228,3 +228,21 @@ def test_bad_arguments_raise_value_error():
         binary_dot(pack_signs(torch.randn(1, 2, 64)), pack_signs(torch.randn(1, 2, 128)), 64)
     with pytest.raises(ValueError):
         binary_dot(pack_signs(torch.randn(1, 2, 64)), pack_signs(torch.randn(1, 2, 64)), 65)
+
+
+def test_masked_keys_with_huge_scores_add_nothing():
+    # A padded key may score far above every real key (large learned key weights): its exp(s - max) overflowed
+    # the exponent bits of the kernel's exp and, times zero, gave NaN or garbage (found at weights 11.3 and 33.5
+    # for this seed; the exponent is now clamped at 0 too).
+    torch.manual_seed(5)
+    B, H, N, c = 1, 1, 24, 64
+    q, k, v = torch.randn(B, H, N, c), torch.randn(B, H, N, c), torch.randn(B, H, N, 4)
+    k[:, :, 16:] = q[:, :, :1]  # padded keys agree with query 0 in every bit
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[:, 16:] = False
+    for weight in (11.3, 33.5, 1000.0):
+        wk = torch.ones(B, H, N)
+        wk[:, :, 16:] = weight
+        got = binary_attention([(q, None)], [(k, wk)], v, 0.125, mask, tile_size=8)
+        reference = emulated_attention([(pm1(q), None)], [(pm1(k), wk)], v, 0.125, mask)
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)

@@ -110,10 +110,12 @@ def _score_row(qb, qw, kbT, kw, c, g, i, k0, cols, sr, h):  # pragma: no cover -
 @njit(fastmath=True, cache=True)
 def _exp_row(sr, ex, cols, shift):  # pragma: no cover - compiled
     """``sr[:cols] = exp(sr - shift)`` as ``2^n e^z`` (n = round(x log2 e), |z| <= ln2 / 2, 7th-order
-    Taylor, relative error < 1e-7), arguments clamped at 2^-126; branch-free, so LLVM vectorises it."""
+    Taylor, relative error < 1e-7), exponents clamped to [-126, 0] (a masked key may score above ``shift``;
+    its exponent must not overflow the float's bits before it is multiplied by zero); branch-free, so LLVM
+    vectorises it."""
     bits = sr.view(np.int32)
     for j in range(cols):
-        y = max((sr[j] - shift) * _LOG2E, np.float32(-126.0))
+        y = min(max((sr[j] - shift) * _LOG2E, np.float32(-126.0)), np.float32(0.0))
         n = np.int32(y + np.float32(126.5)) - np.int32(126)  # round(y): truncation of a positive number
         z = (y - np.float32(n)) * _LN2
         q = np.float32(1.0 / 5040.0)
