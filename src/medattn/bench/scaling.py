@@ -20,13 +20,14 @@ Writes ``scaling.csv``, ``scaling.json`` and ``scaling.png`` (time per epoch and
 Variants (``--compile``, ``--activation-checkpointing``, ``--precision fp32,bf16``): each configuration
 is then also measured compiled (``torch.compile(model, fullgraph=True)``, inductor; the first call's
 compile time is ``compile_s``), with per-block activation checkpointing and/or under bf16 autocast, in
-the same process one variant after the other, so the ratio ``vs_eager`` (step time / the first
-variant's, the plain eager step) compares like with like on a shared machine. bf16 is timed on a CPU
+the same process, timed in rounds (one step of every variant per round, :func:`measure_step`), so the
+ratio ``vs_eager`` (step time / the first variant's, the plain eager step) compares like with like on a
+shared machine whose load changes. bf16 is timed on a CPU
 only where it has bf16 hardware (AVX-512 BF16 or AMX, :func:`~medattn.bench.common.cpu_bf16_support`);
 elsewhere its rows say why they were skipped instead of reporting an emulation's slowdown. The matmul
-floor of a bf16 row uses the measured bf16 matmul rate. A variant's memory is its peak RSS minus the
-RSS before its model was built (freed memory is handed back to the OS between variants with glibc's
-``malloc_trim``).
+floor of a bf16 row uses the measured bf16 matmul rate. A variant's memory is its peak RSS while it is built
+(and compiled) and its warm-up steps run, minus the RSS before its model was built (freed memory is
+handed back to the OS between variants with glibc's ``malloc_trim``).
 
 The optimizer is training's (:func:`medattn.train.optim.make_optimizer` with the default train config:
 AdamW, fused where torch has the kernel).
@@ -42,6 +43,7 @@ import ctypes
 import gc
 import itertools
 import math
+import statistics
 import time
 from contextlib import nullcontext
 from functools import partial
@@ -64,7 +66,6 @@ from .common import (
     environment,
     extrapolate,
     format_table,
-    median_time,
     peak_memory_bytes,
     reset_peak_memory,
     row_environment,
@@ -98,10 +99,19 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                  threads: int | None = None, variants: list[list] | tuple = ((False, False, "fp32"),)) -> dict:
     """Median training-step time and peak memory of one configuration per variant; meant for a fresh process.
 
-    ``variants``: ``(compiled, checkpointing, precision)`` triples, measured one after the other on the same input
-    with the same initial weights. Returns ``{"variants": [{"variant", "step_s", "compile_s",
-    "peak_mem_bytes", "status"}, ...], "memory_method"}``; a variant that raises gets a "failed: ..."
-    status and the others still run.
+    ``variants``: ``(compiled, checkpointing, precision)`` triples, all on the same input.
+
+    1. One variant after the other: build the model (same seed, so the same initial weights) and its
+       optimizer; if compiled, the first call compiles (timed as ``compile_s``); then ``max(warmup, 1)``
+       untimed steps. The variant's memory is the peak RSS of this phase minus the RSS before its model was
+       built (freed heap trimmed first; variants built earlier stay resident and are not counted).
+    2. In rounds, one timed step of every variant per round, ``repeats`` rounds (fewer once they took
+       ``budget_s``), so a change of the machine's load falls on all variants alike; the median per variant.
+       Then each precision's matmul rate is measured again (``matmul_gflops_after``).
+
+    Returns ``{"variants": [{"variant", "status", "step_s", "compile_s", "peak_mem_bytes",
+    "matmul_gflops_after"}, ...], "memory_method"}``; a variant that raises gets a "failed: ..." status and
+    the others still run.
     """
     if threads:
         torch.set_num_threads(threads)
@@ -110,9 +120,14 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
     shape = (batch_size, probe.in_chans, *(resolution,) * probe.spatial_dims)
     images = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
     targets = torch.zeros(batch_size, 1, device=device)
-    results = []
+    results, prepared = [], []  # prepared: (result, step, precision) of the variants that built and ran
+
+    def failed(error: Exception) -> str:
+        return f"failed: {type(error).__name__}: {error}"[:300]
+
     for compiled, checkpointing, precision in variants:
-        name = variant_name(compiled, checkpointing, precision)
+        result = {"variant": variant_name(compiled, checkpointing, precision)}
+        results.append(result)
         _release_freed_memory()
         baseline = current_rss_bytes() if device == "cpu" else 0
         reset_peak_memory(device)
@@ -131,22 +146,41 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                 F.binary_cross_entropy_with_logits(logits.float(), targets).backward()
                 optimizer.step()
 
-            compile_s = None
-            if compiled:  # the first call compiles forward and backward, timed on its own; it is one warmup
+            result["compile_s"] = None
+            if compiled:  # the first call compiles forward and backward
                 started = time.perf_counter()
                 step()
-                compile_s = time.perf_counter() - started
-            seconds = median_time(step, repeats=repeats, warmup=max(warmup - compiled, 0), budget_s=budget_s)
-            peak = peak_memory_bytes(device, baseline)
-            results.append({"variant": name, "status": "ok", "step_s": seconds, "compile_s": compile_s,
-                            "peak_mem_bytes": peak, "matmul_gflops_after": measure_matmul_gflops(precision,
-                                                                                                  device=device)})
+                result["compile_s"] = time.perf_counter() - started
+            for _ in range(max(warmup, 1)):
+                step()
+            result.update(status="ok", peak_mem_bytes=peak_memory_bytes(device, baseline), times=[])
+            prepared.append((result, step, precision))
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
-            results.append({"variant": name, "status": f"failed: {type(error).__name__}: {error}"[:300]})
-        finally:
-            net = optimizer = run = step = None
-            if compiled:
-                torch._dynamo.reset()
+            result["status"] = failed(error)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for result, step, _ in prepared:
+            if result["status"] != "ok":
+                continue
+            try:
+                sync()
+                t0 = time.perf_counter()
+                step()
+                sync()
+                result["times"].append(time.perf_counter() - t0)
+            except Exception as error:
+                result["status"] = failed(error)
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    rates = {precision: measure_matmul_gflops(precision, device=device) for _, _, precision in prepared}
+    for result, _, precision in prepared:
+        times = result.pop("times")
+        if result["status"] == "ok":
+            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision])
+    prepared.clear()
+    if any(compiled for compiled, _, _ in variants):
+        torch._dynamo.reset()
     method = ("torch.cuda.max_memory_allocated" if device == "cuda"
               else "peak RSS minus the RSS before the variant's model was built (glibc freed memory trimmed)")
     return {"variants": results, "memory_method": method}
