@@ -60,7 +60,7 @@ def synthetic_brain(shape: tuple[int, int, int], rng: np.random.Generator, noise
     """One SYNTHETIC brain-like volume (H, W, D) float32 in [0, 1] (see the module docstring)."""
     coords = np.stack(np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij"))
     centre = rng.normal(0, 0.03, 3)
-    radii = np.array([0.8, 0.9, 0.8]) * (1 + rng.normal(0, 0.04, 3))
+    radii = np.array([0.92, 0.95, 0.9]) * (1 + rng.normal(0, 0.03, 3))
     head = _ellipsoid(coords, centre, radii)
     volume = np.zeros(shape)
     volume[head < 1.0] = 0.55  # scalp

@@ -10,7 +10,7 @@ Patches never see each other, so the VQ-AE cannot learn long-range structure (th
 and block artefacts at patch borders are expected, as the paper notes.
 
 Encoder: a 3x3x3 convolution to ``channels[0]``, then per level a stride-2 4x4x4 convolution and a
-3x3x3 convolution (each followed by GroupNorm and SiLU), ``log2(p / l)`` levels, and a 1x1x1
+3x3x3 convolution (each followed by BatchNorm and SiLU), ``log2(p / l)`` levels, and a 1x1x1
 convolution to ``embed_dim``.
 The decoder mirrors it with stride-2 transposed convolutions. The loss (paper: all terms weighted
 equally) is :func:`medattn.diffusion.losses.vqae_loss`.
@@ -35,9 +35,11 @@ def _levels(patch_size: int, latent_size: int) -> int:
 
 
 def _unit(conv: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """``conv -> GroupNorm -> SiLU``: the normalisation keeps activations at unit scale through the depth."""
-    channels = conv.out_channels
-    return conv, nn.GroupNorm(math.gcd(8, channels), channels), nn.SiLU()
+    """``conv -> BatchNorm -> SiLU``. Batch statistics, not per-patch ones: GroupNorm normalises each patch (an
+    empty patch's noise is scaled like tissue). Without normalisation, and with GroupNorm, the autoencoder
+    stayed at a constant (zero) output in most of our short CPU runs on SYNTHETIC volumes (3 of 4 seeds
+    with GroupNorm); with BatchNorm the packaged run left that plateau (docs/diffusion.md)."""
+    return conv, nn.BatchNorm3d(conv.out_channels), nn.SiLU()
 
 
 class VQAutoencoder3d(nn.Module):
