@@ -10,7 +10,7 @@ exact O(N^2) filter, computed in row blocks of 1024 to bound memory. Timings are
 one warm-up (see ``medattn.bench.common.median_time``); from 10^6 points on, one warm-up and one timed run
 (a cold single run also paid the first touch of every fresh page, which made the cost per point look
 non-linear in N: 1.06 vs 0.63 CPU-us at 10^6 vs 3x10^5 in one run, sys time 25% of the total). Besides
-wall time, ``cpu_seconds`` is the worker's CPU time per call (``time.process_time``), which is less
+wall time, ``cpu_seconds`` is the worker's CPU time per timed call (``time.process_time``, user + system), which is less
 disturbed when other processes share the machine. The lattice's Numba kernels are loaded (compiled on
 the first run ever) by a filter of 1,000 points before the peak mark is reset and the clocks start: a
 one-off cost of the process (measured: 0.5 CPU-s and 130 MiB, mostly Numba and LLVM), not of the filter.
@@ -109,12 +109,12 @@ def measure(config: dict) -> dict:
 
     reset = _reset_peak()
     baseline = _status_bytes("VmRSS")
-    big = config["num_points"] >= 1_000_000
-    repeats, warmup = (1, 1) if big else (config["repeats"], 1)
-    cpu_started = time.process_time()
+    repeats = 1 if config["num_points"] >= 1_000_000 else config["repeats"]
     with torch.set_grad_enabled(backward):
-        seconds = median_time(call, repeats=repeats, warmup=warmup)
-    cpu_seconds = (time.process_time() - cpu_started) / (repeats + warmup)
+        call()  # warm-up: its memory counts in the peak, its time in neither clock
+        cpu_started = time.process_time()
+        seconds = median_time(call, repeats=repeats, warmup=0)
+    cpu_seconds = (time.process_time() - cpu_started) / repeats
     peak = _status_bytes("VmHWM") if reset else peak_rss_bytes()
     return {**config, "seconds": seconds, "us_per_point": seconds / config["num_points"] * 1e6,
             "cpu_seconds": cpu_seconds, "cpu_us_per_point": cpu_seconds / config["num_points"] * 1e6,
