@@ -1,16 +1,19 @@
 """Time and peak memory of the 3D absorbing-diffusion transformer versus token count, per mechanism.
 
 For each mechanism and latent grid (BinaryFormer §3.2: 10 x 14 x 12 = 1,680 tokens for a 160 x 224 x 192
-brain, 20 x 28 x 24 = 13,440 at twice the resolution per axis), in one process:
+brain, 20 x 28 x 24 = 13,440 at twice the resolution per axis), in one run:
 
 * ``train_step_s``: forward, backward (the absorbing loss at a random mask ratio) and an AdamW step;
 * ``sample_step_s``: one reveal step of the sampler (eval, no_grad: one forward, softmax, multinomial);
 * ``train_peak_mib`` / ``sample_peak_mib``: peak memory of each (CUDA: ``max_memory_allocated``; CPU:
-  the process's peak RSS over its size before the case, which also counts the allocator's reuse).
+  the peak RSS over the size after building the model and inputs).
 
-Medians over ``--repeats``; a case predicted (power law from the smaller grids) to exceed
-``--max-case-s`` is skipped and recorded as such. Results: ``diffusion_scaling.csv`` / ``.json`` in
-``--out``, each row with the machine, threads and torch version (:mod:`medattn.bench.common`).
+Each (mechanism, grid, phase) runs in a fresh Python process (:func:`medattn.bench.common.run_isolated`;
+``--in-process`` to skip that), so freed memory of an earlier case cannot hide a later case's peak. The
+measurement is :func:`medattn.diffusion.benchmark.measure_case`. Medians over ``--repeats``; a case
+predicted (power law from the smaller grids) to exceed ``--max-case-s`` is skipped and recorded as such.
+Results: ``diffusion_scaling.csv`` / ``.json`` in ``--out``, each row with the machine, threads and torch
+version (:mod:`medattn.bench.common`).
 
     # CPU (small grids, a small model: minutes on 2 cores)
     .venv/bin/python benchmarks/diffusion_scaling.py --grids 5x7x6,10x7x6,10x14x6,10x14x12 --dim 128 --depth 2
@@ -30,15 +33,12 @@ from medattn.bench.common import (
     environment,
     extrapolate,
     format_table,
-    median_time,
-    peak_memory_bytes,
-    peak_rss_bytes,
-    reset_peak_memory,
     row_environment,
+    run_in_process,
+    run_isolated,
     write_results,
 )
-from medattn.diffusion.sampling import sample_tokens
-from medattn.diffusion.transformer import AbsorbingTransformer, absorbing_loss
+from medattn.diffusion.benchmark import measure_case
 from medattn.threads import set_threads
 
 MECHANISMS = "softmax,binary-sg,binary-hamming,binary-ste,binary-bernoulli"
@@ -49,34 +49,6 @@ def _grid(text: str) -> tuple[int, int, int]:
     if len(sizes) != 3 or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"a grid is HxWxD, got {text!r}")
     return sizes
-
-
-def measure(attention: str, grid: tuple[int, int, int], args, device: torch.device) -> dict:
-    """Time and peak memory of one training step and one sampling step (see the module docstring)."""
-    kind = device.type
-    torch.manual_seed(0)
-    model = AbsorbingTransformer(grid, 8, 64, dim=args.dim, depth=args.depth, num_heads=args.heads,
-                                 attention=attention).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(64, (args.batch, model.num_tokens, 8), device=device)
-    generator = torch.Generator().manual_seed(0)
-
-    def train_step():
-        optimizer.zero_grad(set_to_none=True)
-        absorbing_loss(model, tokens, 256, generator).backward()
-        optimizer.step()
-
-    def sample_step():
-        sample_tokens(model, batch=args.batch, steps=1, temperature=0.8, seed=0)
-
-    row = {}
-    for name, fn in (("train", train_step), ("sample", sample_step)):
-        model.train(name == "train")
-        reset_peak_memory(kind)
-        baseline = 0 if kind == "cuda" else peak_rss_bytes()
-        row[f"{name}_step_s"] = median_time(fn, repeats=args.repeats, warmup=1, budget_s=args.budget_s)
-        row[f"{name}_peak_mib"] = peak_memory_bytes(kind, baseline) / 2**20
-    return row
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -94,10 +66,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-case-s", type=float, default=120.0, help="skip a case predicted to take longer")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--in-process", action="store_true", help="measure in this process (CPU memory then "
+                        "under-reports cases after the first)")
     parser.add_argument("--out", default="reports/bench-diffusion")
     args = parser.parse_args(argv)
-    set_threads(args.threads)
-    device = torch.device(args.device)
+    threads = set_threads(args.threads)
     env = environment("fp32")
     rows = []
     for attention in args.mechanisms:
@@ -110,8 +83,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if predicted is not None and predicted * (args.repeats + 1) > args.max_case_s:
                 row["status"] = f"skipped: predicted {predicted:.1f} s per training step"
             else:
-                row.update(measure(attention, grid, args, device), status="ok")
-                done.append((n, row["train_step_s"]))
+                for phase in ("train", "sample"):
+                    kwargs = {"attention": attention, "grid": list(grid), "phase": phase, "dim": args.dim,
+                              "depth": args.depth, "heads": args.heads, "batch": args.batch,
+                              "repeats": args.repeats, "budget_s": args.budget_s, "device": args.device,
+                              "threads": threads}
+                    result = (run_in_process(measure_case, kwargs) if args.in_process else
+                              run_isolated("medattn.diffusion.benchmark:measure_case", kwargs,
+                                           timeout_s=args.max_case_s * 3))
+                    row.update(result)
+                row.setdefault("status", "ok")
+                if "train_step_s" in row:
+                    done.append((n, row["train_step_s"]))
             rows.append(row)
             print(f"{attention} N={n}: {row['status']}", flush=True)
     write_results(rows, args.out, "diffusion_scaling", env)
