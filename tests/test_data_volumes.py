@@ -10,7 +10,7 @@ pytest.importorskip("nibabel")
 pytest.importorskip("pydicom")
 
 from medattn.data import build_datasets  # noqa: E402
-from medattn.data.volumes import crop_or_pad, normalise, read_volume  # noqa: E402
+from medattn.data.volumes import crop_or_pad, normalise, read_dicom_series, read_volume, to_native_grid  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 from test_data_writers import write_csv, write_dicom, write_nifti  # noqa: E402
 
@@ -57,6 +57,12 @@ def test_dicom_series_matches_nifti(tmp_path):
                     position=(0.0, 0.0, 2.5 * k), spacing=(0.8, 0.6), instance=5 - k)
     series, spacing = read_volume(folder)
     assert torch.equal(series, torch.from_numpy(volume)) and spacing == pytest.approx((0.6, 0.8, 2.5))
+    # a map on the loader's grid (cropped) goes back onto the series' own array grid, voxel for voxel
+    stored, affine = read_dicom_series(folder)
+    back, back_affine = to_native_grid(crop_or_pad(series, (3, 3, 4)), folder, None)
+    kept = to_native_grid(torch.ones(3, 3, 4, dtype=torch.bool), folder, None)[0]
+    np.testing.assert_array_equal(back_affine, affine)
+    assert kept.sum() == 3 * 3 * 4 and np.array_equal(back[kept], stored[kept]) and not back[~kept].any()
 
 
 def test_resample_crop_pad_and_normalise(tmp_path):
@@ -154,4 +160,5 @@ def test_a_default_size_that_crops_the_volumes_is_a_warning(tmp_path, shape, aff
     if lost is None:
         assert warnings == []
     else:
-        assert len(warnings) == 1 and "data.target_size is not set" in warnings[0] and f"{lost} of an axis" in warnings[0]
+        assert len(warnings) == 1 and "data.target_size is not set" in warnings[0]
+        assert f"{lost} of an axis" in warnings[0]

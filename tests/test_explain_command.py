@@ -16,8 +16,8 @@ from medattn.cli import main
 from medattn.config import load_config
 from medattn.data.base import TaskInfo
 from medattn.data.preprocessing import describe
+from medattn.data.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
-from medattn.explain.outputs import place_centred, volume_map_to_input
 from medattn.train import build_model, checkpoint
 
 
@@ -80,12 +80,12 @@ def test_volume_map_returns_each_voxel_to_where_it_came_from(tmp_path):
     nib.save(nib.Nifti1Image(index, affine), path)
     volume, _ = read_volume(path)
     model_grid = crop_or_pad(volume, (8, 6, 5))  # the loader's crop/pad to the model's size
-    back, kept = volume_map_to_input(model_grid, path, None)
+    back, kept = to_native_grid(model_grid, path, None)
     np.testing.assert_allclose(kept, affine)
     seen = back != 0
     np.testing.assert_array_equal(back[seen], index[seen])
     assert seen.sum() == 8 * 6 * 5  # RAS shape (10, 7, 5) cropped to (8, 6, 5): every kept voxel is back
-    torch.testing.assert_close(place_centred(torch.ones(2, 2), (4, 1)), torch.tensor([[0.0], [1.0], [1.0], [0.0]]))
+    torch.testing.assert_close(uncrop_or_unpad(torch.ones(2, 2), (4, 1)), torch.tensor([[0.0], [1.0], [1.0], [0.0]]))
 
 
 @pytest.mark.parametrize("attention, chunk, used", [("seqnorm", "40", "rollout"), ("seqnorm", "32768", "gradrollout"),

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.data.files import check_regular
     from medattn.data.images import read_image
     from medattn.data.preprocessing import inference_dataset
+    from medattn.data.volumes import to_native_grid, write_nifti
     from medattn.deploy.trained import load_checkpoint
     from medattn.explain import default_method, explain, outputs
     from medattn.train.objectives import probabilities
@@ -162,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
                     image.save(stem.with_suffix(".png"))
                 written = [f"{stem.name}.png"]
             else:
-                array, affine = outputs.volume_map_to_input(heat, path, prep.spacing)
-                outputs.write_nifti(out_dir / f"{stem.name}.nii.gz", array, affine)
+                array, affine = to_native_grid(heat.float(), path, prep.spacing)
+                write_nifti(out_dir / f"{stem.name}.nii.gz", array, affine)
                 written = [f"{stem.name}.nii.gz"]
         with torch.no_grad():
             probs = probabilities(logits.detach().float(), prep.task_type)[0].tolist()

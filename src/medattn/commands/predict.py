@@ -53,20 +53,6 @@ def sample_inputs(files: list[str], subtract: list[str] | None, per_sample: int)
     return [(Path(f),) for f in files]
 
 
-def file_loader(data_cfg: dict, task):
-    """path -> sample dict, prepared as the description of ``data_cfg`` and ``task`` says (one-file samples;
-    the first side for left/right models). For callers holding a run config; with a checkpoint use its
-    stored description: :func:`medattn.data.preprocessing.inference_dataset`."""
-    from medattn.data.preprocessing import describe, inference_dataset
-
-    prep = describe(data_cfg, task)
-
-    def read(path: Path) -> dict:
-        return inference_dataset(prep, [(Path(path),)])[0]
-
-    return read
-
-
 def _write(path: Path, header: list[str], rows: list[list]) -> None:
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)

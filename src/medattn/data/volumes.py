@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
+from ..errors import UserError, writing
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
@@ -236,6 +236,73 @@ def crop_or_pad(volume: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
             dst.append(slice(start, start + n))
     out[tuple(dst)] = volume[tuple(src)]
     return out
+
+
+def uncrop_or_unpad(x: torch.Tensor, size: tuple[int, ...], fill: float = 0) -> torch.Tensor:
+    """Inverse of :func:`crop_or_pad`: the grid ``x`` (the loader's size) put back on a grid of ``size`` (the
+    grid before crop/pad) with the same centring, so each voxel returns to where it came from; voxels the
+    crop cut away get ``fill``."""
+    out = x.new_full(size, fill)
+    src, dst = [], []
+    for n, m in zip(size, x.shape):  # the loader took m voxels from n
+        if n >= m:  # the crop kept [start, start + m) of n
+            src.append(slice(0, m))
+            dst.append(slice((n - m) // 2, (n - m) // 2 + m))
+        else:  # the pad put n voxels at [start, start + n) of m
+            src.append(slice((m - n) // 2, (m - n) // 2 + n))
+            dst.append(slice(0, n))
+    out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+def native_grid(path: Path) -> tuple[tuple[int, int, int], np.ndarray]:
+    """(array shape, voxel-to-world affine) of a volume as stored: a NIfTI file's header, or the (columns, rows,
+    slices) array and RAS affine :func:`read_volume` builds for a DICOM series folder."""
+    if path.is_dir():
+        array, affine = read_dicom_series(path)
+        return tuple(array.shape), affine
+    if not is_nifti(path):
+        raise UserError(f"{path}: expected a NIfTI file or a DICOM series folder")
+    import nibabel as nib
+
+    image = nib.load(path)
+    return tuple(int(n) for n in image.shape[:3]), np.asarray(image.affine, dtype=np.float64)
+
+
+def to_native_grid(values: torch.Tensor, path: Path, spacing: tuple[float, ...] | None) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """A map (H, W, D) on the loader's grid (heatmap, label map) -> (the map on the file's own array grid,
+    the file's affine), so voxel (i, j, k) of the map is voxel (i, j, k) of the input.
+
+    Undoes :class:`VolumeLoader`'s steps in reverse: un-crop/un-pad (:func:`uncrop_or_unpad`, 0 where the crop
+    cut voxels away), the resampling to ``spacing`` (nearest neighbour, to the RAS+ grid's exact size), and the
+    reorientation to RAS+. The dtype of ``values`` is kept."""
+    from nibabel import orientations as ornt
+
+    shape, affine = native_grid(path)
+    to_ras = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
+    ras_shape, ras_spacing = [0, 0, 0], [0.0, 0.0, 0.0]
+    for axis, (target, _) in enumerate(to_ras):
+        ras_shape[int(target)] = shape[axis]
+        ras_spacing[int(target)] = float(np.linalg.norm(affine[:3, axis]))
+    resampled = ras_shape if spacing is None else [max(1, round(n * s / t)) for n, s, t in
+                                                    zip(ras_shape, ras_spacing, spacing)]  # as resample sizes it
+    values = uncrop_or_unpad(values, tuple(resampled))
+    if list(values.shape) != ras_shape:
+        values = F.interpolate(values[None, None].float(), size=ras_shape, mode="nearest-exact")[0, 0].to(values.dtype)
+    back = ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.io_orientation(affine))
+    return np.ascontiguousarray(ornt.apply_orientation(values.numpy(), back)), affine
+
+
+def write_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
+    """Save ``array`` as NIfTI with ``affine`` as its sform and qform (code 1, scanner space)."""
+    import nibabel as nib
+
+    image = nib.Nifti1Image(array, affine)
+    image.set_sform(affine, code=1)
+    image.set_qform(affine, code=1)
+    with writing(path):
+        nib.save(image, str(path))
 
 
 def normalise(volume: torch.Tensor, method: str) -> torch.Tensor:

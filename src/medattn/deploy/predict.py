@@ -55,7 +55,9 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
-        from .segmentation import structure_volumes, to_input_grid, write_label_map
+        from medattn.data.volumes import write_nifti
+
+        from .segmentation import structure_volumes, to_input_grid
 
         table.header = ["file", "label_map", *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
         label_dir = Path(label_dir) if label_dir is not None else Path("label_maps")
@@ -81,7 +83,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                 stem = _stem(item.paths[0])
                 used[stem] = used.get(stem, 0) + 1  # two inputs of one name (other folders) get two maps
                 out = label_dir / f"{stem}{'' if used[stem] == 1 else f'_{used[stem]}'}_labels.nii.gz"
-                write_label_map(labels, affine, out)
+                write_nifti(out, labels, affine)
                 volumes = structure_volumes(labels, affine, prep.num_outputs)
                 table.rows.append([str(item.paths[0]), str(out), *[f"{v:.3f}" for v in volumes], *provenance])
                 continue

@@ -11,8 +11,6 @@ import csv
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 from ..errors import UserError, writing
@@ -57,69 +55,6 @@ def overlay(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5, label: str 
     colours = matplotlib.colormaps[cmap](np.clip((heat - low) / (high - low), 0, 1))[..., :3] * 255
     out = Image.fromarray(np.clip((1 - alpha) * rgb + alpha * colours, 0, 255).round().astype(np.uint8))
     return _label(out, label)
-
-
-def place_centred(x: torch.Tensor, size: tuple[int, ...], fill: float = 0.0) -> torch.Tensor:
-    """Undo :func:`medattn.data.volumes.crop_or_pad`: put the centre-cropped/padded grid back on a grid of
-    ``size`` (the same centring rule, so each voxel returns to where it came from); elsewhere ``fill``."""
-    out = x.new_full(size, fill)
-    src, dst = [], []
-    for n, m in zip(size, x.shape):  # the loader took m voxels from n
-        if n >= m:
-            src.append(slice(0, m))
-            dst.append(slice((n - m) // 2, (n - m) // 2 + m))
-        else:
-            src.append(slice((m - n) // 2, (m - n) // 2 + n))
-            dst.append(slice(0, n))
-    out[tuple(dst)] = x[tuple(src)]
-    return out
-
-
-def native_grid(path: Path) -> tuple[tuple[int, int, int], np.ndarray]:
-    """(shape, voxel-to-world affine) of a NIfTI file or a DICOM series folder as stored (DICOM: the
-    (columns, rows, slices) array and RAS affine the volume reader builds)."""
-    from ..data.volumes import is_nifti, read_dicom_series
-
-    if path.is_dir():
-        array, affine = read_dicom_series(path)
-        return tuple(array.shape), affine
-    if not is_nifti(path):
-        raise UserError(f"{path}: expected a NIfTI file or a DICOM series folder")
-    import nibabel as nib
-
-    image = nib.load(path)
-    return tuple(image.shape[:3]), image.affine
-
-
-def volume_map_to_input(heat: torch.Tensor, path: Path, spacing: tuple[float, ...] | None) -> tuple[np.ndarray,
-                                                                                                       np.ndarray]:
-    """A map (H, W, D) on the model's grid -> (map on the file's own grid, the file's affine).
-
-    Inverts :class:`~medattn.data.volumes.VolumeLoader`: un-crop/un-pad (:func:`place_centred`, 0 outside
-    the model's field of view), undo the resampling to ``spacing`` (nearest, to the RAS grid's exact
-    size), then the reorientation to RAS+."""
-    from nibabel import orientations as ornt
-
-    shape, affine = native_grid(path)
-    transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
-    ras_shape, ras_spacing = [0, 0, 0], [0.0, 0.0, 0.0]
-    for axis, (target, _) in enumerate(transform):
-        ras_shape[int(target)] = shape[axis]
-        ras_spacing[int(target)] = float(np.linalg.norm(affine[:3, axis]))
-    resampled = ras_shape if spacing is None else [max(1, round(n * s / t)) for n, s, t in
-                                                    zip(ras_shape, ras_spacing, spacing)]  # volumes.resample's grid
-    heat = place_centred(heat.float(), tuple(resampled))
-    if list(heat.shape) != ras_shape:
-        heat = F.interpolate(heat[None, None], size=ras_shape, mode="nearest-exact")[0, 0]
-    back = ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.io_orientation(affine))
-    return np.ascontiguousarray(ornt.apply_orientation(heat.numpy(), back), dtype=np.float32), affine
-
-
-def write_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
-    import nibabel as nib
-
-    with writing(path):
-        nib.save(nib.Nifti1Image(array, affine), str(path))
 
 
 def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
