@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from medattn.data.files import check_regular
-from medattn.data.volumes import is_nifti, normalise
+from medattn.data.volumes import is_nifti, normalise, write_nifti
 from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, voxel_mask_to_tokens
 from medattn.diffusion.model import load_stage
 from medattn.diffusion.vqae import patch_grid
@@ -46,17 +46,6 @@ def read_nifti(path: Path):
 def _stem(path: Path) -> str:
     name = path.name
     return name[: -len(".nii.gz")] if name.lower().endswith(".nii.gz") else path.stem
-
-
-def _write(array: np.ndarray, like, path: Path) -> None:
-    import nibabel as nib
-
-    header = like.header.copy()
-    header.set_data_dtype(np.float32)
-    image = nib.Nifti1Image(array.astype(np.float32), like.affine, header)
-    image.header.set_slope_inter(1.0, 0.0)
-    with writing(path):
-        nib.save(image, path)
 
 
 def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Path, *, mask: str = "centre",
@@ -101,8 +90,8 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
         voxel_mask = tokens_to_voxels(unknown, cell)
         scores = score_case(result["output"], volume, result["reconstruction"], voxel_mask)
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write(result["output"].numpy(), image, out_dir / f"{_stem(path)}_inpainted.nii.gz")
-        _write(voxel_mask.numpy().astype(np.float32), image, out_dir / f"{_stem(path)}_mask.nii.gz")
+        write_nifti(out_dir / f"{_stem(path)}_inpainted.nii.gz", result["output"].numpy(), image.affine)
+        write_nifti(out_dir / f"{_stem(path)}_mask.nii.gz", voxel_mask.numpy().astype(np.uint8), image.affine)
         rows.append({"case": _stem(path), "method": method, "masked_tokens": int(unknown.sum()), **scores})
     with writing(out_dir / "scores.csv"), open(out_dir / "scores.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=SCORE_FIELDS)
