@@ -2,6 +2,7 @@
 ONNX against the checkpoint (1e-4 relative), segmentation label maps on the input's grid."""
 
 import csv
+import json
 import hashlib
 import sys
 
@@ -192,3 +193,34 @@ def test_label_maps_undo_reorientation_and_crop(tmp_path, size):
     kept, _ = to_input_grid(torch.ones(size, dtype=torch.long), tmp_path / "v.nii.gz", prep)
     assert kept.shape == array.shape and kept.sum() == np.prod(size)  # the voxels the model saw, each once
     np.testing.assert_array_equal(labels, (array > 0) * kept)
+
+
+def test_a_model_trained_on_patches_predicts_by_sliding_windows(tmp_path, capsys):
+    """predict gives what eval computes for a patch-trained model (Gaussian-blended windows), not a whole-volume
+    forward the model never saw in training; export refuses it in one line."""
+    import torch
+
+    from medattn.deploy.runtime import open_model
+    from medattn.deploy.trained import load_checkpoint
+    from medattn.train.sliding import sliding_window_logits
+
+    data = ["data.volume_size=[16, 16, 8]", "data.num_blobs=1", "data.num_samples=[4, 2, 2]"]
+    assert main(["train", "synthetic_vertebrae", *data, "model.name=dilated_fcn", "train.batch_size=2",
+                 "train.patch_size=[8, 8, 8]", *TRAIN[:1], *TRAIN[2:], "--out", str(tmp_path / "run")]) == 0
+    volume = build_datasets({"kind": "synthetic_vertebrae", "volume_size": [16, 16, 8], "num_blobs": 1,
+                             "num_samples": [4, 2, 2]}).test[0]["input"][None]
+    runner = open_model(tmp_path / "run")
+    model = load_checkpoint(tmp_path / "run").model.eval()
+    expected = sliding_window_logits(model, volume, (8, 8, 8), 0.5).softmax(1)
+    with torch.no_grad():
+        whole = model(volume).softmax(1)
+    assert not torch.allclose(expected, whole, atol=1e-3)  # the two really differ for this model
+    np.testing.assert_allclose(runner.probabilities({"input": volume}), expected.numpy(), atol=1e-6)
+    assert main(["export", str(tmp_path / "run"), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 2
+    assert "trained on patches" in capsys.readouterr().err
+    # eval scores the test split as the training run did (sliding windows): the same Dice as results.json
+    assert main(["eval", str(tmp_path / "run"), "synthetic_vertebrae", *data, "--out", str(tmp_path / "eval"),
+                 "--no-progress"]) == 0
+    evaluated = json.loads((tmp_path / "eval/eval.json").read_text())
+    trained = json.loads((tmp_path / "run/results.json").read_text())["test"]
+    assert evaluated["dice"] == pytest.approx(trained["dice"], abs=1e-9)

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.train import distributed, make_loader, predict, score_split
     from medattn.train.build import check_device
     from medattn.train.objectives import objective_for
+    from medattn.train.sliding import inference_window
 
     trained = load_checkpoint(args.checkpoint)
     model, run_config, task, folder = trained.model, trained.config, trained.task, trained.folder
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(getattr(bundle, args.split), batch_size, False, config["seed"])
     pred = predict(model.to(device), loader, data_task, device, run_config["train"]["precision"], args.split,
-                   not args.no_progress)
+                   not args.no_progress, objective=objective_for(data_task, run_config["train"]["loss"]),
+                   window=inference_window(run_config, task))  # sliding windows for models trained on patches
     if distributed.is_main():
         with writing(out):
             result = score_split(pred, data_task, args.split, out, config["eval"], config["seed"])

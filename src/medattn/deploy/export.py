@@ -161,9 +161,14 @@ def _reason(error: Exception) -> str:
 
 def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict:
     """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata."""
+    from medattn.train.sliding import inference_window
+
     from .trained import load_checkpoint
 
     trained = load_checkpoint(checkpoint)
+    if inference_window(trained.config, trained.task) is not None:
+        raise UserError(f"{checkpoint}: this model was trained on patches and predicts whole volumes by sliding "
+                        f"windows, which an exported graph does not hold yet; predict from the checkpoint")
     meta = metadata(trained.preprocessing, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
     export_model(trained.model, trained.preprocessing, fmt, out, meta)
     return read_metadata(out)

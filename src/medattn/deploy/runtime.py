@@ -60,6 +60,7 @@ def _inputs(batch: dict, input_kind: str) -> tuple[torch.Tensor, ...]:
 def _torch_runner(path: str | Path) -> Runner:
     from medattn.train import distributed
     from medattn.train.build import check_device
+    from medattn.train.sliding import inference_window, sliding_window_logits
 
     from .trained import load_checkpoint
 
@@ -69,6 +70,7 @@ def _torch_runner(path: str | Path) -> Runner:
     device = distributed.setup(trained.config["train"]["device"])
     wrapper = Deployable(trained.model.to(device), prep.task_type, prep.input_kind).eval()
     precision = trained.config["train"]["precision"]
+    window = inference_window(trained.config, trained.task)  # models trained on patches: as eval predicts
 
     @torch.no_grad()
     def run(batch: dict) -> np.ndarray:
@@ -76,6 +78,8 @@ def _torch_runner(path: str | Path) -> Runner:
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
                     else contextlib.nullcontext())  # the run's precision, as eval predicts
         with autocast:
+            if window is not None:
+                return sliding_window_logits(wrapper.model, inputs[0], *window).softmax(1).cpu().numpy()
             return wrapper(*inputs).float().cpu().numpy()
 
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
