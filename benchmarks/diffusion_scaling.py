@@ -32,13 +32,13 @@ from medattn.bench.common import (
     comma_list,
     environment,
     extrapolate,
-    format_table,
     row_environment,
     run_in_process,
     run_isolated,
     write_results,
 )
 from medattn.diffusion.benchmark import measure_case
+from medattn.text import format_table
 from medattn.threads import set_threads
 
 MECHANISMS = "softmax,binary-sg,binary-hamming,binary-ste,binary-bernoulli"

@@ -35,6 +35,7 @@ import torch
 
 from medattn.attention import available_attentions, build_attention, get_attention_class
 from medattn.errors import UserError
+from medattn.text import format_table
 from medattn.threads import set_threads
 
 from .common import (
@@ -42,7 +43,6 @@ from .common import (
     current_rss_bytes,
     environment,
     extrapolate,
-    format_table,
     median_time,
     peak_memory_bytes,
     reset_peak_memory,

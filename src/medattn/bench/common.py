@@ -269,18 +269,6 @@ def run_in_process(measure: Callable[..., dict], kwargs: dict) -> dict:
         return {"status": f"failed: {type(error).__name__}: {error}"}
 
 
-def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Plain-text table of ``rows``; ``columns`` are ``(key, header, format spec)``, missing values blank."""
-    cells = [[header for _, header, _ in columns]]
-    for row in rows:
-        cells.append([
-            "" if row.get(key) is None else format(row[key], spec) if spec else str(row[key])
-            for key, _, spec in columns
-        ])
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
-
-
 #: The environment fields copied into every result row.
 ROW_ENV_KEYS = ("machine", "processor", "cpu_bf16", "torch_threads", "allocator", "torch", "device")
 

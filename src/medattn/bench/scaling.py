@@ -55,6 +55,7 @@ from medattn.attention import get_attention_class
 from medattn.config import DEFAULTS
 from medattn.errors import UserError
 from medattn.models import available_models, create_model
+from medattn.text import format_table
 from medattn.threads import set_threads
 from medattn.train.optim import make_optimizer
 
@@ -65,7 +66,6 @@ from .common import (
     current_rss_bytes,
     environment,
     extrapolate,
-    format_table,
     peak_memory_bytes,
     reset_peak_memory,
     row_environment,

@@ -154,7 +154,7 @@ def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root
 
 
 def format_summary(summary: dict) -> str:
-    from medattn.bench.common import format_table
+    from medattn.text import format_table
 
     label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""

@@ -61,7 +61,7 @@ def summarise_folds(results: list[dict]) -> dict:
 
 def format_summary(summary: dict) -> str:
     """The printed table: one row per structure, one column per fold, then mean (std)."""
-    from medattn.bench.common import format_table
+    from medattn.text import format_table
 
     label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
     mechanism = f" ({summary['attention']})" if summary["attention"] else ""
