@@ -47,12 +47,33 @@ def _kill_after(epoch):
     return hook
 
 
+def _fit_in_a_fresh_process(run_dir, *overrides) -> subprocess.Popen:
+    """Start ``_fit`` in a new Python process: its first run there, Numba's threading layer not yet started
+    (``NUMBA_NUM_THREADS=2``: starting it once reset the OpenMP thread count under torch's); it writes
+    ``run_dir``."""
+    script = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom engine_data import image_bundle, tiny_config\n"
+              "from medattn.train import fit\n"
+              "fit(tiny_config(*sys.argv[3:]), image_bundle(), sys.argv[2], progress=False, log=lambda m: None)\n")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", script, os.path.dirname(__file__), str(run_dir), *overrides],
+                            env=env)
+
+
 def test_resume_gives_the_same_final_metrics_as_an_uninterrupted_run(tmp_path):
-    config = tiny_config("train.epochs=3", "train.grad_accum=2")
-    full = _fit(config, tmp_path / "full")
-    with pytest.raises(Killed):
-        _fit(config, tmp_path / "resumed", on_epoch_end=_kill_after(1))
-    resumed = _fit(config, tmp_path / "resumed", resume=True)
+    """The uninterrupted run is its process's first; the interrupted and resumed ones run in this process, after
+    other tests' runs or (the test alone) the interrupted one first: what a process sets up on first use must not
+    change the numbers."""
+    overrides = ("train.epochs=3", "train.grad_accum=2")
+    config = tiny_config(*overrides)
+    uninterrupted = _fit_in_a_fresh_process(tmp_path / "full", *overrides)  # meanwhile, the interrupted run here
+    try:
+        with pytest.raises(Killed):
+            _fit(config, tmp_path / "resumed", on_epoch_end=_kill_after(1))
+        resumed = json.loads(json.dumps(_fit(config, tmp_path / "resumed", resume=True)))
+    finally:
+        uninterrupted.wait(timeout=300)
+    assert uninterrupted.returncode == 0
+    full = json.loads((tmp_path / "full/results.json").read_text())
     assert resumed["test"] == full["test"]
     assert resumed["best_epoch"] == full["best_epoch"] and resumed["val_auroc"] == full["val_auroc"]
     rows = [list(csv.DictReader(open(tmp_path / run / "metrics.csv"))) for run in ("full", "resumed")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -60,3 +62,14 @@ def test_decided_once_per_process(machine, monkeypatch):
     assert threads.default_threads()[0] == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))  # our own work raises the load later
     assert threads.default_threads()[0] == 2
+
+
+def test_the_count_holds_in_a_fresh_process_where_numba_starts_its_threads():
+    """Numba's OpenMP threading layer, started on first use, set the process's OpenMP count to NUMBA_NUM_THREADS
+    under torch's: the first training run of a process ran on 2 threads with ``train.threads=1``."""
+    script = ("import numba\nimport torch\nfrom medattn.threads import set_threads\n"  # numba: as the models load it
+              "torch.randn(100_000).sum()\n"  # torch's OpenMP runtime already in use, as after loading the data
+              "set_threads(1)\nprint(torch.get_num_threads())\n")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1"]

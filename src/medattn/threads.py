@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from collections.abc import Callable
 
 
@@ -41,15 +40,20 @@ def default_threads() -> tuple[int, str | None]:
 
 
 def set_threads(requested: int | None = None, log: Callable[[str], None] = print) -> int:
-    """Set torch's intra-op threads, and Numba's (the bit kernel's) where Numba is loaded, to ``requested``,
-    else to :func:`default_threads`; returns the count."""
+    """Set torch's intra-op threads and Numba's (the bit kernel's) to ``requested``, else to
+    :func:`default_threads`; returns the count.
+
+    Numba goes first: its first ``set_num_threads`` (or first parallel kernel) starts its threading layer,
+    and its OpenMP layer, sharing the process's OpenMP runtime with torch, then sets torch's count to
+    ``NUMBA_NUM_THREADS`` (every core by default) once torch has used that runtime. Set after torch's, it
+    overrode the count in the first run of a process only: ``train.threads=1`` trained on 2 threads there,
+    and its float sums differed from a resumed (or any later) run's in the last bits."""
+    import numba
     import torch
 
     threads, note = (requested, None) if requested else default_threads()
     if note:
         log(note)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(threads)
-    numba = sys.modules.get("numba")
-    if numba is not None:
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     return threads
