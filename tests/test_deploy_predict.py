@@ -2,8 +2,8 @@
 ONNX against the checkpoint (1e-4 relative), segmentation label maps on the input's grid."""
 
 import csv
-import json
 import hashlib
+import json
 import sys
 
 import h5py
