@@ -4,6 +4,7 @@ optimizer).
 
 Usage:  python benchmarks/step_profile.py seqnorm 512            # mechanism, image size (vit2d, batch 1)
         python benchmarks/step_profile.py sima 1024 --model vit2d_small
+        python benchmarks/step_profile.py seqnorm 512 --bf16             # under bf16 autocast
 
 One warm-up step, then one profiled step (forward, BCE loss, backward, training's fused AdamW). Prints the
 operator table (self CPU time) and the share of ``aten::mm``/``aten::addmm`` (the linear layers' GEMMs).
@@ -26,6 +27,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("mechanism")
 parser.add_argument("resolution", type=int)
 parser.add_argument("--model", default="vit2d")
+parser.add_argument("--bf16", action="store_true", help="the forward under bf16 autocast, as train.precision=bf16")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -37,7 +39,9 @@ targets = torch.zeros(1, 1)
 
 def step() -> None:
     optimizer.zero_grad(set_to_none=True)
-    F.binary_cross_entropy_with_logits(net(images), targets).backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        logits = net(images)
+    F.binary_cross_entropy_with_logits(logits.float(), targets).backward()
     optimizer.step()
 
 
@@ -48,5 +52,6 @@ events = prof.key_averages()
 print(events.table(sort_by="self_cpu_time_total", row_limit=20))
 total = sum(e.self_cpu_time_total for e in events)
 gemm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm"))
-print(f"{args.model} {args.mechanism} {args.resolution} px, {torch.get_num_threads()} thread(s): "
+print(f"{args.model} {args.mechanism} {args.resolution} px{' bf16' if args.bf16 else ''}, "
+      f"{torch.get_num_threads()} thread(s): "
       f"linear-layer GEMMs (aten::mm + aten::addmm) {100 * gemm / total:.1f}% of {total / 1e6:.2f} CPU-s")
