@@ -1,6 +1,11 @@
-"""Plain-text tables for the terminal: benchmarks, cross-validation and comparison summaries."""
+"""Plain-text tables: for the terminal (benchmarks, cross-validation and comparison summaries) and as CSV files."""
 
 from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from medattn.errors import writing
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -13,3 +18,14 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
         ])
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    """A CSV file of ``header`` and ``rows``, its folder created; a failed write is a one-line UserError."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)

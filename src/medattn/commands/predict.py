@@ -17,7 +17,6 @@ instead of stopping. See docs/deploy.md.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 from medattn.errors import UserError, writing
@@ -53,18 +52,10 @@ def sample_inputs(files: list[str], subtract: list[str] | None, per_sample: int)
     return [(Path(f),) for f in files]
 
 
-def _write(path: Path, header: list[str], rows: list[list]) -> None:
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
-
-
 def run(args: argparse.Namespace) -> int:
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
+    from medattn.text import write_csv
 
     runner = open_model(args.checkpoint)
     prep = runner.preprocessing
@@ -77,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
         with writing(label_dir):
             label_dir.mkdir(parents=True, exist_ok=True)
     table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir)
-    _write(out, table.header, table.rows)
+    write_csv(out, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{tag}")
     if table.threshold_source:
         print(f"threshold: {table.threshold_source}")
     if args.skip_bad:
         skipped = out.with_name(f"{out.stem}_skipped.csv")
-        _write(skipped, ["file", "reason"], [list(b) for b in table.bad])
+        write_csv(skipped, ["file", "reason"], [list(b) for b in table.bad])
         if table.bad:
             print(f"skipped {len(table.bad)} bad file(s) (--skip-bad), listed with reasons in {skipped}")
     return 0

@@ -32,8 +32,9 @@ import numpy as np
 
 from medattn import metrics
 from medattn.errors import UserError, writing
+from medattn.text import write_csv
 
-from .runs import Job, mean_std, mean_std_text, metric_of, read_cases, run_jobs, write_csv
+from .runs import Job, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
 BOOTSTRAP = "paired bootstrap over patients within each seed's test set"

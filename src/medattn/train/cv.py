@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from medattn.errors import UserError, writing
+from medattn.text import write_csv
 
-from .runs import Job, mean_std, mean_std_text, metric_of, run_jobs, write_csv
+from .runs import Job, mean_std, mean_std_text, metric_of, run_jobs
 
 
 def fold_jobs(config: dict, folds: int) -> list[Job]:

@@ -149,10 +149,3 @@ def mean_std_text(summary: dict, digits: int = 3) -> str:
         return "-"
     std = "" if summary["std"] is None else f" ({summary['std']:.{digits}f})"
     return f"{summary['mean']:.{digits}f}{std}"
-
-
-def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
