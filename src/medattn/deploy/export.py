@@ -41,6 +41,7 @@ from torch import nn
 from medattn import __version__
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError, writing
+from medattn.train.objectives import probabilities
 
 FORMATS = ("onnx", "pt2")
 OPSET = 18
@@ -60,8 +61,7 @@ class Deployable(nn.Module):
             torch.Tensor:
         """x: images/volumes, or bag features with ``mask`` and ``coords`` -> probabilities."""
         logits = self.model(x, mask=mask, coords=coords) if self.input_kind == "bag" else self.model(x)
-        logits = logits.float()
-        return logits.sigmoid() if self.task_type in ("binary", "multilabel") else logits.softmax(1)
+        return probabilities(logits, self.task_type)
 
 
 def any_input_size(model: nn.Module) -> bool:

@@ -60,6 +60,7 @@ def _inputs(batch: dict, input_kind: str) -> tuple[torch.Tensor, ...]:
 def _torch_runner(path: str | Path) -> Runner:
     from medattn.train import distributed
     from medattn.train.build import check_device
+    from medattn.train.objectives import probabilities
     from medattn.train.sliding import inference_window, sliding_window_logits
 
     from .trained import load_checkpoint
@@ -79,7 +80,8 @@ def _torch_runner(path: str | Path) -> Runner:
                     else contextlib.nullcontext())  # the run's precision, as eval predicts
         with autocast:
             if window is not None:
-                return sliding_window_logits(wrapper.model, inputs[0], *window).softmax(1).cpu().numpy()
+                return probabilities(sliding_window_logits(wrapper.model, inputs[0], *window),
+                                     prep.task_type).cpu().numpy()
             return wrapper(*inputs).float().cpu().numpy()
 
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)

@@ -57,7 +57,10 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_samp
 
 
 def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
-    return logits.float().softmax(-1) if task_type == "multiclass" else logits.float().sigmoid()
+    """Logits (B, K) or per voxel (B, K, *spatial) -> float32 probabilities: a softmax over the K classes for
+    multi-class and segmentation, a sigmoid per output for binary and multi-label."""
+    exclusive = task_type in ("multiclass", "segmentation")
+    return logits.float().softmax(1) if exclusive else logits.float().sigmoid()
 
 
 class Classification:
