@@ -107,6 +107,24 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return array, image.affine
 
 
+def ras_grid(shape: tuple[int, ...], affine: np.ndarray) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """A stored 3D array's (H, W, D) shape and voxel spacing in mm (the affine's column norms) once reoriented
+    to RAS+ as :func:`read_volume` does."""
+    from nibabel import orientations as ornt
+
+    to_ras = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
+    spacing = np.linalg.norm(np.asarray(affine)[:3, :3], axis=0)
+    ras_shape, ras_spacing = [0, 0, 0], [0.0, 0.0, 0.0]
+    for axis, (target, _) in enumerate(to_ras):
+        ras_shape[int(target)], ras_spacing[int(target)] = int(shape[axis]), float(spacing[axis])
+    return tuple(ras_shape), tuple(ras_spacing)
+
+
+def resampled_shape(shape: tuple[int, ...], spacing: tuple[float, ...], target: tuple[float, ...]) -> list[int]:
+    """The grid :func:`resample` makes of ``shape`` voxels of ``spacing`` mm at ``target`` mm (same extent)."""
+    return [max(1, round(n * s / t)) for n, s, t in zip(shape, spacing, target)]
+
+
 def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
     """-> (volume (H, W, D) float32 in RAS+ orientation, voxel spacing in mm along H, W, D)."""
     from nibabel import orientations as ornt
@@ -122,13 +140,9 @@ def read_volume(path: Path) -> tuple[torch.Tensor, tuple[float, float, float]]:
         raise ValueError(f"expected a 3D volume, got an array of shape {array.shape}")
     if not np.isfinite(array).all():
         raise ValueError("the volume holds NaN or Inf values")
-    transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
-    spacing = np.linalg.norm(affine[:3, :3], axis=0)
-    reordered = [0.0, 0.0, 0.0]
-    for axis, (target, _) in enumerate(transform):
-        reordered[int(target)] = float(spacing[axis])
-    array = ornt.apply_orientation(array, transform)
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)), tuple(reordered)
+    _, spacing = ras_grid(array.shape, affine)
+    array = ornt.apply_orientation(array, ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS")))
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)), spacing
 
 
 def _check_nifti_complete(path: Path, image) -> None:
@@ -180,11 +194,7 @@ def check_volume_header(path: Path) -> tuple[tuple[int, ...], tuple[float, ...]]
     if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
         raise ValueError(f"expected a 3D volume, the header says shape {shape}")
     _check_nifti_complete(path, image)
-    axes = nib.orientations.io_orientation(image.affine)[:, 0].astype(int)  # stored axis i -> RAS+ axis axes[i]
-    ras_shape, ras_zooms = [0, 0, 0], [0.0, 0.0, 0.0]
-    for i, axis in enumerate(axes):
-        ras_shape[axis], ras_zooms[axis] = int(shape[i]), float(image.header.get_zooms()[i])
-    return tuple(ras_shape), tuple(ras_zooms)
+    return ras_grid(shape[:3], image.affine)
 
 
 def crop_warning(grids: list[tuple[tuple[int, ...], tuple[float, ...]]], spacing: tuple[float, ...] | None,
@@ -193,12 +203,12 @@ def crop_warning(grids: list[tuple[tuple[int, ...], tuple[float, ...]]], spacing
 
     ``grids``: the (shape, spacing) of the volumes in RAS+ order (:func:`check_volume_header`); ``spacing``:
     ``target_spacing`` or None; ``halves``: the volumes are split into left and right halves along H first.
-    The extent after resampling is ``shape * spacing / target_spacing`` voxels per axis.
+    The extent after resampling is :func:`resampled_shape`, the grid the loader makes.
     """
     lost = 0.0
     cropped = 0
     for shape, zooms in grids:
-        extent = [n * z / t for n, z, t in zip(shape, zooms, spacing)] if spacing else list(shape)
+        extent = resampled_shape(shape, zooms, spacing) if spacing else list(shape)
         if halves:
             extent[0] /= 2
         fraction = max(1 - m / n for n, m in zip(extent, size))
@@ -214,7 +224,7 @@ def crop_warning(grids: list[tuple[tuple[int, ...], tuple[float, ...]]], spacing
 
 def resample(volume: torch.Tensor, spacing: tuple[float, ...], target: tuple[float, ...]) -> torch.Tensor:
     """(H, W, D) with voxel ``spacing`` -> the grid with voxel ``target`` (trilinear, same extent)."""
-    size = [max(1, round(n * s / t)) for n, s, t in zip(volume.shape, spacing, target)]
+    size = resampled_shape(volume.shape, spacing, target)
     if list(volume.shape) == size:
         return volume
     return F.interpolate(volume[None, None], size=size, mode="trilinear", align_corners=False)[0, 0]
@@ -280,15 +290,10 @@ def to_native_grid(values: torch.Tensor, path: Path, spacing: tuple[float, ...] 
     from nibabel import orientations as ornt
 
     shape, affine = native_grid(path)
-    to_ras = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt("RAS"))
-    ras_shape, ras_spacing = [0, 0, 0], [0.0, 0.0, 0.0]
-    for axis, (target, _) in enumerate(to_ras):
-        ras_shape[int(target)] = shape[axis]
-        ras_spacing[int(target)] = float(np.linalg.norm(affine[:3, axis]))
-    resampled = ras_shape if spacing is None else [max(1, round(n * s / t)) for n, s, t in
-                                                    zip(ras_shape, ras_spacing, spacing)]  # as resample sizes it
+    ras_shape, ras_spacing = ras_grid(shape, affine)
+    resampled = ras_shape if spacing is None else resampled_shape(ras_shape, ras_spacing, spacing)
     values = uncrop_or_unpad(values, tuple(resampled))
-    if list(values.shape) != ras_shape:
+    if tuple(values.shape) != ras_shape:
         values = F.interpolate(values[None, None].float(), size=ras_shape, mode="nearest-exact")[0, 0].to(values.dtype)
     back = ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.io_orientation(affine))
     return np.ascontiguousarray(ornt.apply_orientation(values.numpy(), back)), affine
