@@ -12,9 +12,9 @@ from medattn.data.synthetic_cxr import render_cxr
 from medattn.data.synthetic_wsi import PATCH_PIXELS, feature_space
 from medattn.errors import UserError
 
-SMALL = {
-    "synthetic_cxr": {"image_size": 32, "num_samples": [16, 8, 8]},
-    "synthetic_breast_mri": {"volume_size": [16, 16, 8], "num_samples": [16, 8, 8]},
+SMALL = {  # the generators without training augmentation (tested in test_data_transforms.py)
+    "synthetic_cxr": {"image_size": 32, "num_samples": [16, 8, 8], "augment": False},
+    "synthetic_breast_mri": {"volume_size": [16, 16, 8], "num_samples": [16, 8, 8], "augment": False},
     "synthetic_wsi": {"num_instances": [20, 60], "feature_dim": 8, "num_samples": [16, 8, 8]},
 }
 SHAPES = {"synthetic_cxr": (1, 32, 32), "synthetic_breast_mri": (1, 16, 16, 8), "synthetic_wsi": (8,)}

@@ -83,6 +83,65 @@ def test_augment_strong_and_bad_values():
     assert torch.equal(bundle.val[0]["input"], bundle.val[0]["input"])  # evaluation is never augmented
 
 
+def test_image_and_volume_kinds_default_to_strong_augmentation(tmp_path):
+    """``data.augment`` left out: the classification kinds' training split draws the strong recipe (a Compose
+    of the paper's transforms, crop, elastic and intensity); ``augment: true`` is the paper's alone."""
+    import numpy as np
+
+    from medattn.data import build_datasets
+    from medattn.data.transforms import DEFAULT_AUGMENT, Compose, RandomFlip3d
+    from test_data_writers import write_csv, write_nifti, write_pillow
+
+    assert DEFAULT_AUGMENT == "strong"
+    rows = [[f"i{k}.png", k % 2] for k in range(8)]
+    for k, (name, _) in enumerate(rows):
+        write_pillow(tmp_path / name, np.full((16, 16), 10 * k, dtype=np.uint8))
+    images = {"kind": "image_table", "csv": str(write_csv(tmp_path / "i.csv", ["path", "label"], rows)),
+              "label_columns": "label", "image_size": 16}
+    assert isinstance(build_datasets(images).train.load.augment, Compose)
+    for k in range(8):
+        affine = np.eye(4)
+        affine[:3, 3] = k
+        write_nifti(tmp_path / f"v{k}.nii.gz", np.random.default_rng(k).random((8, 8, 4), dtype=np.float32),
+                    affine=affine)
+    volumes = {"kind": "volume_table", "csv": str(write_csv(tmp_path / "v.csv", ["path", "label"],
+                                                            [[f"v{k}.nii.gz", k % 2] for k in range(8)])),
+               "label_columns": "label", "target_size": [8, 8, 4]}
+    assert isinstance(build_datasets(volumes).train.load.augment, Compose)
+    assert isinstance(build_datasets({**volumes, "augment": True}).train.load.augment, RandomFlip3d)
+    breast = build_datasets({"kind": "synthetic_breast_mri", "volume_size": [16, 16, 8], "num_samples": [4, 2, 2]})
+    torch.manual_seed(0)
+    draws = [breast.train[0]["input"] for _ in range(8)]
+    plain = build_datasets({"kind": "synthetic_breast_mri", "volume_size": [16, 16, 8], "num_samples": [4, 2, 2],
+                            "augment": False}).train[0]["input"]
+    # flips only permute voxels; the strong recipe's crop and intensity transforms change their values
+    assert any(not torch.equal(d.flatten().sort().values, plain.flatten().sort().values) for d in draws)
+
+
+def test_small_vits_start_with_the_conv_stem_and_older_checkpoints_keep_their_patch_stem(tmp_path):
+    from engine_data import tiny_config
+
+    from medattn.data.base import TaskInfo
+    from medattn.train import checkpoint
+    from medattn.train.build import build_model
+
+    for name in checkpoint.CONV_STEM_PRESETS:
+        assert isinstance(create_model(name, attention="seqnorm").patch_embed, ConvStem)
+    task = TaskInfo("binary", "volume3d", 1, (1, 32, 32, 16), ["lesion"])
+    meta = {"config": tiny_config("model.name=vit3d_small", "model.attention=seqnorm"),
+            "task": checkpoint.task_to_dict(task)}
+    older = build_model({**meta["config"]["model"], "kwargs": {"stem": "patch"}}, task)  # vit3d_small until now
+    checkpoint.save(tmp_path / "old", older, meta)
+    loaded = checkpoint.load_meta(tmp_path / "old")["config"]["model"]
+    assert loaded["kwargs"] == {"stem": "patch"}
+    rebuilt = build_model(loaded, task)
+    checkpoint.load_model(tmp_path / "old", rebuilt)
+    x = torch.randn(2, 1, 32, 32, 16)
+    torch.testing.assert_close(rebuilt.eval()(x), older.eval()(x))
+    checkpoint.save(tmp_path / "new", build_model(meta["config"]["model"], task), meta)
+    assert checkpoint.load_meta(tmp_path / "new")["config"]["model"]["kwargs"] == {}
+
+
 # ---- training options -------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from .files import check_regular
 from .options import check_keys, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import RandomRotateFlip2d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, RandomRotateFlip2d, build_augmentation
 
 DICOM_SUFFIXES = (".dcm", ".dicom", "")
 LUMA = torch.tensor([0.299, 0.587, 0.114])
@@ -204,8 +204,9 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     (binary/multiclass/multilabel; inferred when absent), ``classes`` (class names, when the label
     cells hold names), ``num_classes``, ``image_size`` (int or [H, W], default 224), ``in_chans``
     (1 or 3, default 3), ``mean``/``std`` (after scaling to [0, 1]; default 0.5/0.5), ``augment``
-    (default true: rotation +-45 degrees and vertical flip p = 0.5, training split only; "strong" adds
-    crops, elastic and intensity transforms, :func:`~medattn.data.transforms.build_augmentation`),
+    (training split only; true: rotation +-45 degrees and vertical flip p = 0.5, the paper's; default
+    "strong": those, then crops, elastic and intensity transforms,
+    :func:`~medattn.data.transforms.build_augmentation`; false: none),
     ``check_files`` (default true: check at build time that every file exists and its header reads),
     ``val_fraction``, ``test_fraction``, ``folds``, ``fold`` (see :mod:`medattn.data.splits`).
 
@@ -232,7 +233,7 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    augment = build_augmentation(cfg.get("augment", True), 2)
+    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 2)
     train_loader = ImageLoader(size, in_chans, mean, std, augment)
     task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import RandomFlip3d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, RandomFlip3d, build_augmentation
 
 NAME = "synthetic_breast_mri"
 SIDES = ("left", "right")
@@ -93,8 +93,9 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
     """Synthetic breast-MRI lesion-per-side benchmark (binary).
 
     Keys: ``volume_size`` (H, W, D; default [32, 32, 16]), ``num_samples`` (sides per split; default
-    256/128/128), ``seed`` (data seed, default: the run seed), ``augment`` (default false; true = flips
-    along every axis with p = 0.5; "strong": see :func:`~medattn.data.transforms.build_augmentation`),
+    256/128/128), ``seed`` (data seed, default: the run seed), ``augment`` (default "strong": flips, crops, elastic and
+    intensity transforms, :func:`~medattn.data.transforms.build_augmentation`; true = flips along every axis
+    with p = 0.5; false: none),
     ``cache`` (default true: keep rendered volumes in memory, 64 KB
     each at 32 x 32 x 16). ``skip_bad`` has nothing to skip.
     """
@@ -104,7 +105,7 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
         raise ValueError(f"{NAME}: volume_size must be at least 8 along every axis, got {size}")
     data_seed = int(cfg.get("seed", seed))
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    augment = build_augmentation(cfg.get("augment", False), 3)
+    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 3)
 
     finish = partial(flip_input, augment) if augment else None
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),

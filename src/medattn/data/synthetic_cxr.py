@@ -22,7 +22,7 @@ import torch
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import build_augmentation
+from .transforms import DEFAULT_AUGMENT, build_augmentation
 
 NAME = "synthetic_cxr"
 CTR_NEGATIVE = (0.35, 0.47)
@@ -96,8 +96,8 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
 
     Keys: ``image_size`` (int, default 64), ``num_samples`` (per split; default 256/128/128),
     ``in_chans`` (1 or 3, default 1; the gray image is repeated), ``seed`` (data seed, default: the run
-    seed), ``augment`` (default false: the generator already varies pose and size; true or "strong", see
-    :func:`~medattn.data.transforms.build_augmentation`), ``mean``/``std``
+    seed), ``augment`` (default "strong": rotation, flip, crops, elastic and intensity transforms; true:
+    rotation and flip only; false: none; see :func:`~medattn.data.transforms.build_augmentation`), ``mean``/``std``
     (normalisation of the [0, 1] image, default 0.5/0.5), ``cache`` (default true: keep rendered
     images in memory, about 16 KB each at 64 x 64). ``skip_bad`` has nothing to skip.
     """
@@ -110,7 +110,7 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
         raise ValueError(f"{NAME}: need image_size >= 16, in_chans 1 or 3 and std > 0; "
                          f"got {size}, {in_chans}, {std}")
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    augment = build_augmentation(cfg.get("augment", False), 2)
+    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 2)
     cache = bool(cfg.get("cache", True))
 
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),

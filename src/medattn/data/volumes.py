@@ -18,7 +18,8 @@ Loading one sample (in this order):
 5. centre crop or pad (with the volume's minimum) to ``target_size`` (per side when split).
 6. intensity normalisation: ``zscore`` (mean 0, std 1 over the sample), ``percentile`` (clip to the
    0.5 and 99.5 percentiles, scale to [0, 1]) or ``none``.
-7. training augmentation: flips along every axis with p = 0.5.
+7. training augmentation (``augment``): flips along every axis with p = 0.5 (the paper's), by default
+   followed by crops, elastic and intensity transforms (``strong``).
 
 The sample is (1, H, W, D).
 """
@@ -38,7 +39,7 @@ from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import RandomFlip3d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, RandomFlip3d, build_augmentation
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -367,9 +368,9 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     ``task_type``, ``classes``, ``num_classes`` (as for ``image_table``), ``target_spacing`` (mm along
     H, W, D, e.g. [0.7, 0.7, 3.0]; default: no resampling), ``target_size`` (H, W, D, default
     [256, 256, 32]), ``normalize`` (zscore (default), percentile, none), ``split_sides`` (default
-    false; see the module docstring), ``augment`` (default true: flips along every axis, training
-    split only; "strong" adds crops, elastic and intensity transforms, see
-    :func:`~medattn.data.transforms.build_augmentation`), ``check_files`` (default true),
+    false; see the module docstring), ``augment`` (training split only; true: flips along every axis,
+    the paper's; default "strong": flips, then crops, elastic and intensity transforms, see
+    :func:`~medattn.data.transforms.build_augmentation`; false: none), ``check_files`` (default true),
     ``val_fraction``, ``test_fraction``, ``folds``, ``fold``.
 
     Validation: labels, split values and paths while reading the CSV; existence and headers at build
@@ -405,7 +406,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     warning = None if "target_size" in cfg else crop_warning(grids, spacing, size, bool(sides))
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    train_loader = VolumeLoader(spacing, size, method, build_augmentation(cfg.get("augment", True), 3))
+    train_loader = VolumeLoader(spacing, size, method, build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 3))
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count,

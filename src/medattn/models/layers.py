@@ -106,7 +106,8 @@ class ConvStem(nn.Module):
     def __init__(self, in_chans: int, embed_dim: int, patch_size: tuple[int, ...]) -> None:
         super().__init__()
         if any(p & (p - 1) for p in patch_size):
-            raise ValueError(f"the convolutional stem needs power-of-two patch sizes, got {patch_size}")
+            raise ValueError(f"the convolutional stem needs power-of-two patch sizes, got {patch_size} "
+                             f"(stem='patch' takes any)")
         conv = nn.Conv2d if len(patch_size) == 2 else nn.Conv3d
         norm = nn.BatchNorm2d if len(patch_size) == 2 else nn.BatchNorm3d
         steps = max(p.bit_length() - 1 for p in patch_size)

@@ -67,12 +67,14 @@ PRESETS: dict[str, tuple[type, dict]] = {
                                     mlp_dim=512)),
     # BinaryFormer's pixel-wise transformer (Heinrich, Appendix B): every pixel a token, any H x W.
     "pixel": (PixelTransformer, dict(in_chans=3, num_classes=10, embed_dim=384, depth=8, num_heads=4, mlp_dim=1536)),
-    # Small presets for tests and CPU demos (not from the paper).
+    # Small presets for tests and CPU demos (not from the paper). The `_small` ViTs, made for training from
+    # scratch on a few hundred cases, start with early convolutions (stem="conv"; measured in docs/training.md).
     "pixel_tiny": (PixelTransformer, dict(in_chans=1, num_classes=2, embed_dim=32, depth=2, num_heads=4, mlp_dim=128)),
     "vit2d_small": (VisionTransformer, dict(spatial_dims=2, img_size=64, patch_size=8, in_chans=1, embed_dim=128,
-                                            attn_dim=128, depth=4, num_heads=4, mlp_dim=256)),
+                                            attn_dim=128, depth=4, num_heads=4, mlp_dim=256, stem="conv")),
     "vit3d_small": (VisionTransformer, dict(spatial_dims=3, img_size=(32, 32, 16), patch_size=(8, 8, 4), in_chans=1,
-                                            embed_dim=128, attn_dim=128, depth=4, num_heads=4, mlp_dim=256)),
+                                            embed_dim=128, attn_dim=128, depth=4, num_heads=4, mlp_dim=256,
+                                            stem="conv")),
     "vitwsi_small": (WSITransformer, dict(feature_dim=64, embed_dim=128, attn_dim=128, depth=2, num_heads=4,
                                           mlp_dim=128)),
     "vit2d_tiny": (VisionTransformer, dict(spatial_dims=2, img_size=32, patch_size=8, in_chans=1, embed_dim=32,

@@ -48,6 +48,9 @@ STALE_TMP = re.compile(r"^\..+\.tmp-\d+$")  # what atomic_dir writes into before
 MAX_SIZE = 1 << 16  # largest integer checkpoint.json may give a size (input side, width, class count)
 MAX_COUNT = 1 << 10  # largest repeat count (depth, blocks, heads) and list length in model.kwargs
 COUNT_KEYS = ("depth", "num_blocks", "num_heads")
+#: Presets whose default stem became the convolutional one on 2026-11-24; their checkpoints written before hold a
+#: patch embedding (``patch_embed.weight``) and no ``stem`` key, and load as what they are.
+CONV_STEM_PRESETS = ("vit2d_small", "vit3d_small")
 
 
 @contextlib.contextmanager
@@ -140,7 +143,17 @@ def load_meta(folder: Path) -> dict:
     if isinstance(meta, dict) and isinstance(meta.get("config"), dict):  # keys added since it was saved: defaults
         meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
+    _keep_patch_stem(meta["config"]["model"], folder)
     return meta
+
+
+def _keep_patch_stem(model_cfg: dict, folder: Path) -> None:
+    """A checkpoint of a :data:`CONV_STEM_PRESETS` preset written before its stem default changed gets
+    ``stem: patch`` in ``model.kwargs`` (its weights show a single patchify convolution)."""
+    kwargs = model_cfg["kwargs"]
+    if model_cfg["name"] in CONV_STEM_PRESETS and "stem" not in kwargs and "patch_embed.weight" in header_shapes(
+            folder):
+        kwargs["stem"] = "patch"
 
 
 def check_meta(meta, source: str) -> None:
