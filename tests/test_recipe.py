@@ -120,7 +120,6 @@ def test_image_and_volume_kinds_default_to_strong_augmentation(tmp_path):
 
 def test_small_vits_start_with_the_conv_stem_and_older_checkpoints_keep_their_patch_stem(tmp_path):
     from engine_data import tiny_config
-
     from medattn.data.base import TaskInfo
     from medattn.train import checkpoint
     from medattn.train.build import build_model
