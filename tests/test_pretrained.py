@@ -233,6 +233,13 @@ def test_mismatched_architecture_is_one_line_naming_the_tensor(tmp_path, change,
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing written
 
 
+def test_a_patch_embedding_into_the_conv_stem_is_one_line_naming_the_fix(tmp_path):
+    save_file(timm_state(), tmp_path / "vit.safetensors")
+    with pytest.raises(UserError, match=r"vit.safetensors: holds a patch embedding, but the model starts with the "
+                                        r"convolutional stem .* set model.kwargs.stem=patch"):
+        load_pretrained(tiny(stem="conv"), tmp_path / "vit.safetensors")
+
+
 def test_files_that_are_not_plain_weights_are_refused(tmp_path):
     torch.save({"model": argparse.Namespace(lr=1)}, tmp_path / "pickled.pth")  # needs a global: code could run
     with pytest.raises(UserError, match=r"pickled.pth: not a plain weights file \(torch.load with weights_only=True"):

@@ -68,6 +68,7 @@ import torch.nn.functional as F
 
 from medattn.errors import UserError
 
+from .layers import ConvStem
 from .vit import VisionTransformer, resample_position_embedding
 
 FAMILIES = ("timm", "dino", "mae", "monai")
@@ -271,6 +272,9 @@ def _match(model: VisionTransformer, state: dict, origin: dict, how: dict, where
            source_grid: tuple[int, ...] | None, keep: tuple[str, ...] | None = None) -> tuple[dict, dict]:
     """Our name -> the tensor to copy in, and the report's lists; raises before anything is copied.
     With ``keep`` (glob patterns on timm's names) only matching tensors of the file are used."""
+    if isinstance(model.patch_embed, ConvStem) and "patch_embed.proj.weight" in state:
+        raise UserError(f"{where}: holds a patch embedding, but the model starts with the convolutional stem "
+                        f"(the _small presets' default); set model.kwargs.stem=patch to load it")
     own = model.state_dict()
     tensors, used = {}, set()
     report = {"loaded": [], "adapted": [], "new": [], "dropped": [], "not_kept": [], "how": {}}
