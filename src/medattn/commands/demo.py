@@ -3,8 +3,9 @@
 The built-in benchmark (generated from a seed, no download; not real patients): chest-radiograph
 phantoms (cardiomegaly), breast-MRI-like volumes (enhancing lesion) and whole-slide feature bags
 (tumour instances). The baseline column is what a user would pick instead of a transformer: a small
-2D / 3D ResNet for images and volumes, gated attention-MIL for bags. Each task is generated once and
-shared by the four models; each run is a full `medattn train` run (best validation epoch tested,
+2D / 3D ResNet for images and volumes, gated attention-MIL for bags. Each task is rendered once (the
+synthetic kinds' ``cache``) and shared by the four models, with the kinds' default training augmentation
+drawn afresh on every access; each run is a full `medattn train` run (best validation epoch tested,
 bootstrap CI) at CPU-sized settings with the same budget.
 The report folder (--out) gets table.csv, table.json, roc_<task>_<mechanism>.png and the runs.
 --quick is a seconds-long smoke version (tiny models and data; its numbers mean nothing).
@@ -47,22 +48,6 @@ QUICK = ["data.num_samples={train: 24, val: 16, test: 16}", "train.epochs=1", "t
          "eval.bootstrap=100"]
 
 
-class Cached:
-    """Keeps every generated sample, so the three mechanisms (and every epoch) see one generation pass:
-    a map-style dataset over ``dataset``."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset, self.cache = dataset, {}
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict:
-        if index not in self.cache:
-            self.cache[index] = self.dataset[index]
-        return self.cache[index]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="reports/demo", help="report folder (default: reports/demo; replaced)")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version (numbers mean nothing)")
@@ -93,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
                      f"train.threads={args.threads}"]
         config = load_config(task_name, overrides)
         torch.set_num_threads(args.threads)
+        # the kinds cache their renders, so the four models share one; training augmentation runs on every access
         bundle = build_datasets(config["data"], seed=config["seed"])
-        bundle.train, bundle.val, bundle.test = Cached(bundle.train), Cached(bundle.val), Cached(bundle.test)
         vit = config["model"]["name"]
         for mechanism in COLUMNS:
             baseline = mechanism == "baseline"
