@@ -35,11 +35,13 @@ PLAIN_PRESETS = {
     "unet3d": ("volume3d", (1, 16, 16, 8), "segmentation", 3),
     "dilated_fcn": ("volume3d", (1, 16, 16, 8), "segmentation", 3),
 }
-CASES = [(p, m) for p in ATTENTION_PRESETS for m in available_attentions()] + [(p, None) for p in PLAIN_PRESETS]
+CONV_STEM_PRESETS = {"vit3d_small": ("volume3d", (1, 32, 32, 16), "binary", 1)}  # the stem's BatchNorm in eval mode
+CASES = ([(p, m) for p in ATTENTION_PRESETS for m in available_attentions()] + [(p, None) for p in PLAIN_PRESETS]
+         + [(p, "seqnorm") for p in CONV_STEM_PRESETS])
 
 
 def _prep(preset: str) -> Preprocessing:
-    kind, shape, task_type, k = {**ATTENTION_PRESETS, **PLAIN_PRESETS}[preset]
+    kind, shape, task_type, k = {**ATTENTION_PRESETS, **PLAIN_PRESETS, **CONV_STEM_PRESETS}[preset]
     return Preprocessing(data_kind="test", input_kind=kind, task_type=task_type, num_outputs=k,
                          class_names=tuple(f"c{i}" for i in range(k)), input_shape=shape,
                          mean=(0.5,) * shape[0] if kind == "image2d" else (),
