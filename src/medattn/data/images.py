@@ -28,7 +28,7 @@ from .files import check_regular
 from .options import check_keys, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import DEFAULT_AUGMENT, RandomRotateFlip2d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
 
 DICOM_SUFFIXES = (".dcm", ".dicom", "")
 LUMA = torch.tensor([0.299, 0.587, 0.114])
@@ -173,7 +173,7 @@ class ImageLoader:
     """record -> {"input": (in_chans, H, W)}: read, channels, resize, augment, normalise."""
 
     def __init__(self, size: tuple[int, int], in_chans: int, mean: list[float], std: list[float],
-                 augment: RandomRotateFlip2d | None = None) -> None:
+                 augment: Augmentation | None = None) -> None:
         self.size, self.in_chans, self.augment = size, in_chans, augment
         self.mean = torch.tensor(mean, dtype=torch.float32)[:, None, None]
         self.std = torch.tensor(std, dtype=torch.float32)[:, None, None]

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import DEFAULT_AUGMENT, RandomFlip3d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
 
 NAME = "synthetic_breast_mri"
 SIDES = ("left", "right")
@@ -85,7 +85,7 @@ def make_sample(size: tuple[int, int, int], seed: int, split: str, index: int) -
             "patient": patient_id}
 
 
-def flip_input(augment: RandomFlip3d, sample: dict) -> dict:
+def augment_input(augment: Augmentation, sample: dict) -> dict:
     return {**sample, "input": augment(sample["input"])}
 
 
@@ -107,7 +107,7 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 3)
 
-    finish = partial(flip_input, augment) if augment else None
+    finish = partial(augment_input, augment) if augment else None
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
                                     finish if s == "train" else None, bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "volume3d", 1, (1, *size), ["lesion"], synthetic=True)

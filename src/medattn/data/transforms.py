@@ -21,6 +21,7 @@ transforms are a few lines of torch each (``grid_sample``/``interpolate``), the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -190,9 +191,11 @@ class RandomElastic:
 
 #: ``augment`` of the image and volume classification kinds when the config gives none.
 DEFAULT_AUGMENT = "strong"
+#: What :func:`build_augmentation` returns: (C, *spatial) -> (C, *spatial).
+Augmentation = Callable[[torch.Tensor], torch.Tensor]
 
 
-def build_augmentation(level: bool | str, spatial_dims: int):
+def build_augmentation(level: bool | str, spatial_dims: int) -> Augmentation | None:
     """Training augmentation of a data config's ``augment`` value: false/None -> None; true -> the paper's
     (2D rotation +-45 and vertical flip, 3D flips); ``"strong"`` -> the paper's, then
     :class:`RandomResizedCrop`, :class:`RandomElastic`, :class:`RandomIntensity`. Another value is a

@@ -39,7 +39,7 @@ from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import DEFAULT_AUGMENT, RandomFlip3d, build_augmentation
+from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -326,7 +326,7 @@ class VolumeLoader:
     """record -> {"input": (1, H, W, D)}: the steps of the module docstring."""
 
     def __init__(self, spacing: tuple[float, ...] | None, size: tuple[int, ...], method: str,
-                 augment: RandomFlip3d | None = None) -> None:
+                 augment: Augmentation | None = None) -> None:
         self.spacing, self.size, self.method, self.augment = spacing, size, method, augment
 
     def __call__(self, record: Record) -> dict:

@@ -10,6 +10,7 @@ D  (attn_dim)     512        512       512
 layers (depth)    8          8         2
 heads             8          8         8
 MLP dim           1024       1024      512
+stem              patch      patch     -           conv (``vit2d_small``, ``vit3d_small``)
 ================  =========  ========  ==========  =====
 
 3D segmentation (Joutard et al., MICCAI 2019), CPU-sized defaults; ``num_classes`` counts the background:
