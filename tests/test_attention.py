@@ -111,6 +111,23 @@ def test_seqnorm_class_token_enters_statistics():
         assert not torch.allclose(attn(x)[0, 1:], attn(y)[0, 1:])
 
 
+def test_seqnorm_token_mean_of_the_output_ignores_every_query():
+    """Q' has mean beta_q over the tokens, so mean_i out_i = beta_q K'^T V' / N per head (docs/decisions.md:
+    why the ViT keeps the class-token readout under seqnorm). Computed from K, V alone, not from attend()."""
+    torch.manual_seed(0)
+    attn = make("seqnorm")  # non-zero beta_q
+    x = torch.randn(2, 50, 32)
+    with torch.no_grad():
+        q, k, v = attn.split_heads(attn.qkv(x))
+        kv = attn.k_norm(k, None, 50).transpose(-2, -1) @ attn.v_norm(v, None, 50) / 50  # (B, H, d, d_v)
+        beta_q = attn.q_norm.bias.view(1, attn.num_heads, 1, -1)
+        torch.testing.assert_close(attn.attend(q, k, v, None).mean(dim=2, keepdim=True), beta_q @ kv,
+                                   rtol=1e-5, atol=1e-5)
+        q_other = torch.randn_like(q)  # any other queries: the same token mean
+        torch.testing.assert_close(attn.attend(q_other, k, v, None).mean(dim=2, keepdim=True), beta_q @ kv,
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_seqnorm_statistics_in_float32_for_bf16_input():
     """bf16 projections with a large common offset are normalized in float32, not in bf16."""
     norm = SequenceNorm(32)
