@@ -113,7 +113,7 @@ def test_seqnorm_class_token_enters_statistics():
 
 def test_seqnorm_token_mean_of_the_output_ignores_every_query():
     """Q' has mean beta_q over the tokens, so mean_i out_i = beta_q K'^T V' / N per head (docs/decisions.md:
-    why the ViT keeps the class-token readout under seqnorm). Computed from K, V alone, not from attend()."""
+    why the ViT keeps the class-token readout under seqnorm); the expected value is computed from K and V alone."""
     torch.manual_seed(0)
     attn = make("seqnorm")  # non-zero beta_q
     x = torch.randn(2, 50, 32)

@@ -12,7 +12,7 @@ from medattn.data.synthetic_cxr import render_cxr
 from medattn.data.synthetic_wsi import PATCH_PIXELS, feature_space
 from medattn.errors import UserError
 
-SMALL = {  # the generators without training augmentation (tested in test_data_transforms.py)
+SMALL = {  # the generators without training augmentation (its default: test_recipe.py)
     "synthetic_cxr": {"image_size": 32, "num_samples": [16, 8, 8], "augment": False},
     "synthetic_breast_mri": {"volume_size": [16, 16, 8], "num_samples": [16, 8, 8], "augment": False},
     "synthetic_wsi": {"num_instances": [20, 60], "feature_dim": 8, "num_samples": [16, 8, 8]},
