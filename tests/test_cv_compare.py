@@ -186,6 +186,18 @@ def test_compare_bad_input(tmp_path):
     assert arms_of(config, [], ["resnet2d_tiny"])["resnet2d_tiny"]["model"]["attention"] is None
 
 
+def test_a_baseline_arm_keeps_only_the_model_kwargs_its_preset_takes(capsys):
+    """A ViT's patch_size cannot reach a ResNet arm (it would refuse it); a shared argument (drop_rate) does."""
+    config = load_config("synthetic_breast_mri", ["model.kwargs.patch_size=[4, 4, 4]", "model.kwargs.drop_rate=0.1"])
+    arms = arms_of(config, ["seqnorm"], ["resnet3d_tiny"])
+    assert arms["seqnorm"]["model"]["kwargs"] == {"patch_size": [4, 4, 4], "drop_rate": 0.1}
+    assert arms["resnet3d_tiny"]["model"]["kwargs"] == {"drop_rate": 0.1}
+    assert main(["compare", "synthetic_breast_mri", "model.kwargs.patch_size=[4, 4, 4]", "--attention", "seqnorm",
+                 "--models", "resnet3d_tiny", "--reference", "nope", "--out", "/nonexistent/x"]) == 2
+    assert ("arm resnet3d_tiny: model.kwargs patch_size left out (its model 'resnet3d_tiny' takes no such argument)"
+            in capsys.readouterr().out)
+
+
 def test_command_lines(capsys):
     # key=value after --attention/--seeds is an override, not an arm or a seed
     assert main(["compare", "synthetic_cxr", "--attention", "softmax", "nonsense", "--seeds", "0",

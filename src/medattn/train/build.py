@@ -15,6 +15,14 @@ from medattn.models import create_model, input_contract, takes_attention
 from medattn.models.presets import PRESETS
 
 
+def accepted_kwargs(name: str) -> set[str] | None:
+    """The keyword arguments preset ``name``'s class takes (``attention`` aside); None when it takes any."""
+    parameters = inspect.signature(PRESETS[name][0]).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return {k for k in parameters if k not in ("self", "attention")}
+
+
 def check_model_config(model_cfg: dict) -> None:
     """The model section names a preset, a registered mechanism (or none, for models without one) and
     only keyword arguments the preset's class takes; a UserError names the key. Cheap: builds nothing."""
@@ -28,13 +36,11 @@ def check_model_config(model_cfg: dict) -> None:
         if attention not in available_attentions():
             raise UserError(f"model.attention: unknown attention {attention!r}; available: "
                             f"{', '.join(available_attentions())}")
-    parameters = inspect.signature(PRESETS[name][0]).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        accepted = sorted(k for k in parameters if k not in ("self", "attention"))
-        unknown = [k for k in kwargs if k not in accepted]
-        if unknown:
-            raise UserError(f"model.kwargs.{unknown[0]}: model {name!r} takes no argument {unknown[0]!r}; "
-                            f"it takes {', '.join(accepted)}")
+    accepted = accepted_kwargs(name)
+    unknown = [] if accepted is None else [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise UserError(f"model.kwargs.{unknown[0]}: model {name!r} takes no argument {unknown[0]!r}; "
+                        f"it takes {', '.join(sorted(accepted))}")
 
 
 def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:

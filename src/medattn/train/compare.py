@@ -41,9 +41,14 @@ BOOTSTRAP = "paired bootstrap over patients within each seed's test set"
 
 
 def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str, dict]:
-    """arm name -> its config (without the seed): one per mechanism, then one per model preset."""
+    """arm name -> its config (without the seed): one per mechanism, then one per model preset.
+
+    A model arm keeps only the ``model.kwargs`` its preset takes (a ViT's ``patch_size`` means nothing to a
+    ResNet baseline); :func:`left_out_kwargs` names the rest."""
     from medattn.models import takes_attention
     from medattn.models.presets import PRESETS
+
+    from .build import accepted_kwargs
 
     arms: dict[str, dict] = {}
     for name, key, value in [*[(a, "attention", a) for a in attentions], *[(m, "name", m) for m in models]]:
@@ -53,6 +58,9 @@ def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str,
             raise UserError(f"--models: unknown model {value!r}; available: {', '.join(sorted(PRESETS))}")
         arm = copy.deepcopy(config)
         arm["model"][key] = value
+        accepted = accepted_kwargs(value) if key == "name" else None
+        if accepted is not None:
+            arm["model"]["kwargs"] = {k: v for k, v in arm["model"]["kwargs"].items() if k in accepted}
         if key == "name" and not takes_attention(value):
             arm["model"]["attention"] = None
         elif key == "name" and arm["model"]["attention"] is None:
@@ -61,6 +69,13 @@ def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str,
     if not arms:
         raise UserError("give the arms to compare: --attention MECHANISM ... and/or --models PRESET ...")
     return arms
+
+
+def left_out_kwargs(config: dict, arms: dict[str, dict]) -> dict[str, list[str]]:
+    """arm -> the config's ``model.kwargs`` keys that :func:`arms_of` left out of it (arms with none omitted)."""
+    given = config["model"]["kwargs"]
+    left_out = {name: sorted(k for k in given if k not in arm["model"]["kwargs"]) for name, arm in arms.items()}
+    return {name: keys for name, keys in left_out.items() if keys}
 
 
 def compare_jobs(arms: dict[str, dict], seeds: list[int]) -> list[Job]:
@@ -183,6 +198,9 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
     compare_tests.csv there, print the tables and return the summary (:func:`summarise`)."""
     root = Path(root)
     arms = arms_of(config, attentions, models)
+    for name, keys in left_out_kwargs(config, arms).items():
+        log(f"arm {name}: model.kwargs {', '.join(keys)} left out (its model {arms[name]['model']['name']!r} "
+            f"takes no such argument)")
     reference_arm(arms, reference)
     results = run_jobs(compare_jobs(arms, seeds), root, progress=progress, log=log)
     summary = summarise(arms, seeds, results, root, reference)
