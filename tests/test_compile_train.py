@@ -76,7 +76,7 @@ def test_options_are_checked_in_the_config():
 
 @pytest.mark.parametrize("name", ["adamw", "adam"])
 def test_optimizer_is_fused_on_cpu_and_steps_like_the_loop_version(name):
-    cfg = {**DEFAULTS["train"], "optimizer": name, "lr": 1e-2, "weight_decay": 0.1}
+    cfg = {**DEFAULTS["train"], "warmup_epochs": 1.0, "optimizer": name, "lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(0)
     model = create_model("vit2d_tiny")
     twin = create_model("vit2d_tiny")

@@ -5,11 +5,12 @@ import torch
 
 from medattn.config import DEFAULTS, load_config
 from medattn.errors import UserError
+from medattn.train.defaults import GENERAL
 from medattn.train.optim import lr_at, make_optimizer, scheduled_lr
 
 
 def cfg(**kw):
-    return {**DEFAULTS["train"], "lr": 1.0, "min_lr": 0.0, **kw}
+    return {**DEFAULTS["train"], **GENERAL, "lr": 1.0, "min_lr": 0.0, **kw}
 
 
 def test_step_schedule_ramps_up_then_divides_at_the_milestones():

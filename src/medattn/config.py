@@ -38,12 +38,12 @@ DEFAULTS: dict = {
         "epochs": 100,
         "batch_size": 32,
         "eval_batch_size": None,  # None -> batch_size
-        "lr": 1e-4,
+        "lr": None,  # null -> the model's own (medattn.train.defaults: 1e-4; attention-MIL 2e-4, CPU presets 5e-4)
         "min_lr": 1e-6,
-        "weight_decay": 0.05,
+        "weight_decay": None,  # null -> the model's own (0.05; attention-MIL 1e-5)
         "betas": [0.9, 0.999],
-        "warmup_epochs": 1.0,  # linear warm-up length, in epochs (fractions allowed)
-        "optimizer": "adamw",  # adamw | adam (weight decay as L2 in the gradient)
+        "warmup_epochs": None,  # linear warm-up length, in epochs (fractions allowed); null -> the model's own
+        "optimizer": None,  # adamw | adam (weight decay as L2 in the gradient); null -> the model's own
         "schedule": "cosine",  # after the warm-up: cosine (to min_lr) | step | constant
         "step_milestones": [0.5, 0.75],  # step schedule: fractions of the total steps where lr *= step_gamma
         "step_gamma": 0.1,
@@ -266,14 +266,14 @@ SCHEMA: dict[str, Rule] = {
     "train.epochs": _integer(1, 1_000_000),
     "train.batch_size": _integer(1, 1 << 20),
     "train.eval_batch_size": _integer(1, 1 << 20, optional=True),
-    "train.lr": _number(0, low_open=True),
+    "train.lr": _number(0, low_open=True, optional=True),
     "train.min_lr": _number(0),
-    "train.weight_decay": _number(0),
+    "train.weight_decay": _number(0, optional=True),
     "train.betas": Rule("two numbers in [0, 1), e.g. [0.9, 0.999]",
                         lambda v: isinstance(v, (list, tuple)) and len(v) == 2
                         and all(_is_number(b) and 0 <= b < 1 for b in v)),
-    "train.warmup_epochs": _number(0),
-    "train.optimizer": Rule("adamw or adam", lambda v: v in ("adamw", "adam")),
+    "train.warmup_epochs": _number(0, optional=True),
+    "train.optimizer": Rule("adamw, adam or null", lambda v: v in ("adamw", "adam", None)),
     "train.schedule": Rule("cosine, step or constant", lambda v: v in ("cosine", "step", "constant")),
     "train.step_milestones": Rule("a list of increasing numbers in (0, 1] (fractions of the total steps)",
                                   lambda v: isinstance(v, list) and all(_is_number(m) and 0 < m <= 1 for m in v)

@@ -6,7 +6,9 @@ phantoms (cardiomegaly), breast-MRI-like volumes (enhancing lesion) and whole-sl
 2D / 3D ResNet for images and volumes, gated attention-MIL for bags. Each task is rendered once (the
 synthetic kinds' ``cache``) and shared by the four models, with the kinds' default training augmentation
 drawn afresh on every access; each run is a full `medattn train` run (best validation epoch tested,
-bootstrap CI) at CPU-sized settings with the same budget.
+bootstrap CI) at CPU-sized settings with the same budget (the baselines with their own optimiser settings,
+:mod:`medattn.train.defaults`). A run that did not learn (:mod:`medattn.train.verdict`) shows as such, not
+as a number.
 The report folder (--out) gets table.csv, table.json, roc_<task>_<mechanism>.png and the runs.
 --quick is a seconds-long smoke version (tiny models and data; its numbers mean nothing).
 """
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from medattn.bench.common import environment
     from medattn.data import build_datasets
     from medattn.train import fit
+    from medattn.train.defaults import AUTO_KEYS
+    from medattn.train.runs import learning_of
 
     out = Path(args.out)
     if out.exists():
@@ -80,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         # the kinds cache their renders, so the four models share one; training augmentation runs on every access
         bundle = build_datasets(config["data"], seed=config["seed"])
-        vit = config["model"]["name"]
+        vit, task_train = config["model"]["name"], dict(config["train"])
         for mechanism in COLUMNS:
             baseline = mechanism == "baseline"
             config["model"]["name"] = BASELINES[task_name][args.quick] if baseline else vit
             config["model"]["attention"] = None if baseline else mechanism
+            for key in AUTO_KEYS:  # a baseline trains with its own optimiser settings (medattn.train.defaults)
+                config["train"][key] = None if baseline else task_train[key]
             run_dir = out / "runs" / f"{task_name}_{mechanism}"
             config["out"] = str(run_dir)
             print(f"[{time.time() - started:6.0f} s] {task_name}: training {mechanism} ({config['model']['name']}) ...",
@@ -99,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
                          "ci_low": test["ci_low"], "ci_high": test["ci_high"], "n_test": test["n"],
                          "val_auroc": result["val_auroc"], "best_epoch": result["best_epoch"],
                          "epochs": result["epochs"], "model": result["model"], "parameters": result["parameters"],
-                         "train_seconds": round(result["train_seconds"], 1), "note": test.get("note", "")})
+                         "train_seconds": round(result["train_seconds"], 1), "note": test.get("note", ""),
+                         "did_not_learn": "; ".join(learning_of(result))})
     runtime = time.time() - started
     table = format_table(rows, args.tasks, args.quick)
     print(table)
@@ -127,7 +134,9 @@ def format_table(rows: list[dict], tasks: list[str], quick: bool = False) -> str
         cells = []
         for mechanism in COLUMNS:
             row = next(r for r in rows if r["task"] == task and r["mechanism"] == mechanism)
-            if row["auroc"] is None:
+            if row["did_not_learn"]:
+                cells.append("did not learn")
+            elif row["auroc"] is None:
                 cells.append("undefined")
             elif row["ci_low"] is None:
                 cells.append(f"{row['auroc']:.2f}")
@@ -135,4 +144,6 @@ def format_table(rows: list[dict], tasks: list[str], quick: bool = False) -> str
                 cells.append(f"{row['auroc']:.2f} ({row['ci_low']:.2f}-{row['ci_high']:.2f})")
         label = next(r["task_label"] for r in rows if r["task"] == task)
         lines.append(f"{label:<34}" + "".join(f"{c:>{width}}" for c in cells))
+    lines += [f"{r['task']} {r['mechanism']}: did not learn ({r['did_not_learn']}); its AUROC {r['auroc']} is not a "
+              f"result" for r in rows if r["did_not_learn"]]
     return "\n".join(lines)

@@ -53,7 +53,9 @@ class TaskInfo:
 @dataclass
 class DataBundle:
     """The splits of one experiment and its task. ``skipped`` counts samples dropped by ``skip_bad``;
-    ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json)."""
+    ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json);
+    ``defaults`` the values a default chose for keys the config left out (``{"data.augment": "strong"}``),
+    recorded with the run."""
 
     train: Dataset
     val: Dataset
@@ -61,6 +63,7 @@ class DataBundle:
     task: TaskInfo
     skipped: int = 0
     warnings: list[str] = field(default_factory=list)
+    defaults: dict = field(default_factory=dict)
 
 
 def collate(samples: list[dict]) -> dict:

@@ -28,7 +28,7 @@ from .files import check_regular
 from .options import check_keys, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
+from .transforms import Augmentation, augment_level, build_augmentation
 
 DICOM_SUFFIXES = (".dcm", ".dicom", "")
 LUMA = torch.tensor([0.299, 0.587, 0.114])
@@ -233,8 +233,9 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 2)
+    level, chosen = augment_level(cfg)
+    augment = build_augmentation(level, 2)
     train_loader = ImageLoader(size, in_chans, mean, std, augment)
     task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
-                      RecordDataset(parts["test"], plain), task, skipped=bad.count)
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count, defaults=chosen)

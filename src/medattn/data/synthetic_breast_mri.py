@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
+from .transforms import Augmentation, augment_level, build_augmentation
 
 NAME = "synthetic_breast_mri"
 SIDES = ("left", "right")
@@ -105,10 +105,11 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
         raise ValueError(f"{NAME}: volume_size must be at least 8 along every axis, got {size}")
     data_seed = int(cfg.get("seed", seed))
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 3)
+    level, chosen = augment_level(cfg)
+    augment = build_augmentation(level, 3)
 
     finish = partial(augment_input, augment) if augment else None
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
                                     finish if s == "train" else None, bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "volume3d", 1, (1, *size), ["lesion"], synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen)

@@ -22,7 +22,7 @@ import torch
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, split_sizes
 from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import DEFAULT_AUGMENT, build_augmentation
+from .transforms import augment_level, build_augmentation
 
 NAME = "synthetic_cxr"
 CTR_NEGATIVE = (0.35, 0.47)
@@ -110,11 +110,12 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
         raise ValueError(f"{NAME}: need image_size >= 16, in_chans 1 or 3 and std > 0; "
                          f"got {size}, {in_chans}, {std}")
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    augment = build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 2)
+    level, chosen = augment_level(cfg)
+    augment = build_augmentation(level, 2)
     cache = bool(cfg.get("cache", True))
 
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
                                     partial(finish_sample, augment if s == "train" else None, mean, std, in_chans),
                                     cache) for s in SPLITS}
     task = TaskInfo("binary", "image2d", 1, (in_chans, size, size), ["cardiomegaly"], synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen)

@@ -195,6 +195,14 @@ DEFAULT_AUGMENT = "strong"
 Augmentation = Callable[[torch.Tensor], torch.Tensor]
 
 
+def augment_level(cfg: dict) -> tuple[bool | str, dict]:
+    """A data config's ``augment`` value and, when the config gives none, ``{"data.augment": DEFAULT_AUGMENT}``
+    (for :attr:`DataBundle.defaults <medattn.data.base.DataBundle>`)."""
+    if "augment" in cfg:
+        return cfg["augment"], {}
+    return DEFAULT_AUGMENT, {"data.augment": DEFAULT_AUGMENT}
+
+
 def build_augmentation(level: bool | str, spatial_dims: int) -> Augmentation | None:
     """Training augmentation of a data config's ``augment`` value: false/None -> None; true -> the paper's
     (2D rotation +-45 and vertical flip, 3D flips); ``"strong"`` -> the paper's, then

@@ -39,7 +39,7 @@ from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
-from .transforms import DEFAULT_AUGMENT, Augmentation, build_augmentation
+from .transforms import Augmentation, augment_level, build_augmentation
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -406,8 +406,9 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     warning = None if "target_size" in cfg else crop_warning(grids, spacing, size, bool(sides))
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    train_loader = VolumeLoader(spacing, size, method, build_augmentation(cfg.get("augment", DEFAULT_AUGMENT), 3))
+    level, chosen = augment_level(cfg)
+    train_loader = VolumeLoader(spacing, size, method, build_augmentation(level, 3))
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count,
-                      warnings=[warning] if warning else [])
+                      warnings=[warning] if warning else [], defaults=chosen)

@@ -123,3 +123,29 @@ class ConvStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.stem(x))  # (B, embed_dim, *grid)
+
+
+class FeatureStandardizer(nn.Module):
+    """Per-feature standardisation of pre-extracted instance features, ``(x - mean) / std``, with the statistics
+    held as buffers: fitted on the training split (:meth:`set_statistics`, called by the engine), saved in the
+    checkpoint and applied wherever the model runs (eval, predict, export), since feature scales differ by
+    extractor (a ResNet-50's pooled features lie in [0, 3], a ViT's in [-10, 10], hand-made ones in counts).
+
+    ``forward(x)``: (..., F) -> (..., F). A new layer is the identity (mean 0, std 1).
+    """
+
+    def __init__(self, feature_dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(feature_dim))
+        self.register_buffer("std", torch.ones(feature_dim))
+
+    def set_statistics(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """Copy the per-feature ``mean`` and ``std`` (F,); a std below 1e-6 (a constant feature) becomes 1."""
+        if mean.shape != self.mean.shape or std.shape != self.std.shape:
+            raise ValueError(f"statistics of shape {tuple(mean.shape)}/{tuple(std.shape)} for {self.mean.shape[0]} "
+                             f"features")
+        self.mean.copy_(mean)
+        self.std.copy_(torch.where(std < 1e-6, torch.ones_like(std), std))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)

@@ -4,6 +4,7 @@ Takes the same input as :class:`~medattn.models.wsi.WSITransformer`: features (B
 mask (B, N) bool (True = real instance) and coordinates, which this model ignores (a bag is a set).
 For the instances k of one bag:
 
+    x_k <- (x_k - mu) / sigma        the training split's per-feature statistics   (B, N, F)
     h_k = ReLU(W x_k + b)                                           (B, N, M), M = embed_dim
     s_k = w^T (tanh(V h_k) * sigmoid(U h_k))                        (B, N),    V, U: M -> L = attn_dim
     a_k = exp(s_k) / sum_{j real} exp(s_j)   over the bag's REAL instances only
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ..attention.base import is_traced
+from .layers import FeatureStandardizer
 
 
 class AttentionMIL(nn.Module):
@@ -34,6 +36,8 @@ class AttentionMIL(nn.Module):
         embed_dim: M, the instance embedding width (500 in Ilse et al.).
         attn_dim: L, the attention hidden width (128 in Ilse et al.).
         drop_rate: dropout on the embeddings and before the classifier.
+        standardize_features: standardise each feature with the training split's statistics
+            (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine) before the embedding.
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     ``attention_weights(features, mask=None)``: -> (B, N) a_k, zero on padding, summing to one per bag.
@@ -42,11 +46,12 @@ class AttentionMIL(nn.Module):
     input_contract = "bag"
 
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, attn_dim: int = 128,
-                 drop_rate: float = 0.0) -> None:
+                 drop_rate: float = 0.0, standardize_features: bool = True) -> None:
         super().__init__()
         if min(feature_dim, num_classes, embed_dim, attn_dim) < 1:
             raise ValueError("feature_dim, num_classes, embed_dim and attn_dim must be positive")
         self.feature_dim, self.num_classes = feature_dim, num_classes
+        self.feature_norm = FeatureStandardizer(feature_dim) if standardize_features else nn.Identity()
         self.embed = nn.Linear(feature_dim, embed_dim)
         self.act = nn.ReLU()
         self.drop = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
@@ -60,6 +65,7 @@ class AttentionMIL(nn.Module):
         if features.ndim != 3 or features.shape[-1] != self.feature_dim:
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         B, N, _ = features.shape
+        features = self.feature_norm(features)
         if mask is not None:
             if mask.shape != (B, N):
                 raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = ({B}, {N})")

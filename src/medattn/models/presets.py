@@ -113,3 +113,15 @@ PRESETS: dict[str, tuple[type, dict]] = {
     "abmil_small": (AttentionMIL, dict(feature_dim=64, embed_dim=128, attn_dim=64)),
     "abmil_tiny": (AttentionMIL, dict(feature_dim=16, embed_dim=32, attn_dim=16)),
 }
+
+#: Training settings a preset is known to train with, for ``train.*`` keys the config leaves null
+#: (:mod:`medattn.train.defaults`; every other model: AdamW, lr 1e-4, weight decay 0.05, 1 warm-up epoch).
+#: Attention-MIL: Adam, lr 2e-4, weight decay 1e-5, no warm-up (Lu et al., CLAM, 2021; Ilse et al. use Adam too).
+#: CPU presets trained from scratch on a few hundred cases: lr 5e-4 (bags 2e-4), the rate their packaged configs
+#: use and the realistic benchmark was run with (docs/realistic.md).
+_MIL_TRAINING = {"optimizer": "adam", "lr": 2e-4, "weight_decay": 1e-5, "warmup_epochs": 0.0}
+TRAINING: dict[str, dict] = {
+    **{name: _MIL_TRAINING for name in ("abmil", "abmil_small", "abmil_tiny")},
+    **{name: {"lr": 5e-4} for name in ("vit2d_small", "vit3d_small", "resnet2d_small", "resnet3d_small")},
+    "vitwsi_small": {"lr": 2e-4},
+}

@@ -55,7 +55,7 @@ def bag_chunks(model: WSITransformer, features, coords, chunk_size: int) -> Iter
     yield model.cls_token
     for start in range(0, features.shape[0], chunk_size):
         chunk = _rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
-        x = model.feature_proj(chunk).unsqueeze(0)
+        x = model.feature_proj(model.feature_norm(chunk)).unsqueeze(0)
         if model.pos_encoding == "sincos":
             position = _rows(coords, start, start + chunk_size).to(parameter.device)
             x = x + sincos_2d(position.unsqueeze(0) / model.coord_scale, x.shape[-1]).to(x.dtype)

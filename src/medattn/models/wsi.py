@@ -2,7 +2,8 @@
 
 Input: features (B, N, F) from a patch encoder (e.g. RetCCL, F = 2048), an optional padding mask
 (B, N) bool (True = real patch) so bags of different sizes share a batch, and optional patch
-coordinates (B, N, 2). ``Linear(F, D')`` replaces the patch embedding, a class token is prepended
+coordinates (B, N, 2). The features are standardised per feature with the training split's statistics
+(stored as buffers), then ``Linear(F, D')`` replaces the patch embedding, a class token is prepended
 (and is always real), the encoder runs with the mask, and the head reads the class token.
 
 Positional information (the paper is silent for WSIs): ``pos_encoding="none"`` (default) treats the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Encoder
+from .layers import Encoder, FeatureStandardizer
 
 
 def sincos_2d(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -37,6 +38,8 @@ class WSITransformer(nn.Module):
         attention_kwargs, qkv_bias, drop_rate, attn_drop_rate: as for :class:`VisionTransformer`.
         pos_encoding: "none" or "sincos" (see the module docstring); coord_scale: divisor of coords.
         activation_checkpointing: as for :class:`VisionTransformer`.
+        standardize_features: standardise each feature with the training split's statistics before
+            ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine).
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     """
@@ -47,7 +50,7 @@ class WSITransformer(nn.Module):
                  num_heads: int = 8, attn_dim: int | None = None, mlp_dim: int = 512, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, standardize_features: bool = True) -> None:
         super().__init__()
         if pos_encoding not in ("none", "sincos"):
             raise ValueError(f"pos_encoding must be 'none' or 'sincos', got {pos_encoding!r}")
@@ -57,6 +60,7 @@ class WSITransformer(nn.Module):
         self.num_classes = num_classes
         self.pos_encoding = pos_encoding
         self.coord_scale = coord_scale
+        self.feature_norm = FeatureStandardizer(feature_dim) if standardize_features else nn.Identity()
         self.feature_proj = nn.Linear(feature_dim, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
@@ -70,7 +74,7 @@ class WSITransformer(nn.Module):
         if features.ndim != 3 or features.shape[-1] != self.feature_dim:
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         B, N, _ = features.shape
-        tokens = self.feature_proj(features)  # (B, N, D')
+        tokens = self.feature_proj(self.feature_norm(features))  # (B, N, D')
         if self.pos_encoding == "sincos":
             if coords is None or coords.shape != (B, N, 2):
                 got = None if coords is None else tuple(coords.shape)

@@ -128,3 +128,22 @@ def check_device(name: str) -> None:
                             f"use train.device=auto or cpu")
     elif name == "mps" and not torch.backends.mps.is_available():
         raise UserError("train.device=mps: MPS is not available on this machine; use train.device=auto or cpu")
+
+
+#: Model arguments whose preset value is recorded with a run when the config does not set them.
+RECORDED_KWARGS = ("stem", "standardize_features")
+
+
+def model_defaults(model_cfg: dict) -> dict:
+    """``{"model.kwargs.stem": "conv", ...}``: the preset's values of :data:`RECORDED_KWARGS` the config left to it
+    (a default one cannot see in the config), for the run's summary and results.json."""
+    preset = PRESETS[model_cfg["name"]]
+    given = model_cfg.get("kwargs") or {}
+    signature = inspect.signature(preset[0]).parameters
+    chosen = {}
+    for key in RECORDED_KWARGS:
+        if key in given or key not in signature:
+            continue
+        value = preset[1].get(key, signature[key].default)
+        chosen[f"model.kwargs.{key}"] = value
+    return chosen

@@ -7,8 +7,11 @@ model preset (``--models``: ``model.name``; the config's mechanism is kept if th
 patient-level split and the synthetic generators (unless ``data.seed`` is set): every arm of one seed
 sees the same data and the same test cases.
 
-Reported per arm: the test metric per seed and its mean (std) over seeds (sample std, ddof 1). Each
-other arm is tested against the reference arm (the first, or ``reference``), difference = arm - reference:
+Reported per arm: the test metric per seed and its mean (std) over seeds (sample std, ddof 1), and its
+status: an arm with a run that did not learn (:mod:`medattn.train.verdict`: no better than a constant
+predictor, or validation AUROC within chance) is marked ``DID NOT LEARN`` in the table, compare.csv and
+compare.json, with the reasons, and is left out of the paired tests (a test row says so). Each other arm is
+tested against the reference arm (the first, or ``reference``), difference = arm - reference:
 
 * **paired t-test over seeds**: scipy's ``ttest_rel`` on the per-seed test metrics (n = seeds; with 3
   seeds it can only see large, consistent differences);
@@ -34,7 +37,7 @@ from medattn import metrics
 from medattn.errors import UserError, writing
 from medattn.text import write_csv
 
-from .runs import Job, mean_std, mean_std_text, metric_of, read_cases, run_jobs
+from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
 BOOTSTRAP = "paired bootstrap over patients within each seed's test set"
@@ -148,13 +151,20 @@ def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root
     rows = []
     for name in names:
         values = [metric_of(r) for r in per_arm[name]]
+        failed = {s: learning_of(r) for s, r in zip(seeds, per_arm[name]) if learning_of(r)}
         rows.append({"arm": name, "model": arms[name]["model"]["name"], "attention": arms[name]["model"]["attention"],
-                     "per_seed": values, **mean_std(values)})
+                     "per_seed": values, **mean_std(values), "status": status_of(failed), "did_not_learn": failed})
     by_arm = {row["arm"]: row for row in rows}
     eval_cfg, seed = arms[reference]["eval"], arms[reference]["seed"]
     tests = []
     for name in names:
         if name == reference:
+            continue
+        unlearned = [arm for arm in (reference, name) if by_arm[arm]["did_not_learn"]]
+        if unlearned:  # a run that learned nothing is a finding, not a result to test against
+            tests.append({"arm": name, "reference": reference, "test": "left out", "note": "; ".join(
+                f"{arm} did not learn in seed(s) {', '.join(map(str, by_arm[arm]['did_not_learn']))}: "
+                f"{next(iter(by_arm[arm]['did_not_learn'].values()))[0]}" for arm in unlearned)})
             continue
         tests.append({"arm": name, "reference": reference, **t_test(by_arm[reference]["per_seed"],
                                                                      by_arm[name]["per_seed"])})
@@ -169,22 +179,32 @@ def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root
             "difference": "arm - reference", "arms": rows, "tests": tests}
 
 
+def status_of(failed: dict) -> str:
+    """``learned``, or ``did not learn (seed 0, 2)`` for an arm whose runs in those seeds did not learn."""
+    return "learned" if not failed else f"DID NOT LEARN (seed {', '.join(map(str, failed))})"
+
+
 def format_summary(summary: dict) -> str:
     from medattn.text import format_table
 
     label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
     seeds = [f"seed {s}" for s in summary["seeds"]]
-    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r)} for r in summary["arms"]]
+    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r), "status": r["status"]}
+            for r in summary["arms"]]
     tests = []
     for t in summary["tests"]:
         interval = "" if t.get("ci_low") is None else f"{t['ci_low']:+.3f} to {t['ci_high']:+.3f}"
-        name = t["test"] + (f" ({t['n']})" if "n" in t else f" ({t.get('n_boot', 0)} resamples)")
+        name = t["test"] + (f" ({t['n']})" if "n" in t else "" if t["test"] == "left out"
+                            else f" ({t.get('n_boot', 0)} resamples)")
         tests.append({"arm": t["arm"], "test": name, "difference": t.get("difference"), "interval": interval,
                       "p": t.get("p_value"), "note": t.get("note", "")})
     return "\n".join([
         f"test {label} on {summary['data']}{tag}: per seed, mean (std) over seeds",
-        format_table(arms, [("arm", "arm", ""), *[(s, s, ".3f") for s in seeds], ("summary", "mean (std)", "")]),
+        format_table(arms, [("arm", "arm", ""), *[(s, s, ".3f") for s in seeds], ("summary", "mean (std)", ""),
+                            ("status", "status", "")]),
+        *[f"{r['arm']}: did not learn in seed {seed_}: {'; '.join(reasons)}" for r in summary["arms"]
+          for seed_, reasons in r["did_not_learn"].items()],
         "", f"paired tests against {summary['reference']} (difference = arm - {summary['reference']}, "
             f"{round(100 * summary['ci'])}% interval)",
         format_table(tests, [("arm", "arm", ""), ("test", "test", ""), ("difference", "difference", "+.4f"),
@@ -207,8 +227,8 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
     with writing(root):
         (root / "compare.json").write_text(json.dumps(summary, indent=1))
         write_csv(root / "compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
-                                         "n_seeds"],
-                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"]]
+                                         "n_seeds", "status"],
+                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"], r["status"]]
                    for r in summary["arms"]])
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from medattn.errors import UserError, writing
 from medattn.text import write_csv
 
-from .runs import Job, mean_std, mean_std_text, metric_of, run_jobs
+from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, run_jobs
 
 
 def fold_jobs(config: dict, folds: int) -> list[Job]:
@@ -44,10 +44,11 @@ def fold_jobs(config: dict, folds: int) -> list[Job]:
 def summarise_folds(results: list[dict]) -> dict:
     """Per-fold test metrics and their mean (std) over folds, from the folds' results.json (in fold order).
 
-    Rows: ``overall`` (the test AUROC, or the mean foreground Dice of the fold's test part), then for
-    segmentation one row per foreground structure (its Dice over the fold's test cases)."""
+    Rows: ``AUROC`` (classification), or ``overall`` (the mean foreground Dice of the fold's test part) then
+    one row per foreground structure (its Dice over the fold's test cases). ``did_not_learn``: fold -> the
+    reasons its run did not learn (:mod:`medattn.train.verdict`); such folds are named under the table."""
     metric = results[0]["metric"]
-    rows = [{"structure": "overall", "per_fold": [metric_of(r) for r in results]}]
+    rows = [{"structure": "overall" if metric == "dice" else "AUROC", "per_fold": [metric_of(r) for r in results]}]
     if metric == "dice":
         names = list(results[0]["test"]["dice_per_class"])[1:]  # background first, left out
         rows += [{"structure": name, "per_fold": [r["test"]["dice_per_class"].get(name) for r in results]}
@@ -55,9 +56,10 @@ def summarise_folds(results: list[dict]) -> dict:
     for row in rows:
         row.update(mean_std(row["per_fold"]))
     first = results[0]
+    failed = {fold: learning_of(r) for fold, r in enumerate(results) if learning_of(r)}
     return {"folds": len(results), "metric": metric, "synthetic": first["synthetic"], "data": first["data"],
             "model": first["model"], "attention": first["attention"], "std": "sample standard deviation over "
-            "folds (ddof 1)", "rows": rows, "runs": [r["run_dir"] for r in results]}
+            "folds (ddof 1)", "rows": rows, "runs": [r["run_dir"] for r in results], "did_not_learn": failed}
 
 
 def format_summary(summary: dict) -> str:
@@ -73,7 +75,9 @@ def format_summary(summary: dict) -> str:
     columns = [("structure", "structure", ""), *[(f, f, ".3f") for f in folds], ("summary", "mean (std)", "")]
     return "\n".join([f"{summary['folds']}-fold cross-validation of {summary['model']}{mechanism} on "
                       f"{summary['data']}{tag}: test {label} per fold, mean (std) over folds",
-                      format_table(table, columns)])
+                      format_table(table, columns),
+                      *[f"fold_{fold}: DID NOT LEARN, its figure is not a result: {'; '.join(reasons)}"
+                        for fold, reasons in summary.get("did_not_learn", {}).items()]])
 
 
 def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool = True,

@@ -43,13 +43,15 @@ from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.threads import set_threads
 
-from . import checkpoint, distributed, report, sliding
+from . import checkpoint, distributed, report, sliding, verdict
 from .acceleration import training_module
-from .build import build_model, check_device, check_model_config, forward, size_warnings
+from .build import build_model, check_device, check_model_config, forward, model_defaults, size_warnings
+from .defaults import resolve_training
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
 from .rundir import config_diff, run_folder
-from .sampling import ClassBalancedSampler, dataset_labels, drop_instances, positive_weight
+from .sampling import ClassBalancedSampler, class_keys, dataset_labels, drop_instances, positive_weight
+from .standardize import fit_feature_norm
 from .threshold import threshold_meta
 
 
@@ -65,8 +67,12 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     called after each epoch's checkpoint is written (tests use it to interrupt a run). With ``init_from``
     the model starts from another checkpoint's shared tensors, or from a plain weights file of a timm,
     DINO, MAE or MONAI ViT (:func:`medattn.models.pretrained.load_pretrained`).
+
+    ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
+    the run saves and reports the resolved config.
     """
     validate(config)
+    config, chosen = resolve_training(config)
     check_model_config(config["model"])
     if device is None:
         check_device(config["train"]["device"])
@@ -74,13 +80,14 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     run_dir = Path(run_dir)
     with run_folder(run_dir, resume, overwrite) as keep:
         return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
-                    device=device, on_epoch_end=on_epoch_end, log=log)
+                    device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen)
 
 
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
-         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> dict:
-    """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see ``run_folder``)."""
+         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict) -> dict:
+    """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see ``run_folder``).
+    ``chosen``: the training values defaults chose (recorded with the data's and the model's)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     log = log if distributed.is_main() else (lambda message: None)
     if resume:
@@ -103,6 +110,9 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     for warning in setup_warnings:
         log(f"WARNING: {warning}")
     init_report = None if resume or init_from is None else initialise(model, init_from, log)
+    standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics win
+    defaults = {**chosen, **bundle.defaults, **model_defaults(config["model"])}
+    log("defaults: " + ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "defaults: none used")
     optimizer = make_optimizer(model, train_cfg)
     ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: it starts from those weights
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
@@ -167,6 +177,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         score_key: state["best_score"],
         "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
         "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report, "warnings": setup_warnings,
+        "defaults": defaults, "feature_standardization": standardized,
     }
     return test_best(model, config, bundle, run_dir, results, device, progress, log)
 
@@ -269,6 +280,9 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
         probabilities = test.outputs if objective.outputs_are_probabilities else None
+        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}")
+        results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
+        results["warnings"] += results["learning"]["warnings"]
         results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, "bag size" if task.input_kind == "bag" else "image mean intensity")
@@ -280,6 +294,23 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         log(report.summary(results, objective))
     distributed.barrier()
     return results
+
+
+def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str) -> dict:
+    """:func:`medattn.train.verdict.judge` of a finished run: the constant predictor under the run's own
+    training objective (label smoothing, ``pos_weight``, class balance) and the validation labels."""
+    task, train_cfg = bundle.task, config["train"]
+    if task.task_type == "segmentation":
+        return verdict.judge(rows, score_key, task.task_type)
+    labels = dataset_labels(bundle.train)
+    objective = objective_for(task, None, train_cfg["label_smoothing"],
+                              positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
+    weights = None
+    if train_cfg["class_balance"]:  # every class drawn with equal total weight
+        keys = class_keys(labels)
+        weights = 1.0 / torch.bincount(keys).double()[keys]
+    return verdict.judge(rows, score_key, task.task_type, constant=verdict.constant_loss(objective, labels, weights),
+                         val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])
 
 
 def seed_everything(seed: int) -> None:

@@ -123,7 +123,11 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
         f"(val {objective.metric_label} {results[f'val_{objective.metric}']:.4f})",
         objective.test_line(test),
         f"time           {results['train_seconds']:.1f} s",
+        *(["defaults       " + ", ".join(f"{k}={v}" for k, v in results["defaults"].items())]
+          if results.get("defaults") else []),
         f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json",
+        *([f"VERDICT        did not learn: this run is not a result ({len(results['learning']['reasons'])} "
+           f"reason(s) below)"] if not results.get("learning", {}).get("learned", True) else []),
         *(f"WARNING        {warning}" for warning in results.get("warnings", [])),
         "=" * 72,
     ]

@@ -57,11 +57,13 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     from medattn.config import validate
     from medattn.data import build_datasets
 
+    from .defaults import resolve_training
     from .loop import fit
 
     for job in jobs:
         job.config["out"] = str(root / job.name)
         validate(job.config, job.name)
+        job.config = resolve_training(job.config)[0]  # as fit saves it: a finished job's config compares equal
         check_model_config(job.config["model"])
     results = []
     for number, job in enumerate(jobs, 1):
@@ -132,6 +134,13 @@ def read_cases(run_dir: Path) -> Cases:
 def metric_of(results: dict) -> float | None:
     """The test metric of a results.json (``test.auroc`` or ``test.dice``)."""
     return results["test"].get(results["metric"])
+
+
+def learning_of(results: dict) -> list[str]:
+    """Why a run did not learn (:mod:`medattn.train.verdict`), from its results.json; empty when it learned
+    (or was written before runs were judged)."""
+    learning = results.get("learning") or {}
+    return [] if learning.get("learned", True) else list(learning.get("reasons", ["did not learn"]))
 
 
 def mean_std(values: list[float | None]) -> dict:

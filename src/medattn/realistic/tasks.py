@@ -1,0 +1,189 @@
+"""The realistic development benchmark: tasks from real anatomy with SYNTHETIC findings, written in the users'
+formats with a patient-level split and a config that trains on them.
+
+=================  ==========================================================================================
+``brain_mri_2d``   axial T1 slices of the MNI152 template, 8-bit PNG 64 x 64 + CSV (``image_table``)
+``brain_mri_3d``   T1 slabs of the MNI152 template, NIfTI 4 mm (50 x 58 x 20) + CSV (``volume_table``)
+``ihc_bags``       bags of 200-1200 tiles of the immunohistochemistry image, CLAM HDF5 (64 features per tile)
+                   + slide and clinical tables (``wsi_bags``)
+=================  ==========================================================================================
+
+Every task is generated deterministically from ``(seed, cohort)``: cohort ``a`` is the development cohort,
+``b`` an external one (another scanner or stain, :data:`.brain.COHORTS`), for external-cohort evaluation.
+Labels are balanced; each case is its own patient; the split (``train``/``val``/``test``, by patient) is a
+column of the table. A one-number probe (:func:`probe`: image maximum and mean, or bag size) is scored on
+the written data and saved with it (``probe.json``): a task whose probe reaches AUROC ``PROBE_LIMIT`` is
+refused, since a trivial statistic would solve it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from medattn.errors import UserError, writing
+
+from . import anatomy, brain, ihc
+
+SPLITS = {"train": 180, "val": 60, "test": 60}
+PROBE_LIMIT = 0.7
+TAG = "real anatomy, SYNTHETIC findings"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A benchmark task: ``write(folder, labels, cohort, rng)`` writes the cases and returns per case
+    (relative path, one-number statistics), ``data`` is the config's data section (paths filled in)."""
+
+    description: str
+    write: Callable
+    data: dict
+    model: str
+    train: dict
+
+
+def _labels_and_splits(sizes: dict[str, int], rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+    """Balanced labels within each split, in a shuffled order."""
+    labels, splits = [], []
+    for split, n in sizes.items():
+        labels += list(rng.permutation(np.arange(n) % 2))
+        splits += [split] * n
+    return np.array(labels), splits
+
+
+def _write_brain_2d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
+                    rng: np.random.Generator) -> list[tuple[str, dict]]:
+    from PIL import Image
+
+    template, size, rows = anatomy.mni152_brain(), 64, []
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    for i, label in enumerate(labels):
+        z = int(rng.integers(38, 58))  # axial levels through the lateral ventricles and the centrum semiovale
+        case = brain.brain_case(template, bool(label), acquisition, rng, region=(slice(None), slice(None),
+                                                                               slice(z, z + 1)), zoom=size / 117)
+        canvas = np.zeros((size, size), np.float32)
+        top, left = (size - case.shape[0]) // 2, (size - case.shape[1]) // 2
+        canvas[top:top + case.shape[0], left:left + case.shape[1]] = case
+        pixels = np.clip(canvas / 1.4 * 255, 0, 255).round().astype(np.uint8)  # a fixed export window
+        name = f"images/case_{i:04d}.png"
+        Image.fromarray(pixels).save(folder / name)
+        rows.append((name, {"max": float(pixels.max()), "mean": float(pixels.mean())}))
+    return rows
+
+
+def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
+                    rng: np.random.Generator) -> list[tuple[str, dict]]:
+    import nibabel as nib
+
+    template, rows = anatomy.mni152_brain(), []
+    (folder / "volumes").mkdir(parents=True, exist_ok=True)
+    for i, label in enumerate(labels):
+        case = brain.brain_case(template, bool(label), acquisition, rng,
+                                region=(slice(None), slice(None), slice(28, 68)), zoom=0.5, max_shift=2.0)
+        values = np.clip(case * 1000, 0, 32767).round().astype(np.int16)
+        name = f"volumes/case_{i:04d}.nii.gz"
+        nib.save(nib.Nifti1Image(values, np.diag([4.0, 4.0, 4.0, 1.0])), folder / name)
+        rows.append((name, {"max": float(values.max()), "mean": float(values.mean())}))
+    return rows
+
+
+def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
+                    rng: np.random.Generator) -> list[tuple[str, dict]]:
+    import h5py
+
+    image, rows = anatomy.ihc_image(), []
+    (folder / "features").mkdir(parents=True, exist_ok=True)
+    for i, label in enumerate(labels):
+        features, coords = ihc.ihc_bag(image, bool(label), rng)
+        name = f"slide_{i:04d}"
+        with h5py.File(folder / "features" / f"{name}.h5", "w") as f:  # CLAM's layout
+            f.create_dataset("features", data=features)
+            f.create_dataset("coords", data=coords)
+        rows.append((name, {"bag size": float(len(features))}))
+    return rows
+
+
+TASKS: dict[str, Task] = {
+    "brain_mri_2d": Task("axial T1 slices (MNI152) with a white-matter lesion", _write_brain_2d,
+                         {"kind": "image_table", "csv": "cases.csv", "label_columns": "label",
+                          "patient_column": "patient", "split_column": "split", "image_size": 64, "in_chans": 1},
+                         "vit2d_small", {"epochs": 30, "batch_size": 16}),
+    "brain_mri_3d": Task("T1 slabs (MNI152, 4 mm) with a white-matter lesion", _write_brain_3d,
+                         {"kind": "volume_table", "csv": "cases.csv", "label_columns": "label",
+                          "patient_column": "patient", "split_column": "split", "target_size": [32, 32, 16]},
+                         "vit3d_small", {"epochs": 30, "batch_size": 8}),
+    "ihc_bags": Task("IHC tile-feature bags with a DAB hot spot", _write_ihc_bags,
+                     {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
+                      "clinical_table": "clinical.csv", "label_columns": "label", "split_column": "split"},
+                     "vitwsi_small", {"epochs": 30, "batch_size": 1}),
+}
+
+
+def probe(statistics: list[dict], labels: np.ndarray) -> dict:
+    """name -> AUROC of each one-number statistic used as the score (or its negative, whichever is higher):
+    the best a rule on that one number reaches over all cases."""
+    from sklearn.metrics import roc_auc_score
+
+    out = {}
+    for name in statistics[0]:
+        auc = roc_auc_score(labels, [s[name] for s in statistics])
+        out[name] = float(max(auc, 1 - auc))
+    return out
+
+
+def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", sizes: dict[str, int] | None = None,
+              log: Callable[[str], None] = print) -> Path:
+    """Write task ``name`` of :data:`TASKS` to ``out/name`` (refused if that folder holds files); -> its folder,
+    holding the data, ``config.yaml`` and ``probe.json``."""
+    if name not in TASKS:
+        raise UserError(f"unknown realistic task {name!r}; available: {', '.join(TASKS)}")
+    if cohort not in brain.COHORTS:
+        raise UserError(f"unknown cohort {cohort!r}; available: {', '.join(brain.COHORTS)}")
+    task, sizes = TASKS[name], sizes or SPLITS
+    folder = Path(out) / name
+    if folder.exists() and any(folder.iterdir()):
+        raise UserError(f"{folder} is not empty; choose another --out (nothing was overwritten)")
+    rng = np.random.default_rng([seed, ord(cohort), sum(map(ord, name))])
+    labels, splits = _labels_and_splits(sizes, rng)
+    with writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = task.write(folder, labels, brain.COHORTS[cohort], rng)
+        patients = [f"{name}-{cohort}{seed}-{i:04d}" for i in range(len(labels))]
+        data = {**task.data}
+        if data["kind"] == "wsi_bags":
+            _table(folder / "slides.csv", ["PATIENT", "FILENAME"], [[p, r[0]] for p, r in zip(patients, rows)])
+            _table(folder / "clinical.csv", ["PATIENT", "label", "split"],
+                   [[p, int(y), s] for p, y, s in zip(patients, labels, splits)])
+            for key in ("feature_dir", "slide_table", "clinical_table"):
+                data[key] = str((folder / data[key]).resolve())
+        else:
+            _table(folder / "cases.csv", ["path", "label", "patient", "split"],
+                   [[r[0], int(y), p, s] for r, y, p, s in zip(rows, labels, patients, splits)])
+            data["csv"] = str((folder / "cases.csv").resolve())
+        scores = probe([r[1] for r in rows], labels)
+        (folder / "probe.json").write_text(json.dumps({"task": name, "cohort": cohort, "seed": seed, "data": TAG,
+                                                       "probe_auroc": scores, "cases": sizes}, indent=1))
+        config = {"name": f"{name}_{cohort}", "seed": 0, "data": data,
+                  "model": {"name": task.model, "attention": "seqnorm"}, "train": task.train}
+        (folder / "config.yaml").write_text(f"# {task.description}: {TAG} (medattn realistic)\n"
+                                            + yaml.safe_dump(config, sort_keys=False))
+    worst = max(scores.items(), key=lambda item: item[1])
+    log(f"{name} (cohort {cohort}, {TAG}): {len(labels)} cases in {folder}; probe AUROC "
+        + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+    if worst[1] >= PROBE_LIMIT:
+        raise UserError(f"{name}: the {worst[0]} alone reaches AUROC {worst[1]:.3f} (limit {PROBE_LIMIT}): "
+                        f"the task is not calibrated")
+    return folder
+
+
+def _table(path: Path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
