@@ -32,6 +32,8 @@ from medattn.models.presets import PRESETS
 from medattn.models.resnet import ResNet
 from medattn.models.segmentation import DilatedFCN3D, UNet3D
 from medattn.models.segmentation.vit_seg import SegmentationViT
+from medattn.models.swin import SwinClassifier
+from medattn.models.transmil import TransMIL
 from medattn.models.vit import VisionTransformer
 from medattn.models.wsi import WSITransformer
 
@@ -71,10 +73,19 @@ READ_WITHOUT_CALL = {
 SHRINK = {"embed_dim": 32, "attn_dim": 32, "mlp_dim": 32, "feature_dim": 8, "num_heads": 4, "decoder_dim": 32}
 
 
+def halved_to(value: int, limit: int) -> int:
+    """``value`` halved until it is at most ``limit``: widths stay multiples of the head counts they had."""
+    while value > limit and value % 2 == 0:
+        value //= 2
+    return value
+
+
 def small_kwargs(name: str) -> dict:
     """Overrides that make preset ``name`` cheap: narrower layers, two patches per axis."""
-    _, preset = PRESETS[name]
-    kwargs = {key: value for key, value in SHRINK.items() if preset.get(key, 0) > value}
+    cls, preset = PRESETS[name]
+    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+    kwargs = {key: halved_to(preset.get(key, defaults.get(key)), value) for key, value in SHRINK.items()
+              if isinstance(preset.get(key, defaults.get(key)), int) and preset.get(key, defaults.get(key)) > value}
     patch = preset.get("patch_size")
     if patch is not None:
         kwargs["img_size"] = tuple(2 * p for p in patch) if isinstance(patch, tuple) else 2 * patch
@@ -94,6 +105,8 @@ INPUTS = {
     DilatedFCN3D: lambda model: (torch.randn(2, model.stem[0].in_channels, 8, 8, 8),),
     ResNet: lambda model: (torch.randn(2, model.in_chans, *(16,) * model.spatial_dims),),
     AttentionMIL: bag_inputs,
+    TransMIL: bag_inputs,
+    SwinClassifier: lambda model: (torch.randn(2, model.in_chans, *(32,) * model.spatial_dims),),  # last stage 2^d
 }
 
 CASES = [(name, None) for name in available_models()] + [

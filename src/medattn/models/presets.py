@@ -33,6 +33,11 @@ Baselines a user would pick instead of a transformer (issue 10), trained by the 
 ``*_small``         widths 16-128, one block per stage, 3x3 stride-1 stem, no pool (CPU, 64 px)
 ``*_tiny``          widths 8-32, three stages, for tests
 ``abmil``           gated attention-MIL (Ilse et al. 2018) on 2048-d features, M = 512, L = 128
+``transmil``        TransMIL-style (Shao et al. 2021): embedding, square grid, two softmax layers around PPEG
+                    convolutions, class-token head; exact attention instead of Nystrom, bag by bag when padded
+``swin2d/3d``       windowed (Swin) attention: MONAI's SwinUNETR encoder (C = 48, depths 2-2-2-2, heads
+                    3-6-12-24, window 7, patch 2) + mean pooling + linear head (optional: MONAI)
+``swin*_small``     C = 24, window 4 (CPU, 64 px / 32 x 32 x 16); ``*_tiny``: C = 8, one block per stage
 ==================  =====================================================================
 
 2D segmentation with a ViT encoder and a convolutional decoder (BinaryFormer §3.1, App. A.1); ``num_classes``
@@ -55,6 +60,8 @@ from .pixel import PixelTransformer
 from .resnet import ResNet
 from .segmentation import DilatedFCN3D, UNet3D
 from .segmentation.vit_seg import SegmentationViT
+from .swin import SwinClassifier
+from .transmil import TransMIL
 from .vit import VisionTransformer
 from .wsi import WSITransformer
 
@@ -112,16 +119,32 @@ PRESETS: dict[str, tuple[type, dict]] = {
     "abmil": (AttentionMIL, dict(feature_dim=2048, embed_dim=512, attn_dim=128)),
     "abmil_small": (AttentionMIL, dict(feature_dim=64, embed_dim=128, attn_dim=64)),
     "abmil_tiny": (AttentionMIL, dict(feature_dim=16, embed_dim=32, attn_dim=16)),
+    # TransMIL-style bag baseline (Shao et al. 2021; exact softmax attention, see models/transmil.py).
+    "transmil": (TransMIL, dict(feature_dim=2048, embed_dim=512, num_heads=8)),
+    "transmil_small": (TransMIL, dict(feature_dim=64, embed_dim=128, num_heads=4)),
+    "transmil_tiny": (TransMIL, dict(feature_dim=16, embed_dim=32, num_heads=2)),
+    # Windowed (Swin) attention baselines (issue 23): MONAI's SwinUNETR encoder + a classification head.
+    "swin2d": (SwinClassifier, dict(spatial_dims=2, in_chans=3, embed_dim=48, window_size=7)),
+    "swin3d": (SwinClassifier, dict(spatial_dims=3, in_chans=1, embed_dim=48, window_size=7)),
+    "swin2d_small": (SwinClassifier, dict(spatial_dims=2, in_chans=1, embed_dim=24, window_size=4)),
+    "swin3d_small": (SwinClassifier, dict(spatial_dims=3, in_chans=1, embed_dim=24, window_size=4)),
+    "swin2d_tiny": (SwinClassifier, dict(spatial_dims=2, in_chans=1, embed_dim=8, depths=(1, 1, 1, 1),
+                                         num_heads=(2, 2, 2, 2), window_size=4)),
+    "swin3d_tiny": (SwinClassifier, dict(spatial_dims=3, in_chans=1, embed_dim=8, depths=(1, 1, 1, 1),
+                                         num_heads=(2, 2, 2, 2), window_size=4)),
 }
 
 #: Training settings a preset is known to train with, for ``train.*`` keys the config leaves null
 #: (:mod:`medattn.train.defaults`; every other model: AdamW, lr 1e-4, weight decay 0.05, 1 warm-up epoch).
-#: Attention-MIL: Adam, lr 2e-4, weight decay 1e-5, no warm-up (Lu et al., CLAM, 2021; Ilse et al. use Adam too).
+#: Attention-MIL: Adam, lr 2e-4, weight decay 1e-5, no warm-up (Lu et al., CLAM, 2021; Ilse et al. use Adam too);
+#: TransMIL: the same rate and decay (its code wraps RAdam in Lookahead; plain Adam here).
 #: CPU presets trained from scratch on a few hundred cases: lr 5e-4 (bags 2e-4), the rate their packaged configs
 #: use and the realistic benchmark was run with (docs/realistic.md).
 _MIL_TRAINING = {"optimizer": "adam", "lr": 2e-4, "weight_decay": 1e-5, "warmup_epochs": 0.0}
 TRAINING: dict[str, dict] = {
-    **{name: _MIL_TRAINING for name in ("abmil", "abmil_small", "abmil_tiny")},
-    **{name: {"lr": 5e-4} for name in ("vit2d_small", "vit3d_small", "resnet2d_small", "resnet3d_small")},
+    **{name: _MIL_TRAINING for name in ("abmil", "abmil_small", "abmil_tiny", "transmil", "transmil_small",
+                                        "transmil_tiny")},
+    **{name: {"lr": 5e-4} for name in ("vit2d_small", "vit3d_small", "resnet2d_small", "resnet3d_small",
+                                       "swin2d_small", "swin3d_small")},
     "vitwsi_small": {"lr": 2e-4},
 }
