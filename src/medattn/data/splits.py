@@ -26,9 +26,14 @@ def parse_split(value: str, where: str) -> str:
 
 
 def _fractions(cfg: dict) -> tuple[float, float]:
+    """(val_fraction, test_fraction); ``test_fraction: 1`` (with ``val_fraction: 0``) makes every patient a test
+    patient: an external cohort for ``medattn eval``."""
     val, test = float(cfg.get("val_fraction", 0.15)), float(cfg.get("test_fraction", 0.15))
+    if test == 1 and val == 0:
+        return val, test
     if val < 0 or test < 0 or val + test >= 1:
-        raise UserError(f"need val_fraction >= 0, test_fraction >= 0 and their sum < 1, got {val}, {test}")
+        raise UserError(f"need val_fraction >= 0, test_fraction >= 0 and their sum < 1 (or test_fraction 1 and "
+                        f"val_fraction 0: an all-test cohort for medattn eval), got {val}, {test}")
     return val, test
 
 
@@ -67,6 +72,8 @@ def assign_splits(patients: Sequence[str], keys: Sequence[str], cfg: dict, seed:
     val_fraction, test_fraction = _fractions(cfg)
     strata = patient_strata(patients, keys)
     unique = sorted(strata)
+    if test_fraction == 1:
+        return ["test"] * len(patients)
     if cfg.get("folds") is not None:
         test = _fold_patients(patients, keys, cfg, seed)
     else:
@@ -117,6 +124,4 @@ def split_records(records: Sequence, cfg: dict, seed: int, column: Sequence[str]
     out: dict[str, list] = {"train": [], "val": [], "test": []}
     for record, name in zip(records, names):
         out[name].append(record)
-    if not out["train"]:
-        raise UserError("the training split is empty; check the split column or the fractions")
-    return out
+    return out  # an empty training split is fine for evaluation; training refuses it (medattn.train.fit)

@@ -28,7 +28,6 @@ from torch import nn
 
 from medattn.errors import UserError
 
-
 STAGES = 4  # MONAI's SwinTransformer: layers1 ... layers4
 
 

@@ -72,6 +72,11 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     the run saves and reports the resolved config.
     """
     validate(config)
+    for split in ("train", "val"):
+        if len(getattr(bundle, split)) == 0:
+            raise UserError(f"the {split} split is empty: training needs training and validation cases (check the "
+                            f"split column or data.val_fraction / data.test_fraction); to score a trained model on "
+                            f"an all-test cohort use medattn eval")
     config, chosen = resolve_training(config)
     check_model_config(config["model"])
     if device is None:

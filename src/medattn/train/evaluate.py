@@ -1,0 +1,149 @@
+"""Score a trained checkpoint on any data: the external-cohort evaluation behind ``medattn eval``.
+
+:func:`evaluate` builds the data config's datasets (a table whose rows are all ``test``, or
+``test_fraction: 1``, is an external cohort), checks that the data fits the checkpoint (task, outputs,
+input, preprocessing), predicts one split exactly as training scored its test split (same predictor,
+precision and sliding windows) and writes to ``out``:
+
+* ``predictions_<split>.csv``, ``roc_<split>.png``: as a training run's test files;
+* classification: the AUROC with its patient-level bootstrap interval, sensitivity and specificity at the
+  checkpoint's stored thresholds (Youden's J on its validation split) with Wilson intervals, the expected
+  calibration error and ``reliability_<split>.png`` (:mod:`medattn.clinical_metrics`);
+* with ``per_patient`` (``mean`` or ``max`` of a patient's probabilities): the same per patient, in files
+  named ``<split>_patients`` (a patient is positive if any of its samples is);
+* ``eval.json`` with all of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from medattn import clinical_metrics, metrics
+from medattn.errors import UserError, writing
+
+from . import distributed
+from .checkpoint import task_from_dict, task_to_dict
+from .objectives import Predictions, objective_for, score_split
+
+
+def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
+             per_patient: str | None = None, batch_size: int | None = None, skip_bad: bool = False,
+             progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Evaluate ``checkpoint`` (a run folder, checkpoint folder or model.safetensors) on split ``split`` of the
+    data of ``config`` (a resolved run config; its ``data``, ``seed`` and ``eval`` sections are used);
+    returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
+    ``eval_<config name>_<split>`` in the checkpoint's run folder."""
+    from medattn.data import build_datasets
+    from medattn.data.preprocessing import describe, differences
+    from medattn.deploy.trained import load_checkpoint
+
+    from .build import check_device
+    from .loop import make_loader, predict
+    from .sliding import inference_window
+
+    if per_patient is not None and per_patient not in clinical_metrics.AGGREGATIONS:
+        raise UserError(f"per-patient aggregation must be one of {', '.join(clinical_metrics.AGGREGATIONS)}, got "
+                        f"{per_patient!r}")
+    trained = load_checkpoint(checkpoint)
+    task, run_config, folder = trained.task, trained.config, trained.folder
+    bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=skip_bad)
+    data_task = bundle.task
+    if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
+            (task.task_type, task.input_kind, task.num_outputs) or data_task.input_shape[0] != task.input_shape[0]:
+        raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
+                        f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
+                        f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
+    data_prep = describe(config["data"], data_task)
+    changed = differences(trained.preprocessing, data_prep)
+    if changed:  # the model would see inputs prepared unlike its training data
+        key = changed[0]
+        raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "
+                        f"{getattr(data_prep, key)!r}, the checkpoint's {getattr(trained.preprocessing, key)!r} "
+                        f"(differing: {', '.join(changed)})")
+    dataset = getattr(bundle, split)
+    if len(dataset) == 0:
+        raise UserError(f"the {split} split of this data is empty; for an external cohort give every row the split "
+                        f"'test' (or data.test_fraction=1 data.val_fraction=0), or choose --split")
+    default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
+    out = Path(out or default_root / f"eval_{config['name']}_{split}")
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+    check_device(run_config["train"]["device"])
+    device = distributed.setup(run_config["train"]["device"])
+    batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
+    loader = make_loader(dataset, batch_size, False, config["seed"])
+    pred = predict(trained.model.to(device), loader, data_task, device, run_config["train"]["precision"], split,
+                   progress, objective=objective_for(data_task, run_config["train"]["loss"]),
+                   window=inference_window(run_config, task))  # sliding windows for models trained on patches
+    result: dict = {}
+    if distributed.is_main():
+        with writing(out):
+            result = score_split(pred, data_task, split, out, config["eval"], config["seed"])
+            if data_task.task_type != "segmentation":
+                result.update(clinical(pred, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
+                if per_patient:
+                    patients = aggregate(pred, data_task.task_type, per_patient)
+                    name = f"{split}_patients"
+                    result["per_patient"] = {"aggregation": per_patient, **score_split(
+                        patients, data_task, name, out, config["eval"], config["seed"]),
+                        **clinical(patients, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
+            result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
+                          synthetic=data_task.synthetic, split=split, out=str(out), task=task_to_dict(data_task))
+            (out / "eval.json").write_text(json.dumps(result, indent=1))
+    distributed.cleanup()
+    return result
+
+
+def aggregate(pred: Predictions, task_type: str, how: str) -> Predictions:
+    """One row per patient (:func:`medattn.clinical_metrics.aggregate_patients`); the loss stays the samples'."""
+    patients, outputs, labels = clinical_metrics.aggregate_patients(pred.outputs, pred.labels, pred.patients, how,
+                                                                   task_type)
+    return replace(pred, ids=patients, patients=patients, outputs=outputs, labels=labels, statistic=None)
+
+
+def clinical(pred: Predictions, task, split: str, out: Path, thresholds: list | None, ci: float) -> dict:
+    """Operating point at the stored thresholds, ECE and the reliability diagram of one split."""
+    found = {"thresholds": thresholds, "operating_point": [], "ece": None}
+    if thresholds is not None and task.task_type != "multiclass":
+        found["operating_point"] = clinical_metrics.operating_point(pred.outputs, pred.labels, thresholds, ci,
+                                                                    task.class_names)
+    try:
+        metrics.auroc(pred.outputs, pred.labels, task.task_type)
+    except metrics.UndefinedMetricError:
+        return found
+    found["ece"] = clinical_metrics.expected_calibration_error(pred.outputs, pred.labels, task.task_type)
+    title = f"{split}: ECE {found['ece']:.3f}, n={len(pred.ids)}" + (" (SYNTHETIC data)" if task.synthetic else "")
+    clinical_metrics.plot_reliability(pred.outputs, pred.labels, task.task_type, out / f"reliability_{split}.png",
+                                      title, names=task.class_names)
+    return found
+
+
+def format_result(result: dict) -> str:
+    """The lines ``medattn eval`` prints: the metric with its interval, the operating point, the ECE, and the
+    same per patient when aggregated."""
+    objective = objective_for(task_from_dict(result["task"]))
+
+    def metric(scored: dict, split: str) -> str:
+        return objective.test_line(scored).replace("test ", f"{split} ", 1)
+
+    def operating(scored: dict) -> list[str]:
+        return [f"  at threshold {p['threshold']:.3f} ({p['output']}): sensitivity {_rate(p['sensitivity'])}, "
+                f"specificity {_rate(p['specificity'])}" for p in scored.get("operating_point", [])]
+
+    lines = [metric(result, result["split"]), *operating(result)]
+    if result.get("ece") is not None:
+        lines.append(f"  expected calibration error {result['ece']:.3f} (reliability_{result['split']}.png)")
+    patients = result.get("per_patient")
+    if patients:
+        lines += [f"per patient ({patients['aggregation']} of each patient's probabilities):",
+                  metric(patients, "patients"), *operating(patients)]
+    return "\n".join(lines)
+
+
+def _rate(rate: dict) -> str:
+    if rate["value"] is None:
+        return "undefined"
+    return f"{rate['value']:.3f} ({rate['ci_low']:.3f}-{rate['ci_high']:.3f})"
