@@ -34,6 +34,7 @@ COMMANDS = {
     "models": "medattn.commands.models",
     "wsi": "medattn.commands.wsi",
     "explain": "medattn.commands.explain",
+    "realistic": "medattn.commands.realistic",
 }
 BENCHES = {
     "attention": "medattn.bench.attention",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from torch import nn
 from medattn.config import validate, with_defaults
 from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo
 from medattn.errors import UserError, writing
+from medattn.models.presets import PRESETS
 
 MODEL_FILE = "model.safetensors"
 META_FILE = "checkpoint.json"
@@ -144,7 +146,19 @@ def load_meta(folder: Path) -> dict:
         meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
     _keep_patch_stem(meta["config"]["model"], folder)
+    _keep_raw_features(meta["config"]["model"], folder)
     return meta
+
+
+def _keep_raw_features(model_cfg: dict, folder: Path) -> None:
+    """A bag model's checkpoint written before features were standardised (2026-11-25) holds no
+    ``feature_norm.mean``; it gets ``standardize_features: false`` and loads as what it is."""
+    kwargs = model_cfg["kwargs"]
+    if "standardize_features" in kwargs or model_cfg["name"] not in PRESETS:
+        return
+    takes = "standardize_features" in inspect.signature(PRESETS[model_cfg["name"]][0]).parameters
+    if takes and "feature_norm.mean" not in header_shapes(folder):
+        kwargs["standardize_features"] = False
 
 
 def _keep_patch_stem(model_cfg: dict, folder: Path) -> None:

@@ -1,0 +1,34 @@
+"""Write the realistic development benchmark (real anatomy, SYNTHETIC findings): medattn realistic --out DIR.
+
+Tasks (docs/realistic.md): brain_mri_2d (MNI152 T1 slices, PNG + CSV), brain_mri_3d (MNI152 slabs, NIfTI +
+CSV), ihc_bags (tile-feature bags of scikit-image's IHC image, CLAM HDF5). Each goes to DIR/<task> with a
+patient-level split column, a config.yaml that trains on it and probe.json (a one-number probe's AUROC,
+refused at >= 0.7). Cohort b is another scanner/stain for external evaluation (medattn eval). Needs nilearn
+and scikit-image (pip install 'medattn[realistic]'); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from medattn.realistic.tasks import SPLITS, TASKS  # no torch: numpy, scipy and yaml only
+
+    parser.add_argument("--out", required=True, help="folder that receives one sub-folder per task")
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
+    parser.add_argument("--cohort", choices=("a", "b"), default="a",
+                        help="a: development cohort; b: an external one (other scanner / stain)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, nargs=3, metavar=("TRAIN", "VAL", "TEST"),
+                        default=[SPLITS["train"], SPLITS["val"], SPLITS["test"]],
+                        help="cases per split (default 180 60 60; an external cohort: 0 0 N)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from medattn.realistic import make_task
+
+    sizes = dict(zip(("train", "val", "test"), args.cases))
+    for task in args.tasks:
+        make_task(task, args.out, seed=args.seed, cohort=args.cohort, sizes=sizes)
+    return 0
