@@ -129,3 +129,51 @@ def test_baselines_learn_through_the_engine(tmp_path, name, bundle):
     losses = [float(r["train_loss"]) for r in csv.DictReader(open(tmp_path / name / "metrics.csv"))]
     assert losses[-1] < losses[0]
     assert results["val_auroc"] > 0.7 and results["test"]["auroc"] is not None
+
+
+@pytest.mark.parametrize("padding", [0.0, 1e6, float("nan")])
+def test_transmil_padded_bag_equals_the_bag_alone(padding):
+    """TransMIL-style: a bag padded into a batch gives its own logits and gradients (bag by bag)."""
+    torch.manual_seed(0)
+    model = create_model("transmil_tiny", feature_dim=8).double()
+    bags = [torch.randn(1, n, 8, dtype=torch.float64) for n in (5, 7)]
+    batch = torch.cat([torch.cat([bags[0], torch.full((1, 2, 8), padding, dtype=torch.float64)], 1), bags[1]])
+    mask = torch.tensor([[True] * 5 + [False] * 2, [True] * 7])
+    alone = torch.cat([model(b) for b in bags])
+    grads_alone = torch.autograd.grad(alone.sum(), list(model.parameters()))
+    together = model(batch, mask=mask)
+    grads_together = torch.autograd.grad(together.sum(), list(model.parameters()))
+    torch.testing.assert_close(together, alone, rtol=1e-12, atol=1e-12)
+    for g_together, g_alone in zip(grads_together, grads_alone, strict=True):
+        torch.testing.assert_close(g_together, g_alone, rtol=1e-11, atol=1e-12)
+
+
+def test_transmil_squares_the_bag_with_its_first_instances():
+    """5 instances fill a 3 x 3 grid with instances 0-3 repeated: the logits equal those of the 9-instance bag
+    written out by hand (TransMIL's padding), and an equal-size batch runs as one."""
+    torch.manual_seed(1)
+    model = create_model("transmil_tiny", feature_dim=8).double().eval()
+    bag = torch.randn(1, 5, 8, dtype=torch.float64)
+    written_out = torch.cat([bag, bag[:, :4]], dim=1)  # 9 = 3^2 instances: nothing more is added
+    torch.testing.assert_close(model(bag), model(written_out), rtol=1e-12, atol=1e-12)
+    two = torch.randn(2, 6, 8, dtype=torch.float64)
+    torch.testing.assert_close(model(two), torch.cat([model(two[:1]), model(two[1:])]), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, shape", [("swin2d_tiny", (2, 1, 32, 32)), ("swin3d_tiny", (2, 1, 32, 32, 16))])
+def test_swin_head_reads_monais_encoder_and_builds_on_the_meta_device(name, shape):
+    """The Swin baseline is MONAI's SwinTransformer followed by mean pooling, LayerNorm and a linear head."""
+    torch.manual_seed(0)
+    model = create_model(name).eval()
+    x = torch.randn(shape)
+    with torch.no_grad():
+        last = model.encoder(x)[-1]
+        expected = model.head(model.norm(last.flatten(2).mean(-1)))
+        torch.testing.assert_close(model(x), expected)
+    with torch.device("meta"):  # how checkpoints are checked before loading (deploy.trained)
+        shapes = {k: v.shape for k, v in create_model(name).state_dict().items()}
+    assert shapes == {k: v.shape for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="expected input"):
+        model(torch.randn(2, 3, *shape[2:]))
+    with pytest.raises(ValueError, match="one entry for each"):
+        create_model(name, depths=(1, 1))

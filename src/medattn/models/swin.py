@@ -21,6 +21,7 @@ MONAI's patch merging.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -72,11 +73,15 @@ class SwinClassifier(nn.Module):
             raise ValueError("in_chans, num_classes, embed_dim, window_size, patch_size, depths and num_heads must "
                              "be positive")
         self.spatial_dims, self.in_chans, self.num_classes = spatial_dims, in_chans, num_classes
-        self.encoder = _monai_swin()(
-            in_chans=in_chans, embed_dim=embed_dim, window_size=(window_size,) * spatial_dims,
-            patch_size=(patch_size,) * spatial_dims, depths=tuple(depths), num_heads=tuple(num_heads),
-            mlp_ratio=mlp_ratio, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
-            spatial_dims=spatial_dims)
+        # MONAI's constructor reads a tensor value (.item()), which the meta device (shape-only builds) cannot
+        # give: there the encoder is built on the CPU; its shapes are the same.
+        on_meta = torch.empty(0).device.type == "meta"
+        with torch.device("cpu") if on_meta else contextlib.nullcontext():
+            self.encoder = _monai_swin()(
+                in_chans=in_chans, embed_dim=embed_dim, window_size=(window_size,) * spatial_dims,
+                patch_size=(patch_size,) * spatial_dims, depths=tuple(depths), num_heads=tuple(num_heads),
+                mlp_ratio=mlp_ratio, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                drop_path_rate=drop_path_rate, spatial_dims=spatial_dims)
         width = embed_dim * 2**STAGES
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, num_classes)
