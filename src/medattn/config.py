@@ -359,9 +359,11 @@ def _check_plain(value, prefix: str, path: tuple[str, ...]) -> None:
                         f"got a {type(value).__name__} ({value}); quote it to keep it as text")
 
 
-def save_config(config: dict, path: Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(config, sort_keys=False))
+def save_config(config: dict, path: Path, defaults: dict | None = None) -> None:
+    """Write the resolved config as YAML; ``defaults`` (``{"data.augment": "strong", ...}``: values defaults chose
+    that the config does not hold) go above it as comment lines, for the reader."""
+    lines = [f"# default: {key}={value}\n" for key, value in (defaults or {}).items()]
+    Path(path).write_text("".join(lines) + yaml.safe_dump(config, sort_keys=False))
 
 
 def flatten(config: dict, prefix: str = "") -> dict:

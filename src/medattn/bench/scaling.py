@@ -57,6 +57,7 @@ from medattn.errors import UserError
 from medattn.models import available_models, create_model
 from medattn.text import format_table
 from medattn.threads import set_threads
+from medattn.train.defaults import GENERAL
 from medattn.train.optim import make_optimizer
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
@@ -135,7 +136,7 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
             torch.manual_seed(seed)
             net = create_model(model, attention=mechanism, img_size=resolution, num_classes=1,
                                activation_checkpointing=checkpointing).to(device)
-            optimizer = make_optimizer(net, DEFAULTS["train"])  # as training builds it: fused AdamW
+            optimizer = make_optimizer(net, {**DEFAULTS["train"], **GENERAL})  # as training builds it: fused AdamW
             run = torch.compile(net, fullgraph=True) if compiled else net
             autocast = torch.autocast(device, dtype=DTYPES[precision]) if precision != "fp32" else nullcontext()
 

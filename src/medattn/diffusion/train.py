@@ -52,6 +52,7 @@ from medattn.threads import set_threads
 from medattn.train import distributed
 from medattn.train.build import check_device
 from medattn.train.loop import seed_everything
+from medattn.train.defaults import resolve_training
 from medattn.train.optim import lr_at, make_optimizer
 from medattn.train.report import append_metrics
 from medattn.train.rundir import run_folder
@@ -79,7 +80,7 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
     """Run the stage ``config["task"]`` names in ``run_dir``; returns its results (also results.json)."""
     if resume or init_from:
         raise UserError("--resume and --init-from are not supported by the diffusion stages")
-    config = {**config, "out": str(run_dir)}
+    config = {**resolve_training(config)[0], "out": str(run_dir)}  # null train keys: the general defaults
     check_diffusion_run(config)
     if distributed.world_size() > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("the diffusion stages run in one process (no torchrun)")

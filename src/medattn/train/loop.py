@@ -141,7 +141,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], fields)
     elif distributed.is_main():
         with writing(run_dir / "config.yaml"):
-            save_config(config, run_dir / "config.yaml")
+            save_config(config, run_dir / "config.yaml", defaults)
     meta = {"config": config, "task": checkpoint.task_to_dict(task),  # preprocessing: what predict/export reuse
             "preprocessing": describe_preprocessing(config["data"], task).to_dict()}
     started = time.time()
