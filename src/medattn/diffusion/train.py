@@ -51,8 +51,8 @@ from medattn.errors import UserError, writing
 from medattn.threads import set_threads
 from medattn.train import distributed
 from medattn.train.build import check_device
-from medattn.train.loop import seed_everything
 from medattn.train.defaults import resolve_training
+from medattn.train.loop import seed_everything
 from medattn.train.optim import lr_at, make_optimizer
 from medattn.train.report import append_metrics
 from medattn.train.rundir import run_folder
