@@ -10,9 +10,9 @@ h5py directly, the models are written here in plain torch, so they check medattn
 
 Each: Adam, the epoch with the best validation AUROC is tested. Usage:
 
-    python benchmarks/realistic_reference.py TASK_FOLDER [--seeds 0 1 2] [--epochs 30] [--threads 1]
+    python benchmarks/realistic_reference.py TASK_FOLDER [--seeds 0 1 2] [--epochs 30] [--threads 1] [--out F]
 
-writes TASK_FOLDER/reference.json (test AUROC per seed, mean, std; the probe's AUROC; machine and budget).
+writes TASK_FOLDER/reference.json (or F) (test AUROC per seed, mean, std; the probe's AUROC; machine and budget).
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="result file (default: TASK_FOLDER/reference.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = yaml.safe_load((args.task_folder / "config.yaml").read_text())
@@ -165,7 +166,7 @@ def main() -> None:
                "mean": float(np.mean(results)), "std": float(np.std(results, ddof=1)) if len(results) > 1 else None,
                "probe_auroc": probe, "epochs": args.epochs, "threads": args.threads, "seconds": time.time() - started,
                "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
-    (args.task_folder / "reference.json").write_text(json.dumps(summary, indent=1))
+    (args.out or args.task_folder / "reference.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
 
 

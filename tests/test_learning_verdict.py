@@ -113,9 +113,12 @@ def test_attention_mil_trains_with_its_own_optimiser_unless_the_user_sets_one(tm
     resolved, chosen = resolve_training(config)
     assert resolved["train"]["optimizer"] == "adam" and resolved["train"]["lr"] == 2e-4
     assert resolved["train"]["weight_decay"] == 1e-5 and chosen["train.lr"] == 2e-4
+    assert resolved["train"]["schedule"] == "constant" and resolved["train"]["grad_clip"] == 0  # as CLAM trains it
     assert "train.warmup_epochs" not in chosen  # tiny_config sets it: the user's value wins
     vit = resolve_training(tiny_config("train.optimizer=null", "train.weight_decay=null"))[0]
     assert vit["train"]["optimizer"] == GENERAL["optimizer"] and vit["train"]["weight_decay"] == 0.05
+    assert vit["train"]["grad_clip"] == 1.0 and vit["train"]["schedule"] == "cosine"
+    assert resolve_training(resolved)[1] == {}  # resolving twice changes nothing
     results = fit(config, bag_bundle(), tmp_path / "run", progress=False, log=lambda m: None)
     saved = yaml.safe_load((tmp_path / "run/config.yaml").read_text())
     assert saved["train"]["optimizer"] == "adam" and saved["train"]["lr"] == 2e-4  # config.yaml holds what ran

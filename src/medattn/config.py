@@ -44,10 +44,10 @@ DEFAULTS: dict = {
         "betas": [0.9, 0.999],
         "warmup_epochs": None,  # linear warm-up length, in epochs (fractions allowed); null -> the model's own
         "optimizer": None,  # adamw | adam (weight decay as L2 in the gradient); null -> the model's own
-        "schedule": "cosine",  # after the warm-up: cosine (to min_lr) | step | constant
+        "schedule": None,  # after the warm-up: cosine (to min_lr) | step | constant; null -> the model's own
         "step_milestones": [0.5, 0.75],  # step schedule: fractions of the total steps where lr *= step_gamma
         "step_gamma": 0.1,
-        "grad_clip": 1.0,  # max global grad norm; 0 or None disables clipping
+        "grad_clip": None,  # max global grad norm; 0 disables clipping; null -> the model's own (1.0; MIL: 0)
         "grad_accum": 1,  # micro-batches per optimizer step
         "precision": "fp32",  # fp32 | bf16 (autocast)
         "activation_checkpointing": False,  # recompute each transformer block in backward: less memory, ~1/3 slower
@@ -274,7 +274,7 @@ SCHEMA: dict[str, Rule] = {
                         and all(_is_number(b) and 0 <= b < 1 for b in v)),
     "train.warmup_epochs": _number(0, optional=True),
     "train.optimizer": Rule("adamw, adam or null", lambda v: v in ("adamw", "adam", None)),
-    "train.schedule": Rule("cosine, step or constant", lambda v: v in ("cosine", "step", "constant")),
+    "train.schedule": Rule("cosine, step, constant or null", lambda v: v in ("cosine", "step", "constant", None)),
     "train.step_milestones": Rule("a list of increasing numbers in (0, 1] (fractions of the total steps)",
                                   lambda v: isinstance(v, list) and all(_is_number(m) and 0 < m <= 1 for m in v)
                                   and list(v) == sorted(v)),

@@ -135,12 +135,14 @@ PRESETS: dict[str, tuple[type, dict]] = {
 }
 
 #: Training settings a preset is known to train with, for ``train.*`` keys the config leaves null
-#: (:mod:`medattn.train.defaults`; every other model: AdamW, lr 1e-4, weight decay 0.05, 1 warm-up epoch).
-#: Attention-MIL: Adam, lr 2e-4, weight decay 1e-5, no warm-up (Lu et al., CLAM, 2021; Ilse et al. use Adam too);
+#: (:mod:`medattn.train.defaults`; every other model: AdamW, lr 1e-4, weight decay 0.05, 1 warm-up epoch, cosine
+#: decay, gradient norm clipped at 1).
+#: Attention-MIL: Adam, lr 2e-4, weight decay 1e-5, constant rate, no warm-up, no clipping (Lu et al., CLAM, 2021);
 #: TransMIL: the same rate and decay (its code wraps RAdam in Lookahead; plain Adam here).
 #: CPU presets trained from scratch on a few hundred cases: lr 5e-4 (bags 2e-4), the rate their packaged configs
 #: use and the realistic benchmark was run with (docs/realistic.md).
-_MIL_TRAINING = {"optimizer": "adam", "lr": 2e-4, "weight_decay": 1e-5, "warmup_epochs": 0.0}
+_MIL_TRAINING = {"optimizer": "adam", "lr": 2e-4, "weight_decay": 1e-5, "warmup_epochs": 0.0, "schedule": "constant",
+                 "grad_clip": 0.0}
 TRAINING: dict[str, dict] = {
     **{name: _MIL_TRAINING for name in ("abmil", "abmil_small", "abmil_tiny", "transmil", "transmil_small",
                                         "transmil_tiny")},
