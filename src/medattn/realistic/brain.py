@@ -5,7 +5,7 @@ individual texture (smooth random field, 4% of the intensity), then perhaps a fi
 acquisition (:class:`Acquisition`: gain, gamma, bias field, Rician noise).
 
 * **finding** (label 1): a hypointense ellipsoidal lesion inside the white matter (white-matter probability
-  >= 0.8), radii ``LESION_RADII`` mm, intensity x (1 - c) with c drawn from ``LESION_CONTRAST``: on a T1
+  >= 0.8), radii ``LESION_RADII`` mm (``LESION_RADII_3D`` for the coarser volumes), intensity x (1 - c) with c drawn from ``LESION_CONTRAST``: on a T1
   template this brings white matter down to about grey-matter intensity (a lacune- or plaque-like spot);
 * **mimic** (either label, probability 0.5): the same kind of spot in the cortex (grey-matter probability
   >= 0.6), where a dark spot is sulcal CSF-like and harmless; so "a dark spot" does not solve the task, a
@@ -24,7 +24,8 @@ from scipy import ndimage
 
 from .anatomy import Brain
 
-LESION_RADII = (8.0, 14.0)  # mm, each ellipsoid axis drawn uniformly
+LESION_RADII = (8.0, 14.0)  # mm, each ellipsoid axis drawn uniformly (2D slices at 64 px: 3.6 mm per pixel)
+LESION_RADII_3D = (12.0, 20.0)  # mm: the slab is resampled to 32 x 32 x 16 (6-8 mm voxels), a lesion spans 3+
 LESION_CONTRAST = (0.35, 0.55)  # fraction of the local intensity removed at the lesion's centre
 MIMIC_PROBABILITY = 0.5
 TEXTURE = 0.04
@@ -66,11 +67,12 @@ def _ellipsoid(shape: tuple[int, ...], centre: np.ndarray, radii: np.ndarray) ->
     return 1.0 / (1.0 + np.exp((d - 1.0) * 2.0 * radii.mean()))
 
 
-def _spot(image: np.ndarray, where: np.ndarray, voxel_mm: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``image`` with a dark ellipsoid centred on a random voxel of the boolean map ``where``."""
+def _spot(image: np.ndarray, where: np.ndarray, voxel_mm: np.ndarray, radii_mm: tuple[float, float],
+          rng: np.random.Generator) -> np.ndarray:
+    """``image`` with a dark ellipsoid (axes drawn from ``radii_mm``) centred on a random voxel of ``where``."""
     candidates = np.argwhere(where)
     centre = candidates[rng.integers(len(candidates))].astype(np.float32)
-    radii = rng.uniform(*LESION_RADII, size=image.ndim) / voxel_mm
+    radii = rng.uniform(*radii_mm, size=image.ndim) / voxel_mm
     return image * (1.0 - rng.uniform(*LESION_CONTRAST) * _ellipsoid(image.shape, centre, radii))
 
 
@@ -82,7 +84,8 @@ def _bias_field(shape: tuple[int, ...], amplitude: float, rng: np.random.Generat
 
 
 def brain_case(brain: Brain, lesion: bool, acquisition: Acquisition, rng: np.random.Generator, *,
-               region: tuple[slice, ...], zoom: float, max_angle: float = 12.0, max_shift: float = 4.0) -> np.ndarray:
+               region: tuple[slice, ...], zoom: float, radii_mm: tuple[float, float] = LESION_RADII,
+               max_angle: float = 12.0, max_shift: float = 4.0) -> np.ndarray:
     """One case: the template cut to ``region`` (2 slices for a 2D case, 3 for a volume), resampled by ``zoom``
     (voxel size 2 mm / zoom), moved, textured, perhaps given a lesion (and a mimic), then acquired.
     -> float32 array, white matter near 1 before the acquisition's gain."""
@@ -96,9 +99,9 @@ def brain_case(brain: Brain, lesion: bool, acquisition: Acquisition, rng: np.ran
     image = t1 * (1 + TEXTURE * texture / texture.std())
     inside = ndimage.binary_erosion(mask > 0.5, iterations=2)
     if lesion:
-        image = _spot(image, inside & (white >= 0.8), voxel_mm, rng)
+        image = _spot(image, inside & (white >= 0.8), voxel_mm, radii_mm, rng)
     if rng.random() < MIMIC_PROBABILITY:
-        image = _spot(image, inside & (grey >= 0.6), voxel_mm, rng)
+        image = _spot(image, inside & (grey >= 0.6), voxel_mm, radii_mm, rng)
     image = np.clip(image * _bias_field(shape, acquisition.bias, rng), 0, None) ** rng.uniform(*acquisition.gamma)
     sigma = rng.uniform(*acquisition.noise)
     noisy = np.hypot(image + sigma * rng.standard_normal(shape), sigma * rng.standard_normal(shape))  # Rician

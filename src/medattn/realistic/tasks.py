@@ -86,7 +86,8 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     (folder / "volumes").mkdir(parents=True, exist_ok=True)
     for i, label in enumerate(labels):
         case = brain.brain_case(template, bool(label), acquisition, rng,
-                                region=(slice(None), slice(None), slice(28, 68)), zoom=0.5, max_shift=2.0)
+                                region=(slice(None), slice(None), slice(28, 68)), zoom=0.5,
+                                radii_mm=brain.LESION_RADII_3D, max_shift=2.0)
         values = np.clip(case * 1000, 0, 32767).round().astype(np.int16)
         name = f"volumes/case_{i:04d}.nii.gz"
         nib.save(nib.Nifti1Image(values, np.diag([4.0, 4.0, 4.0, 1.0])), folder / name)
