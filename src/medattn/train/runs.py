@@ -26,6 +26,7 @@ from medattn.config import read_config_file
 from medattn.errors import UserError
 
 from .build import check_model_config
+from .defaults import resolve_training
 from .rundir import config_diff
 
 
@@ -39,8 +40,8 @@ class Job:
 
 def job_state(run_dir: Path, config: dict) -> str:
     """``done`` (results.json, same config), ``resume`` (a checkpoint) or ``new``."""
-    if (run_dir / "results.json").is_file():
-        changed = config_diff(read_config_file(run_dir / "config.yaml"), config)
+    if (run_dir / "results.json").is_file():  # saved resolved (medattn.train.defaults): compare it so
+        changed = config_diff(read_config_file(run_dir / "config.yaml"), resolve_training(config)[0])
         if changed:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")
@@ -57,13 +58,11 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     from medattn.config import validate
     from medattn.data import build_datasets
 
-    from .defaults import resolve_training
     from .loop import fit
 
     for job in jobs:
         job.config["out"] = str(root / job.name)
         validate(job.config, job.name)
-        job.config = resolve_training(job.config)[0]  # as fit saves it: a finished job's config compares equal
         check_model_config(job.config["model"])
     results = []
     for number, job in enumerate(jobs, 1):
