@@ -233,7 +233,7 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    level, chosen = augment_level(cfg)
+    level, chosen = augment_level(cfg, 2)
     augment = build_augmentation(level, 2)
     train_loader = ImageLoader(size, in_chans, mean, std, augment)
     task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)

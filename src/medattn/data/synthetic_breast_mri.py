@@ -105,7 +105,7 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
         raise ValueError(f"{NAME}: volume_size must be at least 8 along every axis, got {size}")
     data_seed = int(cfg.get("seed", seed))
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    level, chosen = augment_level(cfg)
+    level, chosen = augment_level(cfg, 3)
     augment = build_augmentation(level, 3)
 
     finish = partial(augment_input, augment) if augment else None

@@ -110,7 +110,7 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
         raise ValueError(f"{NAME}: need image_size >= 16, in_chans 1 or 3 and std > 0; "
                          f"got {size}, {in_chans}, {std}")
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
-    level, chosen = augment_level(cfg)
+    level, chosen = augment_level(cfg, 2)
     augment = build_augmentation(level, 2)
     cache = bool(cfg.get("cache", True))
 

@@ -406,7 +406,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     warning = None if "target_size" in cfg else crop_warning(grids, spacing, size, bool(sides))
     records, column = resolve_duplicates(records, column, bad)
     parts = split_records(records, cfg, seed, column)
-    level, chosen = augment_level(cfg)
+    level, chosen = augment_level(cfg, 3)
     train_loader = VolumeLoader(spacing, size, method, build_augmentation(level, 3))
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
