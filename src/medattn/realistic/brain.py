@@ -5,8 +5,9 @@ individual texture (smooth random field, 4% of the intensity), then perhaps a fi
 acquisition (:class:`Acquisition`: gain, gamma, bias field, Rician noise).
 
 * **finding** (label 1): a hypointense ellipsoidal lesion inside the white matter (white-matter probability
-  >= 0.8), radii ``LESION_RADII`` mm (``LESION_RADII_3D`` for the coarser volumes), intensity x (1 - c) with c drawn from ``LESION_CONTRAST``: on a T1
-  template this brings white matter down to about grey-matter intensity (a lacune- or plaque-like spot);
+  >= 0.8), radii ``LESION_RADII`` mm (``LESION_RADII_3D`` for the coarser volumes), intensity x (1 - c) with
+  c drawn from ``LESION_CONTRAST``: on a T1 template this brings white matter down to about grey-matter
+  intensity (a lacune- or plaque-like spot);
 * **mimic** (either label, probability 0.5): the same kind of spot in the cortex (grey-matter probability
   >= 0.6), where a dark spot is sulcal CSF-like and harmless; so "a dark spot" does not solve the task, a
   dark spot *in white matter* does.
