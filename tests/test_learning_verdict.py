@@ -73,6 +73,10 @@ def test_judge_flags_a_constant_predictor_and_chance_level_validation():
     rising = judge(_rows([0.6, 0.5, 0.4, 0.3], [0.6, 0.7, 0.75, 0.8]), "val_auroc", "binary",
                    constant=math.log(2), val_labels=val)
     assert rising["learned"] and any("budget may be too short" in w for w in rising["warnings"])
+    # fitted, then fell back (TransMIL on the realistic bags): judged by the epoch whose checkpoint is tested
+    relapse = _rows([0.70, 0.60, 0.72], [0.55, 0.90, 0.52])
+    assert judge(relapse, "val_auroc", "binary", best_epoch=2, constant=math.log(2), val_labels=val)["learned"]
+    assert not judge(relapse, "val_auroc", "binary", best_epoch=3, constant=math.log(2), val_labels=val)["learned"]
     dice = judge([{"epoch": 1, "train_loss": 1.0, "val_dice": 0.0}], "val_dice", "segmentation")
     assert not dice["learned"]
 

@@ -285,7 +285,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
         probabilities = test.outputs if objective.outputs_are_probabilities else None
-        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}")
+        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}", results["best_epoch"])
         results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
         results["warnings"] += results["learning"]["warnings"]
         results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
@@ -301,12 +301,14 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     return results
 
 
-def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str) -> dict:
-    """:func:`medattn.train.verdict.judge` of a finished run: the constant predictor under the run's own
-    training objective (label smoothing, ``pos_weight``, class balance) and the validation labels."""
+def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str,
+                     best_epoch: int | None = None) -> dict:
+    """:func:`medattn.train.verdict.judge` of a finished run (kept checkpoint: ``best_epoch``): the constant
+    predictor under the run's own training objective (label smoothing, ``pos_weight``, class balance) and the
+    validation labels."""
     task, train_cfg = bundle.task, config["train"]
     if task.task_type == "segmentation":
-        return verdict.judge(rows, score_key, task.task_type)
+        return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch)
     labels = dataset_labels(bundle.train)
     objective = objective_for(task, None, train_cfg["label_smoothing"],
                               positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
@@ -314,7 +316,8 @@ def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_k
     if train_cfg["class_balance"]:  # every class drawn with equal total weight
         keys = class_keys(labels)
         weights = 1.0 / torch.bincount(keys).double()[keys]
-    return verdict.judge(rows, score_key, task.task_type, constant=verdict.constant_loss(objective, labels, weights),
+    return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch,
+                         constant=verdict.constant_loss(objective, labels, weights),
                          val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])
 
 

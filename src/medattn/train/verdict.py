@@ -2,9 +2,10 @@
 
 A run **did not learn** (``verdict["learned"] is False``, with the reasons) when either holds:
 
-* its final train loss is no lower than the loss of the best *constant* predictor under the same training
-  objective (label smoothing and ``pos_weight`` included; with ``class_balance`` the classes weigh equally):
-  for a balanced binary task that is ln 2 = 0.693, the entropy of the label prior. A model that fits its own
+* the train loss of its best epoch (the checkpoint that is tested) is no lower than the loss of the best
+  *constant* predictor under the same training objective (label smoothing and ``pos_weight`` included; with
+  ``class_balance`` the classes weigh equally): for a balanced binary task that is ln 2 = 0.693, the entropy
+  of the label prior. A model that fits its own
   training data no better than the label prior has learned nothing, whatever one validation figure says;
 * its best validation AUROC (the maximum over the epochs, an optimistic figure) lies inside the interval
   that a model scoring at random reaches with the same numbers of positives and negatives:
@@ -12,9 +13,9 @@ A run **did not learn** (``verdict["learned"] is False``, with the reasons) when
   McNeil 1982), z for ``eval.ci``; per output averaged for multi-class (one-vs-rest) and multi-label;
 * segmentation: the best validation Dice is below :data:`DICE_FLOOR`.
 
-Two warnings that do not make the verdict: a final train loss within :data:`NEAR_CONSTANT` of the constant
-predictor's ("barely below a constant predictor"), and a budget that looks too short (the best epoch is the
-last and the validation score rose over the last quarter of the epochs).
+Two warnings that do not make the verdict: a best epoch's train loss within :data:`NEAR_CONSTANT` of the
+constant predictor's ("barely below a constant predictor"), and a budget that looks too short (the best
+epoch is the last and the validation score rose over the last quarter of the epochs).
 
 ``compare`` and ``cv`` mark an arm with a run that did not learn, keep it out of the paired tests and say why.
 """
@@ -71,33 +72,37 @@ def chance_halfwidth(labels: np.ndarray, task_type: str, ci: float) -> float | N
     return float(norm.ppf(0.5 + ci / 2) * np.mean(errors))
 
 
-def judge(rows: list[dict], score_key: str, task_type: str, *, constant: float | None = None,
-          val_labels: np.ndarray | None = None, ci: float = 0.95) -> dict:
+def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int | None = None,
+          constant: float | None = None, val_labels: np.ndarray | None = None, ci: float = 0.95) -> dict:
     """The verdict of a finished run from its metrics.csv ``rows`` (train loss and validation score per epoch).
 
-    ``constant``: :func:`constant_loss` of the training labels (classification); ``val_labels``: the
-    validation labels (for the chance interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...],
-    "constant_loss": ..., "chance_interval": [low, high] or None}``."""
+    ``best_epoch``: the epoch of the tested checkpoint (default: the highest validation score); ``constant``:
+    :func:`constant_loss` of the training labels (classification); ``val_labels``: the validation labels (for
+    the chance interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...], "constant_loss": ...,
+    "chance_interval": [low, high] or None}``. A run that fitted, then fell back (TransMIL on the realistic bags:
+    validation AUROC 0.90 at epoch 13, train loss back above ln 2 by epoch 20) is judged by the epoch it keeps."""
     reasons, warnings = [], []
-    final_loss = rows[-1]["train_loss"]
     scores = [row[score_key] for row in rows]
-    best = max(range(len(scores)), key=lambda i: scores[i])
+    epochs = [int(row["epoch"]) for row in rows]
+    best = epochs.index(best_epoch) if best_epoch in epochs else max(range(len(scores)), key=lambda i: scores[i])
+    kept_loss = rows[best]["train_loss"]
     interval = None
     if task_type == "segmentation":
-        if scores[best] < DICE_FLOOR:
-            reasons.append(f"the best validation Dice is {scores[best]:.4f} (below {DICE_FLOOR})")
+        if max(scores) < DICE_FLOOR:
+            reasons.append(f"the best validation Dice is {max(scores):.4f} (below {DICE_FLOOR})")
     else:
-        if constant is not None and final_loss >= CONSTANT_FRACTION * constant:
-            reasons.append(f"the final train loss {final_loss:.4f} is no lower than a constant predictor's "
-                           f"{constant:.4f} (the label prior's)")
-        elif constant is not None and final_loss >= NEAR_CONSTANT * constant:
-            warnings.append(f"the final train loss {final_loss:.4f} is within {1 - NEAR_CONSTANT:.0%} of a constant "
-                            f"predictor's {constant:.4f}: the model barely fit the training data")
+        if constant is not None and kept_loss >= CONSTANT_FRACTION * constant:
+            reasons.append(f"the train loss of the kept epoch ({epochs[best]}), {kept_loss:.4f}, is no lower than a "
+                           f"constant predictor's {constant:.4f} (the label prior's)")
+        elif constant is not None and kept_loss >= NEAR_CONSTANT * constant:
+            warnings.append(f"the train loss of the kept epoch ({epochs[best]}), {kept_loss:.4f}, is within "
+                            f"{1 - NEAR_CONSTANT:.0%} of a constant predictor's {constant:.4f}: the model barely fit "
+                            f"the training data")
         half = None if val_labels is None else chance_halfwidth(val_labels, task_type, ci)
         if half is not None:
             interval = [0.5 - half, 0.5 + half]
-            if abs(scores[best] - 0.5) <= half:
-                reasons.append(f"the best validation AUROC {scores[best]:.3f} lies within chance "
+            if abs(max(scores) - 0.5) <= half:
+                reasons.append(f"the best validation AUROC {max(scores):.3f} lies within chance "
                                f"({interval[0]:.3f}-{interval[1]:.3f} at {ci:.0%} for these validation labels)")
     quarter = max(1, len(scores) // 4)
     if best == len(scores) - 1 and len(scores) >= 4 and scores[-1] > scores[-1 - quarter]:
