@@ -2,8 +2,8 @@
 
 A run **did not learn** (``verdict["learned"] is False``, with the reasons) when either holds:
 
-* the train loss of its best epoch (the checkpoint that is tested) is no lower than the loss of the best
-  *constant* predictor under the same training objective (label smoothing and ``pos_weight`` included; with
+* at no epoch was its mean train loss lower than the loss of the best *constant* predictor under the same
+  training objective (label smoothing and ``pos_weight`` included; with
   ``class_balance`` the classes weigh equally): for a balanced binary task that is ln 2 = 0.693, the entropy
   of the label prior. A model that fits its own
   training data no better than the label prior has learned nothing, whatever one validation figure says;
@@ -13,9 +13,12 @@ A run **did not learn** (``verdict["learned"] is False``, with the reasons) when
   McNeil 1982), z for ``eval.ci``; per output averaged for multi-class (one-vs-rest) and multi-label;
 * segmentation: the best validation Dice is below :data:`DICE_FLOOR`.
 
-Two warnings that do not make the verdict: a best epoch's train loss within :data:`NEAR_CONSTANT` of the
-constant predictor's ("barely below a constant predictor"), and a budget that looks too short (the best
-epoch is the last and the validation score rose over the last quarter of the epochs).
+Two warnings that do not make the verdict: a lowest train loss within :data:`NEAR_CONSTANT` of the constant
+predictor's ("barely below a constant predictor"), and a budget that looks too short (the best epoch is the
+last and the validation score rose over the last quarter of the epochs). The lowest epoch, not the last or
+the kept one: an epoch's mean train loss lags (epoch 1's includes the random start), and a run that fitted,
+then fell back (TransMIL on the realistic bags: validation AUROC 0.90 at epoch 13, train loss back above
+ln 2 by epoch 20) keeps its good checkpoint.
 
 ``compare`` and ``cv`` mark an arm with a run that did not learn, keep it out of the paired tests and say why.
 """
@@ -79,23 +82,23 @@ def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int |
     ``best_epoch``: the epoch of the tested checkpoint (default: the highest validation score); ``constant``:
     :func:`constant_loss` of the training labels (classification); ``val_labels``: the validation labels (for
     the chance interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...], "constant_loss": ...,
-    "chance_interval": [low, high] or None}``. A run that fitted, then fell back (TransMIL on the realistic bags:
-    validation AUROC 0.90 at epoch 13, train loss back above ln 2 by epoch 20) is judged by the epoch it keeps."""
+    "chance_interval": [low, high] or None}``."""
     reasons, warnings = [], []
     scores = [row[score_key] for row in rows]
     epochs = [int(row["epoch"]) for row in rows]
     best = epochs.index(best_epoch) if best_epoch in epochs else max(range(len(scores)), key=lambda i: scores[i])
-    kept_loss = rows[best]["train_loss"]
+    lowest = min(range(len(rows)), key=lambda i: rows[i]["train_loss"])
+    lowest_loss = rows[lowest]["train_loss"]
     interval = None
     if task_type == "segmentation":
         if max(scores) < DICE_FLOOR:
             reasons.append(f"the best validation Dice is {max(scores):.4f} (below {DICE_FLOOR})")
     else:
-        if constant is not None and kept_loss >= CONSTANT_FRACTION * constant:
-            reasons.append(f"the train loss of the kept epoch ({epochs[best]}), {kept_loss:.4f}, is no lower than a "
+        if constant is not None and lowest_loss >= CONSTANT_FRACTION * constant:
+            reasons.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is no lower than a "
                            f"constant predictor's {constant:.4f} (the label prior's)")
-        elif constant is not None and kept_loss >= NEAR_CONSTANT * constant:
-            warnings.append(f"the train loss of the kept epoch ({epochs[best]}), {kept_loss:.4f}, is within "
+        elif constant is not None and lowest_loss >= NEAR_CONSTANT * constant:
+            warnings.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is within "
                             f"{1 - NEAR_CONSTANT:.0%} of a constant predictor's {constant:.4f}: the model barely fit "
                             f"the training data")
         half = None if val_labels is None else chance_halfwidth(val_labels, task_type, ci)
