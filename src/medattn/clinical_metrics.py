@@ -108,8 +108,10 @@ def aggregate_patients(probs: np.ndarray, labels: np.ndarray, patients: list[str
     """-> (patients in order of first appearance, probabilities (P, K), labels) with one row per patient."""
     if how not in AGGREGATIONS:
         raise UserError(f"per-patient aggregation must be one of {', '.join(AGGREGATIONS)}, got {how!r}")
-    order = list(dict.fromkeys(patients))
-    index = {p: [i for i, q in enumerate(patients) if q == p] for p in order}
+    index: dict[str, list[int]] = {}  # patient -> its samples, patients in order of first appearance
+    for i, patient in enumerate(patients):
+        index.setdefault(patient, []).append(i)
+    order = list(index)
     reduce = np.mean if how == "mean" else np.max
     out_probs = np.stack([reduce(probs[index[p]], axis=0) for p in order])
     if task_type == "multiclass":

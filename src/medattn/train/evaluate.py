@@ -17,11 +17,10 @@ precision and sliding windows) and writes to ``out``:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from medattn import clinical_metrics, metrics
+from medattn import clinical_metrics
 from medattn.errors import UserError, writing
 
 from . import distributed
@@ -31,7 +30,7 @@ from .objectives import Predictions, objective_for, score_split
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
              per_patient: str | None = None, batch_size: int | None = None, skip_bad: bool = False,
-             progress: bool = True, log: Callable[[str], None] = print) -> dict:
+             progress: bool = True) -> dict:
     """Evaluate ``checkpoint`` (a run folder, checkpoint folder or model.safetensors) on split ``split`` of the
     data of ``config`` (a resolved run config; its ``data``, ``seed`` and ``eval`` sections are used);
     returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
@@ -83,13 +82,13 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
         with writing(out):
             result = score_split(pred, data_task, split, out, config["eval"], config["seed"])
             if data_task.task_type != "segmentation":
-                result.update(clinical(pred, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
+                result.update(clinical(pred, result, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
                 if per_patient:
                     patients = aggregate(pred, data_task.task_type, per_patient)
                     name = f"{split}_patients"
-                    result["per_patient"] = {"aggregation": per_patient, **score_split(
-                        patients, data_task, name, out, config["eval"], config["seed"]),
-                        **clinical(patients, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
+                    scored = score_split(patients, data_task, name, out, config["eval"], config["seed"])
+                    result["per_patient"] = {"aggregation": per_patient, **scored, **clinical(
+                        patients, scored, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
             result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
                           synthetic=data_task.synthetic, split=split, out=str(out), task=task_to_dict(data_task))
             (out / "eval.json").write_text(json.dumps(result, indent=1))
@@ -104,15 +103,15 @@ def aggregate(pred: Predictions, task_type: str, how: str) -> Predictions:
     return replace(pred, ids=patients, patients=patients, outputs=outputs, labels=labels, statistic=None)
 
 
-def clinical(pred: Predictions, task, split: str, out: Path, thresholds: list | None, ci: float) -> dict:
-    """Operating point at the stored thresholds, ECE and the reliability diagram of one split."""
+def clinical(pred: Predictions, scored: dict, task, split: str, out: Path, thresholds: list | None,
+             ci: float) -> dict:
+    """Operating point at the stored thresholds, ECE and the reliability diagram of one split (``scored``: its
+    :func:`score_split` result; no ECE where it found the AUROC undefined, a class missing)."""
     found = {"thresholds": thresholds, "operating_point": [], "ece": None}
     if thresholds is not None and task.task_type != "multiclass":
         found["operating_point"] = clinical_metrics.operating_point(pred.outputs, pred.labels, thresholds, ci,
                                                                     task.class_names)
-    try:
-        metrics.auroc(pred.outputs, pred.labels, task.task_type)
-    except metrics.UndefinedMetricError:
+    if scored["auroc"] is None:
         return found
     found["ece"] = clinical_metrics.expected_calibration_error(pred.outputs, pred.labels, task.task_type)
     title = f"{split}: ECE {found['ece']:.3f}, n={len(pred.ids)}" + (" (SYNTHETIC data)" if task.synthetic else "")
