@@ -277,3 +277,18 @@ def test_a_rule_without_a_gradient_form_is_a_user_error():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(UserError, match="no gradient-weighted form.*gradxinput"):
         rows_for(module).gradient_rows(module, q, q, q, None, torch.ones(1, 5), q)
+
+
+@pytest.mark.parametrize("preset", ["vitwsi_tiny", "abmil_tiny", "transmil_tiny"])
+def test_every_bag_model_gets_one_score_per_instance(preset):
+    """The default method scores each real instance of a padded bag once (TransMIL's tokens are a squared grid,
+    not its instances: it takes gradient x input, and rollout is refused in one line)."""
+    torch.manual_seed(0)
+    model = create_model(preset, feature_dim=8).eval()
+    bags, mask = torch.randn(2, 7, 8), torch.tensor([[True] * 7, [True] * 5 + [False] * 2])
+    explained = explain(model, bags, mask=mask, coords=torch.zeros(2, 7, 2))
+    assert explained.relevance.shape == (2, 7) and (explained.relevance[1, 5:] == 0).all()
+    if preset == "transmil_tiny":
+        assert default_method(model) == "gradxinput"
+        with pytest.raises(UserError, match="tokens are not its inputs"):
+            explain(model, bags, method="rollout", mask=mask, coords=torch.zeros(2, 7, 2))

@@ -124,8 +124,12 @@ def target_index(logits: torch.Tensor, target: int | None) -> torch.Tensor:
 
 
 def check_rollout_model(model: nn.Module) -> None:
-    """UserError unless ``model`` has a class token first and attention modules that rollout has rules for."""
+    """UserError unless ``model`` has a class token first, one token per input after it (a model whose tokens are
+    not its inputs declares ``tokens_are_inputs = False``) and attention modules that rollout has rules for."""
     modules = [m for m in model.modules() if isinstance(m, Attention)]
+    if not getattr(model, "tokens_are_inputs", True):
+        raise UserError(f"attention rollout maps tokens to inputs; {type(model).__name__}'s tokens are not its "
+                        f"inputs (use --method gradxinput)")
     if not hasattr(model, "cls_token") or not modules:
         raise UserError(f"attention rollout needs a transformer with a class token; {type(model).__name__} has "
                         f"none (use --method gradxinput)")

@@ -72,6 +72,7 @@ class TransMIL(nn.Module):
     """
 
     input_contract = "bag"
+    tokens_are_inputs = False  # the square grid repeats instances and PPEG mixes them: no attention rollout
 
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, num_heads: int = 8,
                  drop_rate: float = 0.0, attn_drop_rate: float = 0.0, standardize_features: bool = True) -> None:
