@@ -33,7 +33,7 @@ from medattn.data import build_datasets
 from medattn.data import synthetic_wsi as sw
 from medattn.explain import explain, record_attention, rows_for
 from medattn.explain.rows import FactorisedRows
-from medattn.train import build_model
+from medattn.runtime.build import build_model
 
 
 def planted_tumour(data_cfg: dict, seed: int, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:

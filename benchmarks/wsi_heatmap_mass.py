@@ -37,6 +37,8 @@ from medattn.bench.common import environment, median_time
 from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.bags import read_slide
+from medattn.runtime import checkpoint
+from medattn.runtime.build import build_model
 from medattn.slides import (
     Extractor,
     ResNet50Features,
@@ -52,7 +54,7 @@ from medattn.slides import (
     write_synthetic_cohort,
     write_tiles,
 )
-from medattn.train import build_model, checkpoint, fit
+from medattn.train import fit
 
 MODELS = {"abmil": ("abmil_small", None), "vit-seqnorm": ("vitwsi_small", "seqnorm")}
 

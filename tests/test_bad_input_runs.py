@@ -114,7 +114,7 @@ def _disk_full(monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("medattn.train.checkpoint.save_file", full)
+    monkeypatch.setattr("medattn.runtime.checkpoint.save_file", full)
 
 
 # case id -> (argv from (scratch folder, run folder), a fragment the error line must name, monkeypatch or None)

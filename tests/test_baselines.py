@@ -11,7 +11,8 @@ from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import AttentionMIL, ResNet, create_model, input_contract
-from medattn.train import build_model, fit
+from medattn.runtime.build import build_model
+from medattn.train import fit
 
 
 def test_gated_attention_follows_ilse_et_al():
@@ -170,7 +171,7 @@ def test_swin_head_reads_monais_encoder_and_builds_on_the_meta_device(name, shap
         last = model.encoder(x)[-1]
         expected = model.head(model.norm(last.flatten(2).mean(-1)))
         torch.testing.assert_close(model(x), expected)
-    with torch.device("meta"):  # how checkpoints are checked before loading (deploy.trained)
+    with torch.device("meta"):  # how checkpoints are checked before loading (runtime.trained)
         shapes = {k: v.shape for k, v in create_model(name).state_dict().items()}
     assert shapes == {k: v.shape for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="expected input"):

@@ -16,7 +16,8 @@ from medattn.config import DEFAULTS
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model
-from medattn.train import checkpoint, fit
+from medattn.runtime import checkpoint
+from medattn.train import fit
 from medattn.train.rundir import RUN_FILES
 
 

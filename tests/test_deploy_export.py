@@ -15,7 +15,7 @@ from medattn.data.preprocessing import Preprocessing
 from medattn.deploy import Deployable, export_model, read_metadata
 from medattn.deploy.export import metadata
 from medattn.errors import UserError
-from medattn.train import build_model
+from medattn.runtime.build import build_model
 from references import randomize_norm_affines
 
 ort = pytest.importorskip("onnxruntime")

@@ -201,8 +201,8 @@ def test_a_model_trained_on_patches_predicts_by_sliding_windows(tmp_path, capsys
     import torch
 
     from medattn.deploy.runtime import open_model
-    from medattn.deploy.trained import load_checkpoint
-    from medattn.train.sliding import sliding_window_logits
+    from medattn.runtime.sliding import sliding_window_logits
+    from medattn.runtime.trained import load_checkpoint
 
     data = ["data.volume_size=[16, 16, 8]", "data.num_blobs=1", "data.num_samples=[4, 2, 2]"]
     assert main(["train", "synthetic_vertebrae", *data, "model.name=dilated_fcn", "train.batch_size=2",

@@ -11,10 +11,12 @@ from safetensors.torch import load_file
 from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
-from medattn.train import build_model, fit
-from medattn.train.build import check_device, check_model_config, size_warnings
+from medattn.runtime.build import build_model, check_model_config
+from medattn.runtime.device import check_device
+from medattn.train import fit
 from medattn.train.defaults import resolve_training
 from medattn.train.loop import improves
+from medattn.train.model_notes import size_warnings
 from medattn.train.optim import lr_at
 from medattn.train.report import learning_warnings
 

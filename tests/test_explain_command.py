@@ -18,7 +18,8 @@ from medattn.data.base import TaskInfo
 from medattn.data.preprocessing import describe
 from medattn.data.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
-from medattn.train import build_model, checkpoint
+from medattn.runtime import checkpoint
+from medattn.runtime.build import build_model
 
 
 def save_checkpoint(folder, config_name, overrides, task, data=None):

@@ -164,7 +164,7 @@ def test_feature_standardisation_reaches_the_model(tmp_path):
 def test_a_bag_checkpoint_written_before_standardisation_loads_as_it_was(tmp_path):
     from safetensors.torch import save_file
 
-    from medattn.deploy.trained import load_checkpoint
+    from medattn.runtime.trained import load_checkpoint
 
     config = tiny_config("model.name=abmil_tiny", "model.attention=null", "train.epochs=1", "eval.bootstrap=0")
     fit(config, bag_bundle(), tmp_path / "run", progress=False, log=lambda m: None)

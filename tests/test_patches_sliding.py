@@ -11,8 +11,8 @@ from medattn.data.base import TaskInfo
 from medattn.data.patches import RandomPatches, crop_at, sample_centre
 from medattn.errors import UserError
 from medattn.models.segmentation import soft_dice_loss
+from medattn.runtime.sliding import gaussian_weights, inference_window, patch_shape, sliding_window_logits
 from medattn.train.objectives import objective_for
-from medattn.train.sliding import gaussian_weights, inference_window, patch_shape, sliding_window_logits
 
 SEG = TaskInfo("segmentation", "volume3d", 3, (1, 12, 12, 20), ["background", "a", "b"])
 

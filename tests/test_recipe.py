@@ -124,8 +124,8 @@ def test_image_kinds_default_to_the_papers_and_volume_kinds_to_strong_augmentati
 def test_small_vits_start_with_the_conv_stem_and_older_checkpoints_keep_their_patch_stem(tmp_path):
     from engine_data import tiny_config
     from medattn.data.base import TaskInfo
-    from medattn.train import checkpoint
-    from medattn.train.build import build_model
+    from medattn.runtime import checkpoint
+    from medattn.runtime.build import build_model
 
     for name in checkpoint.CONV_STEM_PRESETS:
         assert isinstance(create_model(name, attention="seqnorm").patch_embed, ConvStem)
@@ -317,7 +317,7 @@ def test_predictions_that_follow_a_trivial_statistic_are_flagged():
 
 def test_ema_checkpoint_round_trip_is_exact(tmp_path):
     from medattn.data.base import TaskInfo
-    from medattn.train import checkpoint
+    from medattn.runtime import checkpoint
     from medattn.train.optim import EMA
 
     model = create_model("vit2d_tiny", attention="softmax")

@@ -13,7 +13,8 @@ from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.base import TaskInfo
 from medattn.models import create_model
-from medattn.train import build_model, fit
+from medattn.runtime.build import build_model
+from medattn.train import fit
 from medattn.train.objectives import Segmentation, objective_for
 
 TINY = ["data.volume_size=[8, 8, 32]", "data.num_blobs=2", "data.num_samples=[4, 2, 3]", "train.epochs=1",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from medattn.errors import UserError
-from medattn.train.threshold import (
+from medattn.runtime.threshold import (
     choose_thresholds,
     parse_thresholds,
     resolve_thresholds,

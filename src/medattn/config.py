@@ -70,7 +70,7 @@ DEFAULTS: dict = {
     "eval": {
         "bootstrap": 1000,  # resamples for the test AUROC's confidence interval
         "ci": 0.95,
-        "sliding_window": None,  # segmentation: None -> on when train.patch_size is set (medattn.train.sliding)
+        "sliding_window": None,  # segmentation: None -> on when train.patch_size is set (medattn.runtime.sliding)
         "window_overlap": None,  # overlap of neighbouring windows, in [0, 1); None -> 0.5
     },
     "task": "supervised",  # supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    from medattn.train import distributed
+    from medattn.runtime import distributed
     from medattn.train.cv import cross_validate
 
     try:

@@ -44,7 +44,7 @@ def positive_int(text: str) -> int:
 def load_trained(path):
     """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode
     (:func:`medattn.deploy.load_checkpoint`: nothing in the folder is trusted, shapes are checked first)."""
-    from medattn.deploy.trained import load_checkpoint
+    from medattn.runtime.trained import load_checkpoint
 
     trained = load_checkpoint(path)
     return trained.model, trained.config, trained.task, trained.folder

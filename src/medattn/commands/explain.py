@@ -104,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from medattn.data.images import read_image
     from medattn.data.preprocessing import inference_dataset
     from medattn.data.volumes import to_native_grid, write_nifti
-    from medattn.deploy.trained import load_checkpoint
     from medattn.explain import default_method, explain, outputs
-    from medattn.train.objectives import probabilities
+    from medattn.runtime.predictor import probabilities
+    from medattn.runtime.trained import load_checkpoint
 
     from .predict import sample_inputs
 

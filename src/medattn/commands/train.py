@@ -46,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
                         init_from=args.init_from)
         return 0
     from medattn.data import build_datasets
-    from medattn.train import checkpoint, distributed, fit
-    from medattn.train.build import check_device, check_model_config
+    from medattn.runtime import checkpoint, distributed
+    from medattn.runtime.build import check_model_config
+    from medattn.runtime.device import check_device
+    from medattn.train import fit
     from medattn.train.rundir import check_run_dir
 
     if args.skip_bad:

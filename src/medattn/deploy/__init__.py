@@ -8,8 +8,9 @@ checkpoint hash), predicting from a checkpoint or an ONNX file, thresholds, ``--
 segmentation label maps.
 """
 
+from medattn.runtime.trained import Trained, load_checkpoint, weights_sha256
+
 from .export import FORMATS, Deployable, export_checkpoint, export_model, read_metadata
-from .trained import Trained, load_checkpoint, weights_sha256
 
 __all__ = ["FORMATS", "Deployable", "Trained", "export_checkpoint", "export_model", "load_checkpoint",
            "read_metadata", "weights_sha256"]

@@ -41,7 +41,7 @@ from torch import nn
 from medattn import __version__
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError, writing
-from medattn.train.objectives import probabilities
+from medattn.runtime.predictor import forward, probabilities
 
 FORMATS = ("onnx", "pt2")
 OPSET = 18
@@ -60,7 +60,7 @@ class Deployable(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, coords: torch.Tensor | None = None) -> \
             torch.Tensor:
         """x: images/volumes, or bag features with ``mask`` and ``coords`` -> probabilities."""
-        logits = self.model(x, mask=mask, coords=coords) if self.input_kind == "bag" else self.model(x)
+        logits = forward(self.model, {"input": x, "mask": mask, "coords": coords}, self.input_kind)
         return probabilities(logits, self.task_type)
 
 
@@ -161,9 +161,8 @@ def _reason(error: Exception) -> str:
 
 def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict:
     """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata."""
-    from medattn.train.sliding import inference_window
-
-    from .trained import load_checkpoint
+    from medattn.runtime.sliding import inference_window
+    from medattn.runtime.trained import load_checkpoint
 
     trained = load_checkpoint(checkpoint)
     if inference_window(trained.config, trained.task) is not None:
@@ -182,8 +181,9 @@ def check_onnx(checkpoint: str | Path, path: str | Path, tolerance: float = 1e-4
         import onnxruntime  # noqa: F401
     except ImportError:
         return None
+    from medattn.runtime.trained import load_checkpoint
+
     from .runtime import onnx_session
-    from .trained import load_checkpoint
 
     trained = load_checkpoint(checkpoint)
     prep = trained.preprocessing

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from medattn.data.base import collate
 from medattn.data.preprocessing import inference_dataset
-from medattn.train.threshold import resolve_thresholds
+from medattn.runtime.threshold import resolve_thresholds
 
 from .runtime import Runner
 

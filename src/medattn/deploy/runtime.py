@@ -2,14 +2,14 @@
 
 :func:`open_model` takes a checkpoint (run folder, checkpoint folder, ``model.safetensors``) or an
 ``.onnx`` file and gives a :class:`Runner` whose :meth:`Runner.probabilities` maps a collated batch to
-probabilities with the exported graph's function (:class:`~medattn.deploy.export.Deployable`), so both
+probabilities: a checkpoint through :class:`medattn.runtime.predictor.Predictor` (as eval predicts), an ONNX
+file through the exported graph (:class:`~medattn.deploy.export.Deployable`, the same function), so both
 give the same numbers (checked to 1e-4 relative in the tests). onnxruntime is optional (the ``onnx``
 extra); without it an ONNX file is a one-line UserError.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import torch
 from medattn.data.preprocessing import Preprocessing, from_dict
 from medattn.errors import UserError
 
-from .export import Deployable, read_metadata
+from .export import read_metadata
 
 
 def onnx_session(path: str | Path):
@@ -58,31 +58,18 @@ def _inputs(batch: dict, input_kind: str) -> tuple[torch.Tensor, ...]:
 
 
 def _torch_runner(path: str | Path) -> Runner:
-    from medattn.train import distributed
-    from medattn.train.build import check_device
-    from medattn.train.objectives import probabilities
-    from medattn.train.sliding import inference_window, sliding_window_logits
-
-    from .trained import load_checkpoint
+    from medattn.runtime.device import open_device
+    from medattn.runtime.predictor import Predictor
+    from medattn.runtime.trained import load_checkpoint
 
     trained = load_checkpoint(path)
     prep = trained.preprocessing
-    check_device(trained.config["train"]["device"])
-    device = distributed.setup(trained.config["train"]["device"])
-    wrapper = Deployable(trained.model.to(device), prep.task_type, prep.input_kind).eval()
-    precision = trained.config["train"]["precision"]
-    window = inference_window(trained.config, trained.task)  # models trained on patches: as eval predicts
+    device = open_device(trained.config["train"]["device"])
+    predictor = Predictor.for_run(trained.model.to(device), trained.config, trained.task, device)  # as eval predicts
 
     @torch.no_grad()
     def run(batch: dict) -> np.ndarray:
-        inputs = [t.to(device) for t in _inputs(batch, prep.input_kind)]
-        autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-                    else contextlib.nullcontext())  # the run's precision, as eval predicts
-        with autocast:
-            if window is not None:
-                return probabilities(sliding_window_logits(wrapper.model, inputs[0], *window),
-                                     prep.task_type).cpu().numpy()
-            return wrapper(*inputs).float().cpu().numpy()
+        return predictor.probabilities(batch).cpu().numpy()
 
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
 

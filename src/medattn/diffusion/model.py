@@ -7,7 +7,7 @@ the transformer's ``dim``, ``depth``, ``num_heads``, ``mlp_ratio``, ``attention_
 (:class:`~medattn.diffusion.transformer.AbsorbingTransformer`); its grid and codebook sizes come from
 the stage-1 checkpoint (``diffusion.vqae_checkpoint``) and the data's volume size.
 
-A checkpoint is the usual folder (:mod:`medattn.train.checkpoint`: ``model.safetensors`` written
+A checkpoint is the usual folder (:mod:`medattn.runtime.checkpoint`: ``model.safetensors`` written
 atomically, ``checkpoint.json``). A stage-2 checkpoint holds the VQ-AE too (``vqae.*`` tensors beside
 ``transformer.*``, and the stage-1 config in its metadata), so it is self-contained: moving or deleting
 the stage-1 run does not break inpainting. Loading builds the model on the meta device first and
@@ -26,7 +26,7 @@ from medattn.config import validate
 from medattn.diffusion.transformer import AbsorbingTransformer
 from medattn.diffusion.vqae import VQAutoencoder3d, patch_grid
 from medattn.errors import UserError
-from medattn.train import checkpoint
+from medattn.runtime import checkpoint
 
 STAGES = {"diffusion_vqae": "vqae3d", "diffusion_transformer": "absorbing_transformer"}
 TRANSFORMER_KEYS = ("dim", "depth", "num_heads", "mlp_ratio", "attention_kwargs", "drop_rate")
@@ -80,7 +80,7 @@ def build_transformer(config: dict, vqae: VQAutoencoder3d, volume_shape: tuple[i
 
 
 def save_stage(path: Path, model: DiffusionModel, meta: dict, optimizer=None, state: dict | None = None) -> None:
-    """Write a diffusion checkpoint folder (atomic; see :func:`medattn.train.checkpoint.save`)."""
+    """Write a diffusion checkpoint folder (atomic; see :func:`medattn.runtime.checkpoint.save`)."""
     checkpoint.save(path, model, meta, optimizer, state)
 
 

@@ -48,9 +48,9 @@ from medattn.diffusion.model import (
 from medattn.diffusion.transformer import absorbing_loss, mask_schedule, masked_ce
 from medattn.diffusion.vqae import encode_volume, from_patches, patch_grid, to_patches
 from medattn.errors import UserError, writing
+from medattn.runtime import distributed
+from medattn.runtime.device import check_device
 from medattn.threads import set_threads
-from medattn.train import distributed
-from medattn.train.build import check_device
 from medattn.train.defaults import resolve_training
 from medattn.train.loop import seed_everything
 from medattn.train.optim import lr_at, make_optimizer

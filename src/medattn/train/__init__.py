@@ -1,7 +1,6 @@
 """Training and evaluation: the loop, objectives, reports, run folders, safe atomic checkpoints and DDP helpers."""
 
-from .build import build_model
 from .loop import fit, make_loader, predict
 from .objectives import Predictions, score_split
 
-__all__ = ["Predictions", "build_model", "fit", "make_loader", "predict", "score_split"]
+__all__ = ["Predictions", "fit", "make_loader", "predict", "score_split"]

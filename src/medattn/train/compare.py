@@ -50,8 +50,7 @@ def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str,
     ResNet baseline); :func:`left_out_kwargs` names the rest."""
     from medattn.models import takes_attention
     from medattn.models.presets import PRESETS
-
-    from .build import accepted_kwargs
+    from medattn.runtime.build import accepted_kwargs
 
     arms: dict[str, dict] = {}
     for name, key, value in [*[(a, "attention", a) for a in attentions], *[(m, "name", m) for m in models]]:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from medattn import clinical_metrics
 from medattn.errors import UserError, writing
+from medattn.runtime import distributed
+from medattn.runtime.checkpoint import task_from_dict, task_to_dict
 
-from . import distributed
-from .checkpoint import task_from_dict, task_to_dict
 from .objectives import Predictions, objective_for, score_split
 
 
@@ -37,11 +37,11 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     ``eval_<config name>_<split>`` in the checkpoint's run folder."""
     from medattn.data import build_datasets
     from medattn.data.preprocessing import describe, differences
-    from medattn.deploy.trained import load_checkpoint
+    from medattn.runtime.device import open_device
+    from medattn.runtime.predictor import Predictor
+    from medattn.runtime.trained import load_checkpoint
 
-    from .build import check_device
     from .loop import make_loader, predict
-    from .sliding import inference_window
 
     if per_patient is not None and per_patient not in clinical_metrics.AGGREGATIONS:
         raise UserError(f"per-patient aggregation must be one of {', '.join(clinical_metrics.AGGREGATIONS)}, got "
@@ -70,13 +70,11 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     out = Path(out or default_root / f"eval_{config['name']}_{split}")
     with writing(out):
         out.mkdir(parents=True, exist_ok=True)
-    check_device(run_config["train"]["device"])
-    device = distributed.setup(run_config["train"]["device"])
+    device = open_device(run_config["train"]["device"])
     batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(dataset, batch_size, False, config["seed"])
-    pred = predict(trained.model.to(device), loader, data_task, device, run_config["train"]["precision"], split,
-                   progress, objective=objective_for(data_task, run_config["train"]["loss"]),
-                   window=inference_window(run_config, task))  # sliding windows for models trained on patches
+    predictor = Predictor.for_run(trained.model.to(device), run_config, task, device)  # as training scored its test
+    pred = predict(predictor, loader, objective_for(data_task, run_config["train"]["loss"]), split, progress)
     result: dict = {}
     if distributed.is_main():
         with writing(out):

@@ -41,18 +41,22 @@ from medattn.data.patches import RandomPatches
 from medattn.data.preprocessing import describe as describe_preprocessing
 from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
+from medattn.runtime import checkpoint, distributed, sliding
+from medattn.runtime.build import build_model, check_model_config
+from medattn.runtime.device import autocast, open_device
+from medattn.runtime.predictor import Predictor, forward
+from medattn.runtime.threshold import threshold_meta
 from medattn.threads import set_threads
 
-from . import checkpoint, distributed, report, sliding, verdict
+from . import report, verdict
 from .acceleration import training_module
-from .build import build_model, check_device, check_model_config, forward, model_defaults, size_warnings
 from .defaults import resolve_training
+from .model_notes import model_defaults, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
 from .rundir import config_diff, run_folder
 from .sampling import ClassBalancedSampler, class_keys, dataset_labels, drop_instances, positive_weight
 from .standardize import fit_feature_norm
-from .threshold import threshold_meta
 
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
@@ -80,8 +84,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     config, chosen = resolve_training(config)
     check_model_config(config["model"])
     if device is None:
-        check_device(config["train"]["device"])
-        device = distributed.setup(config["train"]["device"])  # joins the process group: ranks known from here
+        device = open_device(config["train"]["device"])  # joins the process group: ranks known from here
     run_dir = Path(run_dir)
     with run_folder(run_dir, resume, overwrite) as keep:
         return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
@@ -107,7 +110,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],
                                     positive_weight(train_labels, task.task_type, train_cfg["pos_weight"]))
     fields, score_key = metric_fields(objective), f"val_{objective.metric}"
-    patch, window = sliding.patch_shape(config, task), sliding.inference_window(config, task)
+    patch = sliding.patch_shape(config, task)
     # a model trained on patches is built for the patch (a ViT's position embeddings match it)
     model_task = replace(task, input_shape=(task.input_shape[0], *patch)) if patch else task
     model = build_model(config["model"], model_task).to(device)
@@ -150,8 +153,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
         train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, train_objective, task, train_cfg,
                                      state, schedule, epoch, seed, device, progress, ema=ema)
         evaluated = model if ema is None else ema.module  # with EMA, the averaged weights are scored and kept
-        val = predict(evaluated, val_loader, task, device, train_cfg["precision"], f"epoch {epoch} val", progress,
-                      objective=objective, window=window)
+        val = predict(Predictor.for_run(evaluated, config, task, device), val_loader, objective, f"epoch {epoch} val",
+                      progress)
         val_score = objective.val_score(val)
         row = {"epoch": epoch, "lr": max(g["lr"] for g in optimizer.param_groups), "train_loss": train_loss,
                "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
@@ -234,10 +237,10 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         last_in_group = i == group_start + group_size - 1
         if task.input_kind == "bag":
             batch = drop_instances(batch, train_cfg["instance_dropout"])
-        batch = _to(batch, device)
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         sync = contextlib.nullcontext() if last_in_group or distributed.world_size() == 1 else ddp_model.no_sync()
         with sync:
-            with _autocast(device, train_cfg["precision"]):
+            with autocast(device, train_cfg["precision"]):
                 logits = forward(ddp_model, batch, task.input_kind)
             loss = objective.loss(logits, batch["label"])
             (loss / group_size).backward()
@@ -279,8 +282,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
     test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
-    test = predict(model, test_loader, task, device, train_cfg["precision"], "test", progress, objective=objective,
-                   window=sliding.inference_window(config, task))
+    test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
@@ -368,39 +370,22 @@ def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num
                       generator=torch.Generator().manual_seed(seed))
 
 
-def _to(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 @torch.no_grad()
-def predict(model: nn.Module, loader: DataLoader, task: TaskInfo, device: torch.device, precision: str = "fp32",
-            desc: str = "eval", progress: bool = True, *, objective=None,
-            window: tuple[tuple[int, ...], float] | None = None) -> Predictions:
-    """Run the model over a loader (every rank its share) and gather all predictions in dataset order.
-
-    ``objective``: the loss and outputs (default: the task's, :func:`objective_for`); ``window``: (window
-    size, overlap) for sliding-window inference with Gaussian blending (:mod:`medattn.train.sliding`),
-    None for one forward of the whole input."""
-    model.eval()
-    objective = objective or objective_for(task)
+def predict(predictor: Predictor, loader: DataLoader, objective, desc: str = "eval", progress: bool = True) -> \
+        Predictions:
+    """Run ``predictor`` (:class:`medattn.runtime.predictor.Predictor`: precision, sliding window) over a loader,
+    every rank its share, and gather all predictions in dataset order; ``objective`` gives the per-sample loss
+    and outputs (:func:`objective_for`)."""
     indices, outputs, labels, losses, ids, patients, statistics = [], [], [], [], [], [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
-        batch = _to(batch, device)
-        with _autocast(device, precision):
-            logits = (forward(model, batch, task.input_kind) if window is None else
-                      sliding.sliding_window_logits(model, batch["input"], *window, batch_size=len(batch["id"])))
+        batch = predictor.to_device(batch)
+        logits = predictor.logits(batch)
         losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
         indices.append(batch["index"].cpu())
         output, label = objective.outputs(logits, batch["label"])
         outputs.append(output.cpu())
         labels.append(label.cpu())
-        statistics.append(trivial_statistic(batch, task.input_kind).cpu())
+        statistics.append(trivial_statistic(batch, predictor.input_kind).cpu())
         ids += batch["id"]
         patients += batch["patient"]
     index = distributed.all_gather_rows(torch.cat(indices))

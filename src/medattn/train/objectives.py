@@ -19,6 +19,7 @@ from medattn import metrics
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
+from medattn.runtime.predictor import probabilities
 
 from .report import output_names, write_cases, write_predictions
 
@@ -54,13 +55,6 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_samp
         loss = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none",
                                                   pos_weight=weight).mean(-1)
     return loss if per_sample else loss.mean()
-
-
-def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
-    """Logits (B, K) or per voxel (B, K, *spatial) -> float32 probabilities: a softmax over the K classes for
-    multi-class and segmentation, a sigmoid per output for binary and multi-label."""
-    exclusive = task_type in ("multiclass", "segmentation")
-    return logits.float().softmax(1) if exclusive else logits.float().sigmoid()
 
 
 class Classification:

@@ -11,8 +11,7 @@ import numpy as np
 
 from medattn.data.base import TaskInfo
 from medattn.errors import writing
-
-from . import distributed
+from medattn.runtime import distributed
 
 if TYPE_CHECKING:
     from .objectives import Classification, Predictions, Segmentation

@@ -5,7 +5,7 @@ Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
     config.yaml             resolved config
     metrics.csv             one row per epoch (lr, train/val loss, val AUROC or val Dice, seconds)
     training_curves.png     the metrics.csv curves (loss and validation score per epoch)
-    checkpoints/last|best   see medattn.train.checkpoint
+    checkpoints/last|best   see medattn.runtime.checkpoint
     predictions_test.csv    per-sample test results (see medattn.train.report)
     roc_test.png            ROC curve(s) on the test split (classification only)
     results.json            the summary (also printed)
@@ -21,8 +21,7 @@ from pathlib import Path
 
 from medattn.config import flatten
 from medattn.errors import UserError, writing
-
-from . import checkpoint, distributed
+from medattn.runtime import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
              "results.json")

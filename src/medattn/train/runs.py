@@ -24,8 +24,8 @@ import numpy as np
 from medattn import metrics
 from medattn.config import read_config_file
 from medattn.errors import UserError
+from medattn.runtime.build import check_model_config
 
-from .build import check_model_config
 from .defaults import resolve_training
 from .rundir import config_diff
 

@@ -11,9 +11,10 @@ from torch import nn
 
 from medattn.data.base import TaskInfo
 from medattn.data.preprocessing import Preprocessing, from_checkpoint_meta
-from medattn.train import checkpoint
-from medattn.train.build import build_model
-from medattn.train.threshold import stored_thresholds
+
+from . import checkpoint
+from .build import build_model
+from .threshold import stored_thresholds
 
 
 @dataclass
