@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from .predict import sample_inputs
 
     trained = load_checkpoint(args.checkpoint)
-    model, prep = trained.model, trained.preprocessing
+    model, prep = trained.model, trained.file_preprocessing("explain")
     if prep.task_type == "segmentation":
         raise UserError("explain explains class predictions; this is a segmentation checkpoint")
     if prep.split_sides:

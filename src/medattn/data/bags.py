@@ -12,6 +12,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
 from .options import check_keys, require
+from .preprocessing import Preprocessing
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import (
     BadSamples,
@@ -233,4 +234,4 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
                       RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,
-                      skipped=bad.count)
+                      skipped=bad.count, preprocessing=Preprocessing.of("wsi_bags", task))

@@ -17,9 +17,13 @@ A batch (see :func:`collate`) stacks inputs; bags of different lengths are padde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from .preprocessing import Preprocessing
 
 TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation")
 INPUT_KINDS = ("image2d", "volume3d", "bag")
@@ -50,12 +54,27 @@ class TaskInfo:
             raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {self.input_kind!r}")
 
 
+def task_problem(task_type: str, num_outputs: int, class_names: list[str]) -> str | None:
+    """What makes a task's type, output count and class names contradict one another (an edited checkpoint or
+    exported file), or None: binary has 1 output; multi-class and segmentation at least 2; class names, when
+    given, name every output (binary: the positive class, or both classes)."""
+    if task_type == "binary" and num_outputs != 1:
+        return f"a binary task has 1 output, not {num_outputs}"
+    if task_type in ("multiclass", "segmentation") and num_outputs < 2:
+        return f"a {task_type} task has at least 2 outputs, not {num_outputs}"
+    allowed = (0, 1, 2) if task_type == "binary" else (0, num_outputs)
+    if len(class_names) not in allowed:
+        return f"{len(class_names)} class name(s) for {num_outputs} output(s) of a {task_type} task"
+    return None
+
+
 @dataclass
 class DataBundle:
     """The splits of one experiment and its task. ``skipped`` counts samples dropped by ``skip_bad``;
     ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json);
     ``defaults`` the values a default chose for keys the config left out (``{"data.augment": "strong"}``),
-    recorded with the run."""
+    recorded with the run; ``preprocessing`` what the builder applied to a file to make an evaluation input
+    (:class:`~medattn.data.preprocessing.Preprocessing`), stored with every checkpoint for predict and export."""
 
     train: Dataset
     val: Dataset
@@ -64,6 +83,7 @@ class DataBundle:
     skipped: int = 0
     warnings: list[str] = field(default_factory=list)
     defaults: dict = field(default_factory=dict)
+    preprocessing: Preprocessing | None = None
 
 
 def collate(samples: list[dict]) -> dict:

@@ -64,4 +64,5 @@ def pooled_folds(bundle: DataBundle, split_cfg: dict, seed: int, kind: str) -> D
         raise UserError(f"data kind {kind!r} with folds: the validation part is empty (val_fraction "
                         f"{split_cfg.get('val_fraction')}); the best epoch is chosen on it")
     views = [_Finished(Subset(pool, roles[name]), part.finish) for name, part in zip(("train", "val", "test"), parts)]
-    return DataBundle(*views, task=bundle.task, skipped=bundle.skipped, defaults=bundle.defaults)
+    return DataBundle(*views, task=bundle.task, skipped=bundle.skipped, defaults=bundle.defaults,
+                      preprocessing=bundle.preprocessing)

@@ -26,6 +26,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
 from .options import check_keys, int_tuple, require
+from .preprocessing import Preprocessing
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
 from .transforms import Augmentation, augment_level, build_augmentation
@@ -238,4 +239,5 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     train_loader = ImageLoader(size, in_chans, mean, std, augment)
     task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
-                      RecordDataset(parts["test"], plain), task, skipped=bad.count, defaults=chosen)
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count, defaults=chosen,
+                      preprocessing=Preprocessing.of(kind, task, mean=mean, std=std))

@@ -21,6 +21,7 @@ from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .images import match_channels
 from .options import SPLITS, check_keys, int_tuple, require
+from .preprocessing import Preprocessing
 from .tables import BadSamples, infer_label_spec, inferred_class_problems, label_options
 from .transforms import RandomFlip3d, RandomRotateFlip2d
 
@@ -158,4 +159,7 @@ def build_medmnist(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
                                    transform)
     task = TaskInfo(spec.task_type, "image2d" if ndim == 2 else "volume3d", spec.num_outputs, (in_chans, *size),
                     spec.class_names)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, skipped=bad.count)
+    unpredictable = ("a MedMNIST model reads arrays from its npz (scaled over the split, resized trilinearly); no "
+                     "single file is prepared like that: evaluate it with medattn eval")
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, skipped=bad.count,
+                      preprocessing=Preprocessing.of("medmnist", task, unpredictable=unpredictable))

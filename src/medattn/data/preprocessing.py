@@ -1,11 +1,15 @@
 """One preprocessing description per trained model: how a file becomes the model's input.
 
-:func:`describe` builds it once from a run's data config and task; training stores it in the checkpoint
-(``checkpoint.json`` key ``preprocessing``), and ``eval``, ``predict``, ``explain`` and ``export`` read
-it back (:func:`from_checkpoint_meta`), so a file is prepared for prediction exactly as the training
-split's files were (minus augmentation). It holds no paths, labels or splits: only what a new file
-needs. The steps it drives are the data layer's own loaders (:class:`~medattn.data.images.ImageLoader`,
-:class:`~medattn.data.volumes.VolumeLoader`, :class:`~medattn.data.bags.BagLoader`).
+Every data builder returns the description of what it applied (``DataBundle.preprocessing``, made with
+:meth:`Preprocessing.of` from the very values its loaders use); nothing derives it again from a config.
+Training stores it in the checkpoint (``checkpoint.json`` key ``preprocessing``), and ``predict``,
+``explain`` and ``export`` read it back (:func:`from_checkpoint_meta`), so a file is prepared for
+prediction exactly as the training split's files were (minus augmentation); ``eval`` compares it with
+the description of the data it scores. It holds no paths, labels or splits: only what a new file needs.
+The steps it drives are the data layer's own loaders (:class:`~medattn.data.images.ImageLoader`,
+:class:`~medattn.data.volumes.VolumeLoader`, :class:`~medattn.data.slices.SliceFileLoader`,
+:class:`~medattn.data.bags.BagLoader`); a generated test checks for every data kind that a file prepared
+so equals the tensor training built.
 
 Fields (JSON, :meth:`Preprocessing.to_dict`):
 
@@ -16,7 +20,14 @@ Fields (JSON, :meth:`Preprocessing.to_dict`):
 * volumes: ``spacing`` (mm, or null: no resampling), ``normalize`` (zscore, percentile, none),
   ``subtract`` (a sample is two volumes, the second subtracted from the first: DUKE's
   ``subtract_column``), ``split_sides`` (each volume gives a left and a right sample);
-* bags: the feature dimension is ``input_shape[0]``.
+* 2D models trained on slices of volumes (``nifti_slices``, ``synthetic_mri_slices``): ``slice_axis``
+  (0, 1, 2 of the RAS+ grid). A volume file is resampled (``spacing``), normalised as a whole, cropped or
+  padded in-plane to ``input_shape[1:]`` and given to the model with the slicing axis last, (1, h, w, S),
+  as validation volumes were; a 2D image file is one slice (grey, [0, 1], normalised as a whole, cropped
+  or padded to ``input_shape[1:]``);
+* bags: the feature dimension is ``input_shape[0]``;
+* ``unpredictable``: when no single file is prepared as training's inputs were (MedMNIST arrays are scaled
+  over their split), the one-line reason predict and export give; empty otherwise.
 
 An inference sample is one tuple of paths (two for ``subtract``); with ``split_sides`` it gives two
 samples, ``<file>#left`` and ``<file>#right`` (:func:`inference_dataset`).
@@ -32,7 +43,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-from .base import INPUT_KINDS, TASK_TYPES, TaskInfo
+from .base import INPUT_KINDS, TASK_TYPES, TaskInfo, task_problem
 
 VERSION = 1
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -56,6 +67,17 @@ class Preprocessing:
     normalize: str = "none"
     subtract: bool = False
     split_sides: bool = False
+    slice_axis: int | None = None
+    unpredictable: str = ""
+
+    @classmethod
+    def of(cls, data_kind: str, task: TaskInfo, **steps) -> Preprocessing:
+        """The description of a builder's data: its kind, its task's fields and the ``steps`` it applies
+        (``mean``/``std``, ``spacing``, ``normalize``, ...; sequences become tuples)."""
+        steps = {k: tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for k, v in steps.items()}
+        return cls(data_kind=data_kind, input_kind=task.input_kind, task_type=task.task_type,
+                   num_outputs=task.num_outputs, class_names=tuple(task.class_names),
+                   input_shape=tuple(task.input_shape), synthetic=task.synthetic, **steps)
 
     @property
     def inputs_per_sample(self) -> int:
@@ -77,39 +99,6 @@ class Preprocessing:
                         self.synthetic)
 
 
-def _per_channel(value, channels: int, name: str) -> tuple[float, ...]:
-    values = [value] * channels if isinstance(value, (int, float)) else list(value)
-    if len(values) != channels or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise UserError(f"data.{name} must be a number or {channels} numbers, got {value!r}")
-    return tuple(float(v) for v in values)
-
-
-def describe(data_cfg: dict, task: TaskInfo) -> Preprocessing:
-    """The description of a run's data config (``data`` section) and its task (from ``build_datasets``).
-
-    Defaults are the builders' defaults (``mean``/``std`` 0.5, ``normalize`` zscore). Synthetic volumes
-    are described as the generators produce them: breast MRI z-scored, vertebrae unnormalised.
-    """
-    kind = data_cfg.get("kind", "")
-    common = dict(data_kind=kind, input_kind=task.input_kind, task_type=task.task_type, num_outputs=task.num_outputs,
-                  class_names=tuple(task.class_names), input_shape=tuple(task.input_shape), synthetic=task.synthetic)
-    if task.input_kind == "image2d":
-        channels = task.input_shape[0]
-        return Preprocessing(**common, mean=_per_channel(data_cfg.get("mean", 0.5), channels, "mean"),
-                             std=_per_channel(data_cfg.get("std", 0.5), channels, "std"))
-    if task.input_kind == "volume3d":
-        if kind == "synthetic_breast_mri":
-            return Preprocessing(**common, normalize="zscore")
-        if kind in ("synthetic_vertebrae", "medmnist"):
-            return Preprocessing(**common, normalize="none")
-        spacing = data_cfg.get("target_spacing")
-        return Preprocessing(**common, spacing=None if spacing is None else tuple(float(s) for s in spacing),
-                             normalize=data_cfg.get("normalize", "zscore"),
-                             subtract=bool(data_cfg.get("subtract_column")),
-                             split_sides=bool(data_cfg.get("split_sides", False)))
-    return Preprocessing(**common)
-
-
 def from_dict(data, source: str) -> Preprocessing:
     """A stored description, checked; a one-line UserError naming ``source`` and the field otherwise."""
     fields = {f.name: f for f in dataclasses.fields(Preprocessing)}
@@ -126,6 +115,9 @@ def from_dict(data, source: str) -> Preprocessing:
 
     shape = data.get("input_shape")
     kind = data.get("input_kind")
+    # per-channel mean/std: images read as they are (a slice model normalises each file as a whole instead)
+    reads_images = kind == "image2d" and data.get("slice_axis") is None and not data.get("unpredictable")
+    channels = shape[0] if reads_images and isinstance(shape, list) else 0
     checks = {
         "data_kind": isinstance(data.get("data_kind"), str),
         "input_kind": kind in INPUT_KINDS,
@@ -136,28 +128,41 @@ def from_dict(data, source: str) -> Preprocessing:
         "input_shape": isinstance(shape, list) and len(shape) == {"image2d": 3, "volume3d": 4, "bag": 1}.get(kind)
         and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 16 for v in shape),
         "synthetic": isinstance(data.get("synthetic", False), bool),
-        "mean": numbers(data.get("mean", []), shape[0] if kind == "image2d" and isinstance(shape, list) else 0),
-        "std": numbers(data.get("std", []), shape[0] if kind == "image2d" and isinstance(shape, list) else 0)
-        and all(v > 0 for v in data.get("std", [])),
+        "mean": numbers(data.get("mean", []), channels),
+        "std": numbers(data.get("std", []), channels) and all(v > 0 for v in data.get("std", [])),
         "spacing": data.get("spacing") is None or (numbers(data["spacing"], 3) and min(data["spacing"]) > 0),
         "normalize": data.get("normalize", "none") in NORMALISATIONS,
         "subtract": isinstance(data.get("subtract", False), bool),
         "split_sides": isinstance(data.get("split_sides", False), bool),
+        "slice_axis": data.get("slice_axis") in (None, 0, 1, 2) and not isinstance(data.get("slice_axis"), bool),
+        "unpredictable": isinstance(data.get("unpredictable", ""), str),
     }
     bad = next((key for key, ok in checks.items() if not ok), None)
     if bad is not None:
         raise UserError(f"{source}: preprocessing.{bad} is missing or invalid (got {data.get(bad)!r})")
+    contradiction = task_problem(data["task_type"], data["num_outputs"], data["class_names"])
+    if contradiction:
+        raise UserError(f"{source}: the preprocessing contradicts itself ({contradiction}): the file was edited or "
+                        f"damaged")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "version"}
     return Preprocessing(**values)
 
 
-def from_checkpoint_meta(meta: dict, task: TaskInfo, source: str) -> Preprocessing:
-    """The checkpoint's stored description (``meta`` is its checkpoint.json, ``task`` its task); checkpoints
-    written before it was stored get it rebuilt from their saved data config and task (the function
-    training uses, so the result is the same)."""
-    if "preprocessing" in meta:
-        return from_dict(meta["preprocessing"], source)
-    return describe(meta["config"]["data"], task)
+def from_checkpoint_meta(meta: dict, source: str) -> Preprocessing | None:
+    """The checkpoint's stored description (``meta`` is its checkpoint.json), checked; None for a checkpoint
+    that stores none (written before 2026-11-20, or from data built outside the registered kinds)."""
+    return from_dict(meta["preprocessing"], source) if "preprocessing" in meta else None
+
+
+def check_task(prep: Preprocessing, task: TaskInfo, source: str) -> None:
+    """The description agrees with the checkpoint's task (type, input kind, outputs, classes, input shape);
+    a UserError naming the first field that differs (an edited file)."""
+    stated = prep.task()
+    for name in ("task_type", "input_kind", "num_outputs", "class_names", "input_shape"):
+        mine, theirs = getattr(stated, name), getattr(task, name)
+        if (list(mine) != list(theirs)) if isinstance(mine, (list, tuple)) else (mine != theirs):
+            raise UserError(f"{source}: preprocessing.{name} is {mine!r} but the task says {theirs!r}; the file was "
+                            f"edited or damaged: refusing to guess which is right")
 
 
 def differences(trained: Preprocessing, other: Preprocessing) -> list[str]:
@@ -168,15 +173,19 @@ def differences(trained: Preprocessing, other: Preprocessing) -> list[str]:
 
 
 def file_loader(prep: Preprocessing):
-    """record (paths, ``extra["side"]``) -> {"input": tensor}: the data layer's loader for this description."""
+    """record (paths, ``extra["side"]``) -> {"input": tensor}: the data layer's loader for this description;
+    a one-line UserError for a description no single file can follow (``unpredictable``)."""
+    if prep.unpredictable:
+        raise UserError(prep.unpredictable)
+    if prep.slice_axis is not None:
+        from .slices import SliceFileLoader
+
+        return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis)
     if prep.input_kind == "image2d":
         from .images import ImageLoader
 
         return ImageLoader(tuple(prep.input_shape[1:]), prep.input_shape[0], list(prep.mean), list(prep.std))
     if prep.input_kind == "volume3d":
-        if prep.data_kind == "medmnist":
-            raise UserError("a MedMNIST 3D model reads arrays from its npz (scaled over the split, resized "
-                            "trilinearly); no single file is prepared like that: evaluate with medattn eval")
         from .volumes import VolumeLoader
 
         return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize)
@@ -231,7 +240,7 @@ class InferenceDataset(Dataset):
     def _read(self, item: Item) -> dict:
         for path in item.paths:  # before anything opens them: a named pipe would block the reader
             try:
-                self._check(path, folders=self.prep.input_kind == "volume3d")
+                self._check(path, folders=self.prep.input_kind == "volume3d" or self.prep.slice_axis is not None)
             except FileNotFoundError:
                 raise UserError(f"{path}: no such file") from None
             except ValueError as error:
@@ -261,8 +270,8 @@ class InferenceDataset(Dataset):
             sample = self.placeholder()
         if self.prep.task_type == "multiclass":
             label = torch.tensor(0)
-        elif self.prep.task_type == "segmentation":
-            label = torch.zeros(self.prep.input_shape[1:], dtype=torch.int64)
+        elif self.prep.task_type == "segmentation":  # a slice model's volume: (1, h, w, S)
+            label = torch.zeros(sample["input"].shape[1:], dtype=torch.int64)
         else:
             label = torch.zeros(self.prep.num_outputs)
         return {**sample, "id": item.id, "patient": item.id, "label": label}  # placeholder label: outputs only

@@ -27,6 +27,7 @@ from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .options import check_keys, require
+from .preprocessing import Preprocessing
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 from .transforms import RandomFlip3d
@@ -171,4 +172,5 @@ def build_nifti_segmentation(cfg: dict, seed: int = 0, skip_bad: bool = False) -
     train_loader = PairLoader(spacing, size, method, len(names), RandomFlip3d() if cfg.get("augment") else None)
     task = TaskInfo("segmentation", "volume3d", len(names), (1, *size), names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
-                      RecordDataset(parts["test"], plain), task, skipped=bad.count)
+                      RecordDataset(parts["test"], plain), task, skipped=bad.count,
+                      preprocessing=Preprocessing.of(KIND, task, spacing=spacing, normalize=method))

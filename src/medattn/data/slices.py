@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,11 +38,13 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
+from .images import match_channels, read_image
 from .options import SPLITS, check_keys, int_tuple, require
+from .preprocessing import Preprocessing
 from .segmentation import check_pair_headers, class_names, pair_records, read_pair
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, keep_valid, problem
-from .volumes import crop_or_pad, normalise, volume_options
+from .volumes import crop_or_pad, is_nifti, normalise, read_volume, resample, volume_options
 
 KIND = "nifti_slices"
 SLICE_KEYS = frozenset({"axis", "slice_size", "slice_stride", "empty_fraction", "eval_empty_fraction", "eval_unit",
@@ -191,6 +194,35 @@ class NiftiVolumes:
         return image, compact(in_plane(label, self.axis, self.size))
 
 
+def is_volume_file(path: Path) -> bool:
+    """A NIfTI file or a DICOM series folder (else a 2D image file)."""
+    return path.is_dir() or is_nifti(path)
+
+
+class SliceFileLoader:
+    """record -> {"input": ...}: a file prepared for a 2D model trained on slices of volumes, as its validation
+    volumes were (:class:`NiftiVolumes`, :class:`VolumeDataset`).
+
+    A volume (NIfTI file or DICOM series folder): RAS+, resampled to ``spacing`` (when given), normalised as a
+    whole, cropped or padded in-plane to ``size``, the slicing ``axis`` moved last: (1, h, w, S). A 2D image file
+    (PNG, JPEG, TIFF, DICOM): one slice, grey in [0, 1], normalised as a whole, cropped or padded: (1, h, w).
+    """
+
+    def __init__(self, spacing: tuple[float, ...] | None, size: tuple[int, int], method: str, axis: int) -> None:
+        self.spacing, self.size, self.method, self.axis = spacing, size, method, axis
+
+    def __call__(self, record: Record) -> dict:
+        path = record.paths[0]
+        if not is_volume_file(path):
+            image = match_channels(read_image(path), 1)[0]  # (H, W)
+            return {"input": crop_or_pad(normalise(image, self.method), self.size)[None].contiguous()}
+        volume, spacing = read_volume(path)
+        if self.spacing is not None:
+            volume = resample(volume, spacing, self.spacing)
+        volume = in_plane(normalise(volume, self.method), self.axis, self.size)
+        return {"input": volume.movedim(self.axis, -1)[None].float().contiguous()}
+
+
 def slice_splits(volumes: dict[str, tuple[Callable, list[str], list[str], list[torch.Tensor], dict | None]],
                  options: SliceOptions, seed: int) -> dict[str, Dataset]:
     """split -> its dataset, from split -> (load, ids, patients, foreground flags per volume, cache): slices
@@ -265,4 +297,6 @@ def build_nifti_slices(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
         volumes[split] = (load, [r.id for r in load.records], [r.patient for r in load.records], flags, store)
     datasets = slice_splits(volumes, options, seed)
     task = TaskInfo("segmentation", "image2d", len(names), (1, *options.size), names)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, skipped=bad.count)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, skipped=bad.count,
+                      preprocessing=Preprocessing.of(KIND, task, spacing=spacing, normalize=method,
+                                                     slice_axis=options.axis))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 from .transforms import Augmentation, augment_level, build_augmentation
 
@@ -112,4 +113,5 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
                                     finish if s == "train" else None, bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "volume3d", 1, (1, *size), ["lesion"], synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen,  # z-scored sides
+                      preprocessing=Preprocessing.of(NAME, task, normalize="zscore"))

@@ -21,6 +21,7 @@ import torch
 
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, split_sizes
+from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 from .transforms import augment_level, build_augmentation
 
@@ -118,4 +119,5 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
                                     partial(finish_sample, augment if s == "train" else None, mean, std, in_chans),
                                     cache) for s in SPLITS}
     task = TaskInfo("binary", "image2d", 1, (in_chans, size, size), ["cardiomegaly"], synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen,
+                      preprocessing=Preprocessing.of(NAME, task, mean=[mean] * in_chans, std=[std] * in_chans))

@@ -22,6 +22,7 @@ import torch
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .preprocessing import Preprocessing
 from .slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
 from .synthetic_base import item_seed
 
@@ -132,4 +133,5 @@ def build_synthetic_mri_slices(cfg: dict, seed: int = 0, skip_bad: bool = False)
         volumes[split] = (load, ids, ids, flags, store)
     datasets = slice_splits(volumes, options, data_seed)
     task = TaskInfo("segmentation", "image2d", len(CLASSES), (1, *options.size), list(CLASSES), synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task,  # Phantoms z-score each volume
+                      preprocessing=Preprocessing.of(NAME, task, normalize="zscore", slice_axis=options.axis))

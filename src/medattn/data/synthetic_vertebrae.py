@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_seed
 
 NAME = "synthetic_vertebrae"
@@ -116,4 +117,5 @@ def build_synthetic_vertebrae(cfg: dict, seed: int = 0, skip_bad: bool = False) 
                                     cache=bool(cfg.get("cache", True))) for s in SPLITS}
     names = ["background", *[f"blob{k}" for k in range(1, num_blobs + 1)]]
     task = TaskInfo("segmentation", "volume3d", num_blobs + 1, (1, *size), names, synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task,  # volumes as rendered
+                      preprocessing=Preprocessing.of(NAME, task, normalize="none"))

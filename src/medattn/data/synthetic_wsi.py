@@ -22,6 +22,7 @@ import torch
 from .bags import subsample
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, split_sizes
+from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 
 NAME = "synthetic_wsi"
@@ -114,4 +115,5 @@ def build_synthetic_wsi(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     datasets = {s: SyntheticDataset(sizes[s], partial(make, s), finish if s == "train" else None,
                                     bool(cfg.get("cache", True))) for s in SPLITS}
     task = TaskInfo("binary", "bag", 1, (feature_dim,), ["tumour"], synthetic=True)
-    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task)
+    return DataBundle(datasets["train"], datasets["val"], datasets["test"], task,
+                      preprocessing=Preprocessing.of(NAME, task))

@@ -37,6 +37,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
 from .options import check_keys, float_tuple, int_tuple, require
+from .preprocessing import Preprocessing
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
 from .transforms import Augmentation, augment_level, build_augmentation
@@ -411,4 +412,6 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count,
-                      warnings=[warning] if warning else [], defaults=chosen)
+                      warnings=[warning] if warning else [], defaults=chosen,
+                      preprocessing=Preprocessing.of(kind, task, spacing=spacing, normalize=method,
+                                                     subtract=bool(subtract), split_sides=bool(sides)))

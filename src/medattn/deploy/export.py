@@ -165,11 +165,12 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict
     from medattn.runtime.trained import load_checkpoint
 
     trained = load_checkpoint(checkpoint)
+    prep = trained.file_preprocessing("export")
     if inference_window(trained.config, trained.task) is not None:
         raise UserError(f"{checkpoint}: this model was trained on patches and predicts whole volumes by sliding "
                         f"windows, which an exported graph does not hold yet; predict from the checkpoint")
-    meta = metadata(trained.preprocessing, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
-    export_model(trained.model, trained.preprocessing, fmt, out, meta)
+    meta = metadata(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
+    export_model(trained.model, prep, fmt, out, meta)
     return read_metadata(out)
 
 

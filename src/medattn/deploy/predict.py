@@ -8,9 +8,10 @@
   output, the predicted label (binary/multi-label: ``pred_<class>`` = 1 when ``prob >= threshold``, with
   the ``threshold_<class>`` used; multi-class: ``pred_label``, the arg-max class), ``model_id`` and
   ``checkpoint_sha256``;
-* segmentation: ``file``, ``label_map`` (the NIfTI written on the input's grid, see
-  :mod:`medattn.deploy.segmentation`), ``volume_mm3_<class>`` per foreground class, ``model_id`` and
-  ``checkpoint_sha256``.
+* segmentation: ``file``, ``label_map`` (the NIfTI written on the input's grid, a PNG for a 2D image given
+  to a model trained on slices, see :mod:`medattn.deploy.segmentation`), ``voxels_<class>`` and
+  ``volume_mm3_<class>`` per foreground class (empty for 2D images), ``model_id`` and ``checkpoint_sha256``.
+  Models trained on slices take one file per batch (volumes differ in their slice count).
 
 With ``skip_bad`` a file that cannot be read or prepared is left out of the rows and listed in
 ``PredictionTable.bad`` as (file, reason); without it the first one raises a UserError naming it.
@@ -49,17 +50,18 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``."""
     prep = runner.preprocessing
     dataset = inference_dataset(prep, inputs, skip_bad)
+    if prep.slice_axis is not None:
+        batch_size = 1  # volumes of different slice counts do not stack
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=0)
     names = prep.output_names
     provenance = [runner.model_id, runner.checkpoint_sha256]
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
-        from medattn.data.volumes import write_nifti
+        from .segmentation import write_label_map
 
-        from .segmentation import structure_volumes, to_input_grid
-
-        table.header = ["file", "label_map", *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
+        table.header = ["file", "label_map", *[f"voxels_{n}" for n in names[1:]],
+                        *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
         label_dir = Path(label_dir) if label_dir is not None else Path("label_maps")
         label_dir.mkdir(parents=True, exist_ok=True)
     else:
@@ -79,13 +81,13 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                 continue
             item = items[sample_id]
             if segmentation:
-                labels, affine = to_input_grid(torch.from_numpy(np.asarray(p).argmax(0)), item.paths[0], prep)
                 stem = _stem(item.paths[0])
                 used[stem] = used.get(stem, 0) + 1  # two inputs of one name (other folders) get two maps
-                out = label_dir / f"{stem}{'' if used[stem] == 1 else f'_{used[stem]}'}_labels.nii.gz"
-                write_nifti(out, labels, affine)
-                volumes = structure_volumes(labels, affine, prep.num_outputs)
-                table.rows.append([str(item.paths[0]), str(out), *[f"{v:.3f}" for v in volumes], *provenance])
+                name = f"{stem}{'' if used[stem] == 1 else f'_{used[stem]}'}"
+                labels = torch.from_numpy(np.asarray(p).argmax(0))
+                out, voxels, volumes = write_label_map(labels, item.paths[0], prep, label_dir / name)
+                sizes = [f"{v:.3f}" for v in volumes] if volumes is not None else [""] * len(voxels)
+                table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance])
                 continue
             probs = [f"{v:.6f}" for v in p]
             if cut is None:

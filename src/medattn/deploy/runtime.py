@@ -63,7 +63,7 @@ def _torch_runner(path: str | Path) -> Runner:
     from medattn.runtime.trained import load_checkpoint
 
     trained = load_checkpoint(path)
-    prep = trained.preprocessing
+    prep = trained.file_preprocessing("predict")
     device = open_device(trained.config["train"]["device"])
     predictor = Predictor.for_run(trained.model.to(device), trained.config, trained.task, device)  # as eval predicts
 
@@ -86,6 +86,10 @@ def _onnx_runner(path: Path) -> Runner:
 
     def run(batch: dict) -> np.ndarray:
         inputs = _inputs(batch, prep.input_kind)
+        if prep.slice_axis is not None and inputs[0].ndim == 5:  # a volume for a 2D graph: its slices as a batch
+            volume = inputs[0]  # (1, 1, h, w, S)
+            (slices,) = session.run(None, {names[0]: volume[0].permute(3, 0, 1, 2).numpy()})  # (S, K, h, w)
+            return np.ascontiguousarray(np.asarray(slices, dtype=np.float32).transpose(1, 2, 3, 0)[None])
         (probabilities,) = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
         return np.asarray(probabilities, dtype=np.float32)
 

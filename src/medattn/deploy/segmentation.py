@@ -1,4 +1,4 @@
-"""Segmentation outputs on the input's own grid: label maps as NIfTI files and per-structure volumes in mm^3.
+"""Segmentation outputs on the input's own grid: label maps as NIfTI (or PNG) files and per-structure sizes.
 
 The model sees the volume after :mod:`medattn.data.volumes`' steps: reoriented to RAS+, resampled to the
 target spacing (optional), centre-cropped or padded to the target size. :func:`to_input_grid` undoes them
@@ -6,6 +6,10 @@ in reverse order for a label map: un-crop/un-pad (voxels the crop cut away are b
 neighbour resampling back to the RAS+ grid, and the inverse reorientation, so the map has the input
 file's array shape and is saved with the input's affine (voxel (i, j, k) of the map is voxel (i, j, k)
 of the input). A structure's volume is its voxel count times ``|det(affine[:3, :3])|`` (mm^3 per voxel).
+
+A 2D model trained on slices (``slice_axis``) segments a volume slice by slice, its map coming back with the
+slicing axis last ((h, w, S)); :func:`write_label_map` puts the axis back first. A 2D image file given to such
+a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only.
 
 A DICOM series gets the RAS affine the volume reader builds from its slice positions and orientation.
 """
@@ -30,5 +34,36 @@ def to_input_grid(labels: torch.Tensor, path: Path, prep: Preprocessing) -> tupl
 def structure_volumes(array: np.ndarray, affine: np.ndarray, num_classes: int) -> list[float]:
     """Volume in mm^3 of classes 1..K-1 (voxel count x |det(affine[:3, :3])|)."""
     voxel = abs(float(np.linalg.det(affine[:3, :3])))
+    return [float(n) * voxel for n in structure_counts(array, num_classes)]
+
+
+def structure_counts(array: np.ndarray, num_classes: int) -> list[int]:
+    """Voxels (pixels) of classes 1..K-1."""
     counts = np.bincount(array.ravel().astype(np.int64), minlength=num_classes)
-    return [float(counts[k]) * voxel for k in range(1, num_classes)]
+    return [int(counts[k]) for k in range(1, num_classes)]
+
+
+def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, stem: Path) -> tuple[Path, list[int],
+                                                                                                   list[float] | None]:
+    """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written beside ``stem``
+    on the input's grid: ``<stem>_labels.nii.gz`` (volumes) or ``<stem>_labels.png`` (2D images). Returns (the
+    file, voxels per class 1..K-1, mm^3 per class or None for 2D images)."""
+    from medattn.data.slices import is_volume_file
+    from medattn.data.volumes import uncrop_or_unpad, write_nifti
+
+    if prep.slice_axis is not None and not is_volume_file(path):
+        from PIL import Image
+
+        from medattn.data.images import read_image
+
+        size = tuple(read_image(path).shape[1:])
+        array = uncrop_or_unpad(labels.to(torch.int64), size).numpy().astype(np.uint8)
+        out = stem.with_name(f"{stem.name}_labels.png")
+        Image.fromarray(array).save(out)
+        return out, structure_counts(array, prep.num_outputs), None
+    if prep.slice_axis is not None:
+        labels = labels.movedim(-1, prep.slice_axis)
+    array, affine = to_input_grid(labels, path, prep)
+    out = stem.with_name(f"{stem.name}_labels.nii.gz")
+    write_nifti(out, array, affine)
+    return out, structure_counts(array, prep.num_outputs), structure_volumes(array, affine, prep.num_outputs)

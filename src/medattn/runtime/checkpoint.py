@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from medattn.config import validate, with_defaults
-from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo
+from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo, task_problem
 from medattn.errors import UserError, writing
 from medattn.models.presets import PRESETS
 
@@ -197,6 +197,9 @@ def check_meta(meta, source: str) -> None:
     if bad is not None:
         raise UserError(f"{source}: task.{bad} is missing or invalid (got {task.get(bad)!r}); sizes are integers "
                         f"from 1 to {MAX_SIZE}")
+    contradiction = task_problem(task["task_type"], task["num_outputs"], task.get("class_names", []))
+    if contradiction:
+        raise UserError(f"{source}: the task contradicts itself ({contradiction}): the file was edited or damaged")
 
 
 def _is_size(value) -> bool:

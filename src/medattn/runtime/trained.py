@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from medattn.data.base import TaskInfo
-from medattn.data.preprocessing import Preprocessing, from_checkpoint_meta
+from medattn.data.preprocessing import Preprocessing, check_task, from_checkpoint_meta
+from medattn.errors import UserError
 
 from . import checkpoint
 from .build import build_model
@@ -19,18 +20,30 @@ from .threshold import stored_thresholds
 
 @dataclass
 class Trained:
-    """A loaded checkpoint. ``thresholds``: the validation thresholds stored at training (None if none);
-    ``model_id``: ``<run name>/<model>[/<attention>]/epoch<E>``; ``checkpoint_sha256``: of the weights file."""
+    """A loaded checkpoint. ``preprocessing``: how its training data were prepared (None for a checkpoint that
+    stores none); ``thresholds``: the validation thresholds stored at training (None if none); ``model_id``:
+    ``<run name>/<model>[/<attention>]/epoch<E>``; ``checkpoint_sha256``: of the weights file."""
 
     model: nn.Module
     config: dict
     task: TaskInfo
     folder: Path
     meta: dict
-    preprocessing: Preprocessing
+    preprocessing: Preprocessing | None
     thresholds: list[float | None] | None
     model_id: str
     checkpoint_sha256: str
+
+    def file_preprocessing(self, use: str) -> Preprocessing:
+        """The preprocessing ``use`` (predict, explain, export) prepares files with; a one-line UserError when the
+        checkpoint stores none or no single file can be prepared as its training inputs were."""
+        if self.preprocessing is None:
+            raise UserError(f"{self.folder}: this checkpoint stores no preprocessing description (written by an "
+                            f"older medattn or from data outside the registered kinds), so {use} cannot know how "
+                            f"its files were prepared; score it with medattn eval and a data config")
+        if self.preprocessing.unpredictable:
+            raise UserError(f"{use}: {self.preprocessing.unpredictable}")
+        return self.preprocessing
 
 
 def weights_sha256(folder: Path) -> str:
@@ -63,7 +76,9 @@ def load_checkpoint(path: str | Path) -> Trained:
     meta = checkpoint.load_meta(folder)
     source = str(folder / checkpoint.META_FILE)
     task = checkpoint.task_from_dict(meta["task"])
-    prep = from_checkpoint_meta(meta, task, source)
+    prep = from_checkpoint_meta(meta, source)
+    if prep is not None:
+        check_task(prep, task, source)
     thresholds = stored_thresholds(meta, task.num_outputs, source)
     with torch.device("meta"):
         checkpoint.check_shapes(folder, build_model(meta["config"]["model"], task))

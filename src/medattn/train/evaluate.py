@@ -36,7 +36,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
     ``eval_<config name>_<split>`` in the checkpoint's run folder."""
     from medattn.data import build_datasets
-    from medattn.data.preprocessing import describe, differences
+    from medattn.data.preprocessing import differences
     from medattn.runtime.device import open_device
     from medattn.runtime.predictor import Predictor
     from medattn.runtime.trained import load_checkpoint
@@ -55,8 +55,8 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
         raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
                         f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
                         f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
-    data_prep = describe(config["data"], data_task)
-    changed = differences(trained.preprocessing, data_prep)
+    data_prep = bundle.preprocessing
+    changed = [] if None in (data_prep, trained.preprocessing) else differences(trained.preprocessing, data_prep)
     if changed:  # the model would see inputs prepared unlike its training data
         key = changed[0]
         raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "

@@ -38,7 +38,6 @@ from tqdm import tqdm
 from medattn.config import save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.data.patches import RandomPatches
-from medattn.data.preprocessing import describe as describe_preprocessing
 from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.runtime import checkpoint, distributed, sliding
@@ -145,8 +144,9 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
     elif distributed.is_main():
         with writing(run_dir / "config.yaml"):
             save_config(config, run_dir / "config.yaml", defaults)
-    meta = {"config": config, "task": checkpoint.task_to_dict(task),  # preprocessing: what predict/export reuse
-            "preprocessing": describe_preprocessing(config["data"], task).to_dict()}
+    meta = {"config": config, "task": checkpoint.task_to_dict(task)}
+    if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
+        meta["preprocessing"] = bundle.preprocessing.to_dict()
     started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
