@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps timm==1.0.31  # tests against real timm; its torchvision is a CUDA build
 	touch $(STAMP)
 
 demo: $(STAMP)

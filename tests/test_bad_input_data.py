@@ -239,13 +239,14 @@ def test_bad_input_is_one_line_naming_it_and_loses_nothing(tmp_path, case):
 
 def test_predict_refuses_a_named_pipe_instead_of_blocking(tmp_path):
     from medattn.data.base import TaskInfo
-    from medattn.data.preprocessing import describe, inference_dataset
+    from medattn.data.preprocessing import Preprocessing, inference_dataset
 
     fifo = tmp_path / "scan.png"
     os.mkfifo(fifo)
-    for task in (TaskInfo("binary", "image2d", 1, (1, 8, 8)), TaskInfo("binary", "bag", 1, (4,))):
+    for prep in (Preprocessing.of("image_table", TaskInfo("binary", "image2d", 1, (1, 8, 8)), mean=[0.5], std=[0.5]),
+                 Preprocessing.of("wsi_bags", TaskInfo("binary", "bag", 1, (4,)))):
         with no_hang(), pytest.raises(UserError, match=r"scan.png: .*a named pipe, not a regular file"):
-            inference_dataset(describe({}, task), [(fifo,)])[0]
+            inference_dataset(prep, [(fifo,)])[0]
 
 
 def test_train_stops_on_a_truncated_test_file_before_the_first_epoch(tmp_path, capsys):

@@ -15,20 +15,21 @@ from PIL import Image
 from medattn.cli import main
 from medattn.config import load_config
 from medattn.data.base import TaskInfo
-from medattn.data.preprocessing import describe
+from medattn.data.preprocessing import Preprocessing
 from medattn.data.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
 
 
-def save_checkpoint(folder, config_name, overrides, task, data=None):
+def save_checkpoint(folder, config_name, overrides, task, **steps):
+    """A checkpoint of a fresh model whose data were prepared with ``steps`` (:meth:`Preprocessing.of`)."""
     config = load_config(config_name, overrides)
-    config["data"].update(data or {})
     torch.manual_seed(0)
     model = build_model(config["model"], task)
+    prep = Preprocessing.of(config["data"]["kind"], task, **steps)
     checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task),
-                                    "preprocessing": describe(config["data"], task).to_dict()})
+                                    "preprocessing": prep.to_dict()})
     return folder
 
 
@@ -40,7 +41,8 @@ def rows(path):
 @pytest.mark.parametrize("method", ["auto", "rollout", "gradxinput"])
 def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
     ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=vit2d_tiny"],
-                         TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True))
+                         TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True),
+                         mean=[0.5], std=[0.5])
     files = []
     for i, size in enumerate([(48, 40), (32, 32)]):
         path = tmp_path / f"img{i}.png"
@@ -59,7 +61,7 @@ def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
 def test_explain_volume_writes_nifti_on_the_input_grid(tmp_path):
     ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=vit3d_tiny"],
                          TaskInfo("binary", "volume3d", 1, (1, 16, 16, 8), ["cancer"], synthetic=True),
-                         data={"target_spacing": [2.0, 2.0, 3.0]})
+                         spacing=[2.0, 2.0, 3.0], normalize="zscore")
     affine = np.array([[-1.5, 0, 0, 10], [0, 0, 2.0, -5], [0, 1.0, 0, 3], [0, 0, 0, 1]])  # LSA-like, not RAS
     path = tmp_path / "vol.nii.gz"
     nib.save(nib.Nifti1Image(np.random.default_rng(0).normal(size=(20, 9, 30)).astype(np.float32), affine), path)
@@ -130,7 +132,7 @@ def test_explain_prepares_files_as_predict_does(tmp_path, capsys):
     probabilities are predict's. Before, explain read the first volume alone (and had no --subtract)."""
     ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=vit3d_tiny"],
                          TaskInfo("binary", "volume3d", 1, (1, 16, 16, 8), ["cancer"]),
-                         data={"kind": "volume_table", "subtract_column": "post", "normalize": "zscore"})
+                         subtract=True, normalize="zscore")
     rng = np.random.default_rng(2)
     pre, post = [], []
     for i in range(2):

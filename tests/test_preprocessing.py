@@ -1,4 +1,4 @@
-"""The preprocessing description: built once from the data config, stored in the checkpoint, reused by predict."""
+"""The preprocessing description: returned by the data builder, stored in the checkpoint, reused by predict."""
 
 import csv
 import json
@@ -11,7 +11,7 @@ from PIL import Image
 
 from medattn.cli import main
 from medattn.data import build_datasets
-from medattn.data.preprocessing import Preprocessing, describe, differences, from_dict, inference_dataset
+from medattn.data.preprocessing import Preprocessing, differences, from_dict, inference_dataset
 from medattn.errors import UserError
 
 
@@ -72,7 +72,7 @@ def test_inference_samples_equal_the_training_pipelines_samples(tmp_path):
 
     data_cfg = yaml.safe_load(open(config))["data"]
     bundle = build_datasets(data_cfg, seed=0)
-    prep = describe(data_cfg, bundle.task)
+    prep = bundle.preprocessing
     sample = bundle.test[0]
     stem, side = sample["id"].split("#")
     pair = (tmp_path / stem, tmp_path / stem.replace("pre", "post"))
@@ -91,20 +91,20 @@ def test_image_table_samples_equal_and_a_changed_std_is_a_difference(tmp_path):
     cfg = {"kind": "image_table", "csv": str(tmp_path / "labels.csv"), "label_columns": ["label"], "image_size": 16,
            "in_chans": 1, "mean": 0.4, "std": 0.2, "val_fraction": 0.25, "test_fraction": 0.25}
     bundle = build_datasets(cfg)
-    prep = describe(cfg, bundle.task)
+    prep = bundle.preprocessing
     assert prep.mean == (0.4,) and prep.std == (0.2,) and prep.input_shape == (1, 16, 16)
     sample = bundle.test[0]
     torch.testing.assert_close(inference_dataset(prep, [(tmp_path / sample["id"],)])[0]["input"], sample["input"],
                                rtol=0, atol=0)
-    other = describe({**cfg, "std": 0.3}, bundle.task)
+    other = build_datasets({**cfg, "std": 0.3}).preprocessing
     assert differences(prep, other) == ["std"]
 
 
 @pytest.mark.parametrize("kind", ["synthetic_cxr", "synthetic_breast_mri", "synthetic_wsi", "synthetic_vertebrae"])
 def test_round_trip_and_shapes_of_packaged_kinds(kind):
     cfg = {"kind": kind, "num_samples": [2, 2, 2]}
-    task = build_datasets(cfg).task
-    prep = describe(cfg, task)
+    bundle = build_datasets(cfg)
+    task, prep = bundle.task, bundle.preprocessing
     assert prep.input_shape == tuple(task.input_shape) and prep.task() == task
     assert from_dict(json.loads(json.dumps(prep.to_dict())), "x") == prep
 

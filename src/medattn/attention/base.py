@@ -33,6 +33,10 @@ class Attention(nn.Module):
         proj_drop: dropout after the output projection.
         value_dim: per-head value width D_v (default: ``head_dim``; BinaryFormer's Fig. 1 narrows it
             to 16). Queries and keys keep ``head_dim``.
+        proj_bias, qk_norm, scale_norm, norm_layer, device, dtype: the keywords timm's blocks pass to their
+            ``attn_layer`` (timm 1.0), so ``timm.models.vision_transformer.Block(dim, heads, attn_layer=cls)``
+            builds any mechanism: ``proj_bias`` is the bias of ``proj``, ``device``/``dtype`` those of
+            ``qkv`` and ``proj``; ``qk_norm``/``scale_norm`` must stay False (``norm_layer`` then has no use).
 
     Shapes: ``x`` is (B, N, dim); ``mask`` is (B, N) bool with True for real tokens, or None.
     :meth:`attend` sees q, k (B, H, N, head_dim) and v (B, H, N, value_dim) and returns
@@ -57,8 +61,19 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         value_dim: int | None = None,
+        *,
+        proj_bias: bool = True,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        norm_layer: type[nn.Module] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        if qk_norm or scale_norm:
+            raise ValueError(f"{type(self).__name__} takes no qk_norm/scale_norm (timm's extra LayerNorms): each "
+                             f"mechanism normalises q and k its own way")
+        factory = {"device": device, "dtype": dtype}
         inner_dim = dim if inner_dim is None else inner_dim
         if dim <= 0 or inner_dim <= 0 or num_heads <= 0:
             raise ValueError(f"dim, inner_dim and num_heads must be positive, got {dim}, {inner_dim}, {num_heads}")
@@ -76,8 +91,8 @@ class Attention(nn.Module):
         self.head_dim = inner_dim // num_heads
         self.value_dim = self.head_dim if value_dim is None else value_dim
         self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 2 * inner_dim + num_heads * self.value_dim, bias=qkv_bias)
-        self.proj = nn.Linear(num_heads * self.value_dim, dim)
+        self.qkv = nn.Linear(dim, 2 * inner_dim + num_heads * self.value_dim, bias=qkv_bias, **factory)
+        self.proj = nn.Linear(num_heads * self.value_dim, dim, bias=proj_bias, **factory)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
     def extra_repr(self) -> str:
@@ -95,12 +110,15 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         """(B, N, dim), optional (B, N) bool mask -> (B, N, dim).
 
-        ``attn_mask`` is accepted so timm and MONAI transformer blocks, which pass that keyword, can
-        hold this module; it must be None or the same (B, N) key-padding mask as ``mask``.
+        ``attn_mask`` and ``is_causal`` are accepted so timm and MONAI transformer blocks, which pass those
+        keywords, can hold this module: ``attn_mask`` must be None or the same (B, N) key-padding mask as
+        ``mask``; ``is_causal`` must be False (image tokens have no order; no mechanism here is causal).
         """
+        if is_causal:
+            raise ValueError(f"{type(self).__name__} is not causal: is_causal must be False")
         if attn_mask is not None:
             if mask is not None:
                 raise ValueError("give either mask or attn_mask, not both")

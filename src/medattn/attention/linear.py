@@ -20,8 +20,8 @@ class LinearAttention(Attention):
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
-                 eps: float = 1e-6) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
+                 eps: float = 1e-6, **timm_kwargs) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
         self.eps = eps
 
     def attend(self, q, k, v, mask):

@@ -71,8 +71,8 @@ class SeqNormAttention(Attention):
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
-                 eps: float = 1e-5) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
+                 eps: float = 1e-5, **timm_kwargs) -> None:
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
         self.q_norm = SequenceNorm(self.inner_dim, eps)
         self.k_norm = SequenceNorm(self.inner_dim, eps)
         self.v_norm = SequenceNorm(num_heads * self.value_dim, eps)

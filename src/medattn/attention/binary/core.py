@@ -51,8 +51,9 @@ class BinaryAttention(Attention):
         value_dim: int | None = None,
         tile_size: int = 1024,
         bit_kernel: bool = True,
+        **timm_kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim)
+        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
         if tile_size <= 0:
             raise ValueError(f"tile_size must be positive, got {tile_size}")
         self.tile_size = tile_size
