@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stand_ins.torchvision import import_timm
 
 from medattn.attention import available_attentions, get_attention_class
+from stand_ins.torchvision import import_timm
 
 vit = import_timm()
 pytestmark = pytest.mark.skipif(vit is None, reason="timm is not installed (make installs it with --no-deps)")

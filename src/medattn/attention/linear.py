@@ -10,9 +10,16 @@ The feature maps and the normalizer run in float32 under autocast.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 
 from .base import Attention, at_least_float32, token_weights
+
+
+def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    """``elu(x) + 1`` written as ``x + 1`` (x > 0) or ``exp(min(x, 0))``: the same values (exp(x) is elu's
+    expm1(x) + 1 without the rounding of the sum), and a backward that ``torch.compile``'s ``aot_eager`` backend
+    can run on the strided per-head views (``F.elu``'s backward there asked for an impossible view)."""
+    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
 
 
 class LinearAttention(Attention):
@@ -27,8 +34,8 @@ class LinearAttention(Attention):
     def attend(self, q, k, v, mask):
         weights, _ = token_weights(mask, q)
         dtype = q.dtype
-        q = F.elu(at_least_float32(q)) + 1.0
-        k = F.elu(at_least_float32(k)) + 1.0
+        q = elu_plus_one(at_least_float32(q))
+        k = elu_plus_one(at_least_float32(k))
         if weights is not None:
             k = k * weights.to(k.dtype)
         context = k.transpose(-2, -1).to(dtype) @ v  # (B, H, d, d)
