@@ -93,9 +93,29 @@ def test_permutohedral_models_are_refused_in_one_line(preset, tmp_path):
     kind, shape = "volume3d", (1, 16, 16, 8)
     prep = Preprocessing("test", kind, "segmentation", 2, ("bg", "fg"), shape)
     model = build_model({"name": preset, "attention": None, "kwargs": {}}, prep.task()).eval()
-    with pytest.raises(UserError, match="cannot export this model to onnx"):
+    with pytest.raises(UserError, match="cannot export this model to onnx: PAM: the permutohedral lattice") as error:
         export_model(model, prep, "onnx", tmp_path / "m.onnx", {})
-    assert not (tmp_path / "m.onnx").exists()
+    assert "\n" not in str(error.value) and not (tmp_path / "m.onnx").exists()
+
+
+class _DataDependent(torch.nn.Module):
+    """A model whose forward branches on its input's values: torch.export cannot capture it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.linear(x.mean((2, 3))) if x.sum() > 0 else self.linear(x.amax((2, 3)))
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_an_exporter_failure_prints_nothing_and_is_one_line_without_colour_codes(fmt, tmp_path, capfd):
+    prep = Preprocessing("test", "image2d", "binary", 1, ("x",), (4, 8, 8), mean=(0.5,) * 4, std=(0.5,) * 4)
+    with pytest.raises(UserError, match=f"cannot export this model to {fmt}: ") as error:
+        export_model(_DataDependent().eval(), prep, fmt, tmp_path / f"m.{fmt}", {})
+    out, err = capfd.readouterr()
+    assert out == err == "" and "\n" not in str(error.value) and "\x1b[" not in str(error.value)
 
 
 @pytest.mark.parametrize(("preset", "mechanism"), [("vit2d_tiny", "seqnorm"), ("vitwsi_tiny", "binary-hamming"),

@@ -4,8 +4,9 @@ Each command lives in its own module exposing ``add_arguments(parser)`` and ``ru
 this file only wires them into argparse. Only the module of the command being run is imported (the
 others are listed with the first line of their docstring, read from the source), so ``medattn --help``
 and usage errors answer without importing torch. Errors meant for the user (:class:`medattn.errors.UserError`)
-print one line and exit with status 2, with no traceback (``--debug`` shows it); every other exception
-is a bug and shows its traceback.
+print one line and exit with status 2, with no traceback (``--debug`` shows it); Ctrl-C prints one line
+(with what the command kept and how to go on, when its module defines ``interrupted(args) -> str``) and
+exits with 130; every other exception is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _add_commands(subparsers, table: dict[str, str], argv: list[str] | None) -> 
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(parser)
         _debug_option(parser)
-        parser.set_defaults(run=module.run)
+        parser.set_defaults(run=module.run, interrupted=getattr(module, "interrupted", None))
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -125,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"medattn: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        what_now = args.interrupted(args) if getattr(args, "interrupted", None) else ""
+        print(f"\nmedattn: interrupted (Ctrl-C){': ' + what_now if what_now else ''}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"

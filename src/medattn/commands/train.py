@@ -30,6 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C left and how to go on: the run resumes from its last finished epoch, if one finished."""
+    try:
+        run_dir = run_dir_of(load_config(args.config, args.overrides), args.out)
+    except Exception:  # interrupted while the config was read: nothing was written
+        return "nothing was written"
+    if not (run_dir / "checkpoints" / "last").is_dir():
+        return f"no epoch had finished, nothing to resume in {run_dir}; run the command again"
+    again = " ".join(["medattn train", args.config, *args.overrides, "--out", str(run_dir), "--resume"])
+    return f"{run_dir} keeps its last finished epoch; continue it with: {again}"
+
+
 def run_dir_of(config: dict, out: str | None) -> Path:
     return Path(out or config["out"] or Path("runs") / config["name"])
 

@@ -29,9 +29,12 @@ it is refused with a one-line error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from torch import nn
 from medattn import __version__
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError, writing
+from medattn.extras import require
 from medattn.runtime.predictor import forward, probabilities
 
 FORMATS = ("onnx", "pt2")
@@ -103,21 +107,35 @@ def metadata(prep: Preprocessing, thresholds: list[float | None] | None, model_i
             "opset": OPSET}
 
 
+@contextlib.contextmanager
 def _quiet():
-    """The exporters' progress chatter (warnings, INFO logs) off for the duration."""
-    class Quiet:
-        def __enter__(self):
-            self.warnings = warnings.catch_warnings()
-            self.warnings.__enter__()
+    """The exporters' chatter off for the duration: warnings, logs, and whatever they print to the standard
+    output and error streams (a failed capture prints its whole FX graph, with colour codes, to fd 2)."""
+    level = logging.root.manager.disable
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with warnings.catch_warnings(), open(os.devnull, "w") as null:
             warnings.simplefilter("ignore")
-            self.level = logging.root.manager.disable
             logging.disable(logging.WARNING)
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            with contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+                yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        logging.disable(level)
 
-        def __exit__(self, *exc):
-            logging.disable(self.level)
-            self.warnings.__exit__(*exc)
 
-    return Quiet()
+def export_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be exported, from the first of its modules that declares an ``export_refusal``
+    (a module that builds data-dependent structures, like the permutohedral lattice); None when none does."""
+    return next((f"{type(m).__name__}: {m.export_refusal}" for m in model.modules()
+                 if getattr(m, "export_refusal", None)), None)
 
 
 def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Path, meta: dict) -> Path:
@@ -127,7 +145,13 @@ def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Pat
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = Path(out)
+    refusal = export_refusal(model)
+    if refusal:
+        raise UserError(f"cannot export this model to {fmt}: {refusal}")
     wrapper = Deployable(model.float().cpu().eval(), prep.task_type, prep.input_kind).eval()
+    if fmt == "onnx":  # torch's ONNX exporter imports both on use
+        require("onnx", "exporting to ONNX")
+        require("onnxscript", "exporting to ONNX")
     args, dynamic, names = example_inputs(prep, model, generator=torch.Generator().manual_seed(0))
     text = json.dumps({**meta, "inputs": names})
     try:
@@ -138,9 +162,8 @@ def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Pat
                 program.model.metadata_props[METADATA_KEY] = text
             else:
                 program = torch.export.export(wrapper, args, dynamic_shapes=dynamic)
-    except Exception as error:  # the exporters raise many types; the first line says why
-        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise UserError(f"cannot export this model to {fmt}: {reason[:300]}") from None
+    except Exception as error:  # the exporters raise many types; one line of their message says why
+        raise UserError(f"cannot export this model to {fmt}: {_reason(error)}") from None
     with writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "onnx":
@@ -204,8 +227,7 @@ def read_metadata(path: str | Path) -> dict:
     path = Path(path)
     try:
         if path.suffix.lower() == ".onnx":
-            import onnx
-
+            onnx = require("onnx", f"{path}: reading an ONNX model's metadata")
             props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
             text = props.get(METADATA_KEY)
         else:

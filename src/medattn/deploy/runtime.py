@@ -18,17 +18,14 @@ import torch
 
 from medattn.data.preprocessing import Preprocessing, from_dict
 from medattn.errors import UserError
+from medattn.extras import require
 
 from .export import read_metadata
 
 
 def onnx_session(path: str | Path):
     """An onnxruntime session on the CPU; UserError when onnxruntime is missing or the file does not load."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise UserError(f"{path}: running an ONNX model needs onnxruntime (pip install 'medattn[onnx]' or "
-                        f"pip install onnxruntime)") from None
+    onnxruntime = require("onnxruntime", f"{path}: running an ONNX model")
     try:
         return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types for malformed models

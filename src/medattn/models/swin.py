@@ -27,17 +27,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from medattn.errors import UserError
+from medattn.extras import require
 
 STAGES = 4  # MONAI's SwinTransformer: layers1 ... layers4
 
 
 def _monai_swin():
-    try:
-        from monai.networks.nets.swin_unetr import SwinTransformer
-    except ModuleNotFoundError:
-        raise UserError("the Swin presets use MONAI's SwinTransformer: pip install monai") from None
-    return SwinTransformer
+    return require("monai.networks.nets.swin_unetr", "the Swin presets (MONAI's SwinTransformer)").SwinTransformer
 
 
 class SwinClassifier(nn.Module):

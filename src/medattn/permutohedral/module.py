@@ -34,6 +34,10 @@ class PAM(nn.Module):
         negative_slope: slope of the leaky ReLU on the features.
     """
 
+    #: The lattice is built from the data (its size and its hash table depend on the values), which neither ONNX
+    #: nor ``torch.export`` can hold: exporting a model with this module is refused with this reason.
+    export_refusal = "the permutohedral lattice is built from the data, which ONNX and torch.export cannot express"
+
     def __init__(self, in_channels: int, out_channels: int, feature_dim: int = 4, groups: int = 2,
                  normalize: bool = True, coord_scale: float = 0.1, negative_slope: float = 0.01) -> None:
         super().__init__()

@@ -11,18 +11,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from medattn.errors import UserError
-
-EXTRA = "pip install 'medattn[realistic]' (nilearn and scikit-image, which ship the anatomy offline)"
+from medattn.extras import require
 
 
 def _require(module: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise UserError(f"the realistic benchmark needs {module.split('.')[0]}: {EXTRA}") from None
+    return require(module, "the realistic benchmark (real anatomy shipped offline by nilearn and scikit-image)")
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,8 @@ def load_meta(folder: Path) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UserError(f"{path}: unreadable checkpoint metadata ({error})") from None
-    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):  # keys added since it was saved: defaults
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "diffusion" not in meta:
+        # keys added since it was saved: defaults
         meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
     _keep_patch_stem(meta["config"]["model"], folder)
@@ -173,6 +174,9 @@ def _keep_patch_stem(model_cfg: dict, folder: Path) -> None:
 def check_meta(meta, source: str) -> None:
     """The schema of ``checkpoint.json``: a mapping with ``config`` (a valid run config whose integers in
     ``model.kwargs`` are bounded) and ``task`` (a :class:`TaskInfo` with bounded sizes)."""
+    if isinstance(meta, dict) and "diffusion" in meta:
+        raise UserError(f"{source}: a diffusion checkpoint (3D inpainting): eval, predict, explain and export take "
+                        f"classification and segmentation models; use medattn inpaint")
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or not isinstance(meta.get("task"),
                                                                                                 dict):
         raise UserError(f"{source}: a checkpoint's metadata must be a mapping with 'config' and 'task' mappings")

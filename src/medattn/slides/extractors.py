@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..extras import require
 from .descriptor import StainTextureDescriptor
 from .resnet import load_resnet50
 
@@ -77,10 +78,7 @@ def _is_torchscript(path: Path) -> bool:
 
 
 def _onnx(path: Path, device: torch.device):
-    try:
-        import onnxruntime
-    except ImportError:
-        raise UserError(f"{path}: ONNX extractors need onnxruntime (pip install onnxruntime)") from None
+    onnxruntime = require("onnxruntime", f"{path}: an ONNX extractor")
     providers = (["CUDAExecutionProvider"] if device.type == "cuda" else []) + ["CPUExecutionProvider"]
     try:
         session = onnxruntime.InferenceSession(str(path), providers=[p for p in providers

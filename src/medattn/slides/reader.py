@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
+from ..extras import require
 
 SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".czi",
                   ".dcm")
@@ -25,11 +26,7 @@ MAX_ANISOTROPY = 0.02  # mpp-x and mpp-y may differ by this fraction; beyond it 
 
 
 def _openslide():
-    try:
-        import openslide
-    except ImportError as error:  # the module, or its C library from openslide-bin
-        raise UserError(f"reading slides needs OpenSlide: pip install 'medattn[slides]' ({error})") from None
-    return openslide
+    return require("openslide", "reading slides")  # the module, or its C library from openslide-bin
 
 
 def open_slide(path: Path):

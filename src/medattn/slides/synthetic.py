@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
+from ..extras import require
+
 BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
 NUCLEUS = np.array([82, 38, 128], dtype=np.float32)
@@ -94,7 +96,7 @@ def render(shape=(1536, 2048), tumour: bool = True, seed: int = 0) -> tuple[np.n
 def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 3, tile: int = 256) -> None:
     """Write (H, W, 3) uint8 as a tiled pyramidal TIFF: level k downsampled 4^k by block means, with
     resolution tags (pixels per centimetre = 1e4 / (mpp 4^k)) when ``mpp`` is given."""
-    import tifffile
+    tifffile = require("tifffile", "writing a synthetic slide")
 
     with tifffile.TiffWriter(path) as tif:
         level = rgb

@@ -1,0 +1,42 @@
+"""Ctrl-C during ``medattn train``: one line saying what was kept and the command that resumes it."""
+
+from __future__ import annotations
+
+import shlex
+
+from medattn.cli import main
+from medattn.train import loop
+
+ARGS = ["synthetic_cxr", "model.name=vit2d_tiny", "data.image_size=32", "data.num_samples=[16,8,8]",
+        "train.epochs=3", "eval.bootstrap=0"]
+
+
+def _interrupt_in_epoch(monkeypatch, epoch: int) -> None:
+    real = loop.train_one_epoch
+
+    def train_one_epoch(*args, **kwargs):
+        if args[9] == epoch:  # the epoch argument
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_one_epoch", train_one_epoch)
+
+
+def test_ctrl_c_after_an_epoch_says_how_to_resume_and_the_command_resumes(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _interrupt_in_epoch(monkeypatch, 2)
+    assert main(["train", *ARGS, "--out", str(run), "--no-progress"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("medattn: interrupted (Ctrl-C): ") and "\n" not in err and "Traceback" not in err
+    command = err.split("continue it with: ", 1)[1]
+    assert command.endswith("--resume") and str(run) in command
+    monkeypatch.undo()
+    assert main([*shlex.split(command)[1:], "--no-progress"]) == 0
+    assert "resuming" in capsys.readouterr().out and (run / "results.json").is_file()
+
+
+def test_ctrl_c_before_the_first_epoch_finished_says_nothing_is_kept(tmp_path, monkeypatch, capsys):
+    _interrupt_in_epoch(monkeypatch, 1)
+    assert main(["train", *ARGS, "--out", str(tmp_path / "run"), "--no-progress"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert "no epoch had finished" in err and "\n" not in err
