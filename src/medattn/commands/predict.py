@@ -40,26 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=8)
 
 
-def sample_inputs(files: list[str], subtract: list[str] | None, per_sample: int) -> list[tuple[Path, ...]]:
-    """Files (and ``--subtract`` files) -> one tuple of paths per sample, checked against the model's need."""
-    if per_sample == 2:
-        if subtract is None or len(subtract) != len(files):
-            raise UserError(f"this model was trained on subtraction volumes: give --subtract with one volume per "
-                            f"file ({len(files)} file(s), {0 if subtract is None else len(subtract)} --subtract)")
-        return [(Path(a), Path(b)) for a, b in zip(files, subtract)]
-    if subtract is not None:
-        raise UserError("--subtract is for models trained on subtraction volumes; this one takes one file per sample")
-    return [(Path(f),) for f in files]
-
-
 def run(args: argparse.Namespace) -> int:
+    from medattn.data.preprocessing import sample_paths
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
     from medattn.text import write_csv
 
     runner = open_model(args.checkpoint)
     prep = runner.preprocessing
-    inputs = sample_inputs(args.files, args.subtract, prep.inputs_per_sample)
+    inputs = sample_paths(prep, args.files, args.subtract)
     if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     out = Path(args.out)

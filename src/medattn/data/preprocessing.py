@@ -194,6 +194,19 @@ def file_loader(prep: Preprocessing):
     return BagLoader(prep.input_shape[0])
 
 
+def sample_paths(prep: Preprocessing, files: list, subtract: list | None = None) -> list[tuple[Path, ...]]:
+    """Files (and the ``--subtract`` files, one per file) -> one tuple of paths per sample, as ``prep`` takes them
+    (two for subtraction models); a UserError when the files do not fit its need."""
+    if prep.inputs_per_sample == 2:
+        if subtract is None or len(subtract) != len(files):
+            raise UserError(f"this model was trained on subtraction volumes: give --subtract with one volume per "
+                            f"file ({len(files)} file(s), {0 if subtract is None else len(subtract)} --subtract)")
+        return [(Path(a), Path(b)) for a, b in zip(files, subtract)]
+    if subtract is not None:
+        raise UserError("--subtract is for models trained on subtraction volumes; this one takes one file per sample")
+    return [(Path(f),) for f in files]
+
+
 @dataclass(frozen=True)
 class Item:
     """One inference sample: its id (the first file, ``#left``/``#right`` for sides), files and side."""

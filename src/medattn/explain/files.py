@@ -1,0 +1,174 @@
+"""``explain_files``: heatmaps of a checkpoint's predictions on files, written beside a summary table.
+
+Each file is prepared exactly as ``medattn predict`` prepares it, with the preprocessing stored in the
+checkpoint (:mod:`medattn.data.preprocessing`; subtraction models take the subtracted volume of each pair),
+and its probabilities come from the same :class:`~medattn.runtime.predictor.Predictor` (training precision,
+sliding windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``: 2D images
+``<stem>.png`` (overlay on the image at its own size); 3D volumes ``<stem>.nii.gz`` (the map on the input
+file's grid and affine); whole-slide bags (HDF5) ``<stem>_tiles.csv`` and ``<stem>_tiles.h5`` (a score per
+tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag
+longer than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in
+bounded memory (the gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with
+the method used, the explained output and its probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError, writing
+from . import outputs
+from .core import default_method, explain
+
+
+@dataclass
+class ExplainedFiles:
+    """``rows``: one summary row per file (file, method, target, prob_<class>..., outputs); ``streamed``: how
+    many bags went through streamed rollout; ``synthetic``: the model was trained on SYNTHETIC data."""
+
+    rows: list[dict] = field(default_factory=list)
+    streamed: int = 0
+    synthetic: bool = False
+    checkpoint: str = ""
+
+
+def file_stem(path: Path) -> str:
+    """The file name without its (double) suffix: ``scan.nii.gz`` -> ``scan``."""
+    name = path.name
+    for suffix in (".nii.gz", ".nii", ".h5", ".hdf5"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def streams(model) -> bool:
+    """Whether every block of ``model`` streams and has factorised rows (streamed rollout applies)."""
+    from .rows import FactorisedRows, rows_for
+
+    blocks = getattr(getattr(model, "encoder", None), "blocks", [])
+    return len(blocks) > 0 and all(
+        block.attn.stream_passes > 0 and isinstance(rows_for(block.attn), FactorisedRows) for block in blocks)
+
+
+def bag_header(path: Path) -> tuple[int, dict]:
+    """(tiles, HDF5 attributes) of a bag file, from its header; UserError naming the file otherwise."""
+    import h5py
+
+    from ..data.bags import slide_shape
+
+    try:
+        rows, _ = slide_shape(path)
+        with h5py.File(path, "r") as f:
+            return rows, dict(f.attrs)
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"{path}: {error}") from None
+
+
+def streamed_bag(model, path: Path, chunk_size: int):
+    """(logits (1, K), scores (N,), coords (N, 2), HDF5 attributes) by streamed rollout, the bag read chunk by
+    chunk from the file; coords are zeros where the file has none (as the bag loader gives them)."""
+    import h5py
+
+    from ..data.bags import feature_key
+    from .rollout import streaming_rollout
+
+    rows, attrs = bag_header(path)
+    try:
+        with h5py.File(path, "r") as f:
+            coords = (np.asarray(f["coords"][:rows], dtype=np.float32) if "coords" in f
+                      else np.zeros((rows, 2), np.float32))
+            logits, scores = streaming_rollout(model, f[feature_key(f)], torch.from_numpy(coords), chunk_size)
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"{path}: {error}") from None
+    return logits, scores, coords, attrs
+
+
+def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
+                  target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None) -> ExplainedFiles:
+    """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
+    subtraction model takes one ``subtract`` volume per file. Every file is checked before anything is written."""
+    from ..data.base import collate
+    from ..data.files import check_regular
+    from ..data.images import read_image
+    from ..data.preprocessing import inference_dataset, sample_paths
+    from ..data.volumes import to_native_grid, write_nifti
+    from ..runtime.predictor import Predictor, probabilities
+    from ..runtime.trained import load_checkpoint
+
+    trained = load_checkpoint(checkpoint)
+    model, prep = trained.model, trained.file_preprocessing("explain")
+    if prep.task_type == "segmentation":
+        raise UserError("explain explains class predictions; this is a segmentation checkpoint")
+    if prep.split_sides:
+        raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
+                        "back to the file yet (medattn predict gives both sides' probabilities)")
+    dataset = inference_dataset(prep, sample_paths(prep, files, subtract))
+    for item in dataset.items:  # every file before anything is written
+        for path in item.paths:
+            try:
+                check_regular(path, folders=prep.input_kind == "volume3d")
+            except (FileNotFoundError, ValueError) as error:
+                raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
+                    from None
+    out_dir = Path(out_dir)
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+    predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
+    label = "SYNTHETIC" if prep.synthetic else None
+    requested, method = method, default_method(model) if method == "auto" else method
+    report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder))
+    for index, item in enumerate(dataset.items):
+        path = item.paths[0]
+        stem = out_dir / file_stem(path)
+        used = method
+        if prep.input_kind == "bag" and requested in ("auto", "rollout") and bag_header(path)[0] > chunk_size \
+                and streams(model):
+            logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
+            used, explained, report.streamed = "rollout", "", report.streamed + 1
+            probs = probabilities(logits.detach().float(), prep.task_type)[0]
+            written = _write_tiles(stem, coords, scores, used, attrs, label)
+        else:
+            sample = dataset[index]
+            kwargs = {"coords": sample["coords"][None]} if prep.input_kind == "bag" else {}
+            result = explain(model, sample["input"][None], method, target, **kwargs)
+            explained = "" if result.target is None else int(result.target[0])
+            with torch.no_grad():
+                probs = predictor.probabilities(collate([sample]))[0]
+            if prep.input_kind == "bag":
+                written = _write_tiles(stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
+                                       bag_header(path)[1], label)
+            elif prep.input_kind == "image2d":
+                image = outputs.overlay(read_image(path).numpy(), result.relevance[0].numpy(), label=label)
+                with writing(stem.with_suffix(".png")):
+                    image.save(stem.with_suffix(".png"))
+                written = [f"{stem.name}.png"]
+            else:
+                array, affine = to_native_grid(result.relevance[0].float(), path, prep.spacing)
+                write_nifti(out_dir / f"{stem.name}.nii.gz", array, affine)
+                written = [f"{stem.name}.nii.gz"]
+        report.rows.append({"file": item.id, "method": used, "target": explained,
+                            **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
+                            "outputs": " ".join(written)})
+    outputs.write_summary(out_dir / "summary.csv", report.rows)
+    return report
+
+
+def _write_tiles(stem: Path, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
+                 label: str | None) -> list[str]:
+    """A bag's tile table and HDF5, and its map where the tiles have coordinates; -> the names written."""
+    outputs.write_tile_scores(stem.with_name(f"{stem.name}_tiles"), coords, scores, method)
+    written = [f"{stem.name}_tiles.csv", f"{stem.name}_tiles.h5"]
+    if np.ptp(coords, axis=0).any():
+        image = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), label)
+        with writing(stem.with_suffix(".png")):
+            image.save(stem.with_suffix(".png"))
+        written.append(f"{stem.name}.png")
+    return written
