@@ -32,7 +32,7 @@ from medattn.commands.evaluate import load_trained
 from medattn.data import build_datasets
 from medattn.data import synthetic_wsi as sw
 from medattn.explain import explain, record_attention, rows_for
-from medattn.explain.rows import FactorisedRows
+from medattn.attention.rows import FactorisedRows
 from medattn.runtime.build import build_model
 
 

@@ -266,13 +266,12 @@ def test_bad_requests_are_user_errors():
 
 
 def test_a_rule_without_a_gradient_form_is_a_user_error():
+    from medattn.attention.rows import ClassRows
     from medattn.attention.sima import SimAAttention
-    from medattn.explain import ClassRows, register_rows
 
-    class Custom(SimAAttention):
-        pass
+    class Custom(SimAAttention):  # a new mechanism carries its own rule: here one without a gradient form
+        rollout_rule = ClassRows()
 
-    register_rows(Custom, ClassRows())  # a rule that only knows rollout's row (here: not even that)
     module = Custom(8, num_heads=2)
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(UserError, match="no gradient-weighted form.*gradxinput"):

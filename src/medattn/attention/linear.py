@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .base import Attention, at_least_float32, token_weights
+from .rows import FactorisedRows, masked
 
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
@@ -22,8 +23,23 @@ def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
 
 
+class EluLinearRows(FactorisedRows):
+    """elu+1 linear attention: ``A_h[i, j] = phi(q_i) . phi(k_j) / (phi(q_i) . sum_n phi(k_n) + eps)``."""
+
+    def statistics(self, module, q, k, weights):
+        return {"k": masked(elu_plus_one(k.double()), weights).sum(2, keepdim=True)}  # (B, H, 1, d)
+
+    def maps(self, module, q, k, weights, stats):
+        phi_q = elu_plus_one(q.double())
+        phi_q = masked(phi_q / (phi_q @ stats["k"].transpose(-2, -1) + module.eps), weights)
+        return phi_q, masked(elu_plus_one(k.double()), weights), q.new_ones(q.shape[0], 1, 1, dtype=torch.float64)
+
+
 class LinearAttention(Attention):
     """elu+1 linear attention. Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v)."""
+
+    #: Its attention weights acting on a relevance row (:mod:`medattn.attention.rows`): explanations by rollout.
+    rollout_rule = EluLinearRows()
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,

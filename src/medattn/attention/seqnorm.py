@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Attention, at_least_float32, is_traced, token_weights
-from .seqnorm_fused import SeqNormCore, affine_views, centred_seqnorm, sequence_normalize
+from .rows import FactorisedRows, masked, row_weights
+from .seqnorm_fused import SeqNormCore, affine_views, centred_seqnorm, scale_shift, sequence_normalize
 
 
 class SequenceNorm(nn.Module):
@@ -56,6 +57,34 @@ class SequenceNorm(nn.Module):
         return sequence_normalize(x, gamma, beta, None if weights is None else weights.to(x.dtype), count, self.eps)
 
 
+class SeqNormRows(FactorisedRows):
+    """SeqNorm: ``A_h = Q'_h K'_h^T / N`` (normalized q, k with the module's own affine and eps)."""
+
+    def statistics(self, module, q, k, weights):
+        q, k = q.double(), k.double()
+        count = torch.full_like(q[:, :1, :1, :1], q.shape[2]) if weights is None else weights.sum(2, keepdim=True)
+        return {"count": count,
+                **{f"{name}{power}": masked(x, weights).mul(x if power == 2 else 1).sum(2, keepdim=True)
+                   for name, x in (("q", q), ("k", k)) for power in (1, 2)}}
+
+    def maps(self, module, q, k, weights, stats):
+        count, H = stats["count"], module.num_heads
+        out = []
+        for name, x, norm in (("q", q, module.q_norm), ("k", k, module.k_norm)):
+            gamma, beta = (p.detach().double().view(1, H, 1, -1) for p in (norm.weight, norm.bias))
+            scale, shift, _, _ = scale_shift(stats[f"{name}1"], stats[f"{name}2"], count, gamma, beta, norm.eps)
+            out.append(masked(x.double() * scale + shift, weights))
+        return out[0], out[1], 1.0 / count[:, 0]
+
+    def values(self, module, v, mask):
+        v = v.double()
+        weights = row_weights(mask, v)
+        count = v.shape[2] if weights is None else weights.sum(2, keepdim=True)
+        norm, H = module.v_norm, module.num_heads
+        gamma, beta = (p.detach().double().view(1, H, 1, -1) for p in (norm.weight, norm.bias))
+        return sequence_normalize(v, gamma, beta, weights, count, norm.eps)
+
+
 class SeqNormAttention(Attention):
     """Softmax-free attention with sequence-normalized Q, K, V (see the module docstring).
 
@@ -68,6 +97,9 @@ class SeqNormAttention(Attention):
     are ill-conditioned (:mod:`medattn.attention.seqnorm_fused`); tests prove both equal to an
     independent explicit reference, in value, gradient and second derivative.
     """
+
+    #: Its attention weights acting on a relevance row (:mod:`medattn.attention.rows`): explanations by rollout.
+    rollout_rule = SeqNormRows()
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,

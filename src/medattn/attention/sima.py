@@ -15,7 +15,10 @@ With a mask, the norms and the sums count only real tokens. The norm is clamped 
 
 from __future__ import annotations
 
+import torch
+
 from .base import Attention, at_least_float32, is_traced, token_weights
+from .rows import FactorisedRows, masked
 
 
 def l1_normalize_over_tokens(x, weights, eps: float):
@@ -27,8 +30,22 @@ def l1_normalize_over_tokens(x, weights, eps: float):
     return (x32 / norm).to(x.dtype)
 
 
+class SimARows(FactorisedRows):
+    """SimA: ``A_h = (Q / ||Q||_1,N)_h (K / ||K||_1,N)_h^T`` (norms over real tokens, clamped at eps)."""
+
+    def statistics(self, module, q, k, weights):
+        return {name: masked(x.double().abs(), weights).sum(2, keepdim=True) for name, x in (("q", q), ("k", k))}
+
+    def maps(self, module, q, k, weights, stats):
+        phi = [masked(x.double(), weights) / stats[name].clamp_min(module.eps) for name, x in (("q", q), ("k", k))]
+        return phi[0], phi[1], q.new_ones(q.shape[0], 1, 1, dtype=torch.float64)
+
+
 class SimAAttention(Attention):
     """SimA: l1-normalized Q and K, plain V. Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v)."""
+
+    #: Its attention weights acting on a relevance row (:mod:`medattn.attention.rows`): explanations by rollout.
+    rollout_rule = SimARows()
 
     def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,

@@ -11,6 +11,37 @@ import torch
 import torch.nn.functional as F
 
 from .base import Attention
+from .rows import SOFTMAX_BLOCK, ClassRows
+
+
+class SoftmaxRows(ClassRows):
+    """Softmax: ``A_h = softmax(q k^T / sqrt(d))`` over real keys, formed a block of queries at a time."""
+
+    def blocks(self, q, k, mask):
+        """(start, weights (B, H, b, N) float64) for consecutive blocks of b queries."""
+        B, H, N, d = q.shape
+        q, k = q.double(), k.double()
+        key_bias = None if mask is None else torch.zeros(B, 1, 1, N, dtype=q.dtype).masked_fill(
+            ~mask[:, None, None, :], float("-inf"))
+        block = max(1, SOFTMAX_BLOCK // (N * H))
+        for start in range(0, N, block):
+            scores = q[:, :, start:start + block] @ k.transpose(-2, -1) / d ** 0.5  # (B, H, b, N)
+            yield start, (scores if key_bias is None else scores + key_bias).softmax(dim=-1)
+
+    def row(self, module, q, k, mask, r):
+        r, out = r.double(), q.new_zeros(q.shape[0], q.shape[2], dtype=torch.float64)
+        for start, weights in self.blocks(q, k, mask):
+            out += torch.einsum("bn,bhnm->bm", r[:, start:start + weights.shape[2]], weights)
+        return out / q.shape[1]
+
+    def gradient_rows(self, module, q, k, v, mask, r, g):
+        r, g, v = r.double(), g.double(), self.values(module, v, mask)
+        out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float64)
+        for start, weights in self.blocks(q, k, mask):
+            stop = start + weights.shape[2]
+            grad = g[:, :, start:stop] @ v.transpose(-2, -1)  # (B, H, b, N): d y / d A for these queries
+            out += torch.einsum("bn,bhnm->bhm", r[:, start:stop], grad * weights)
+        return out
 
 
 class SoftmaxAttention(Attention):
@@ -19,6 +50,9 @@ class SoftmaxAttention(Attention):
     Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v). A mask (B, N) removes padded keys from every
     query's softmax (key-padding mask); padded query rows are zeroed by :class:`Attention`.
     """
+
+    #: Its attention weights acting on a relevance row (:mod:`medattn.attention.rows`): explanations by rollout.
+    rollout_rule = SoftmaxRows()
 
     supports_attn_drop = True
 

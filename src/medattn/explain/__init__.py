@@ -12,8 +12,7 @@ long for memory stream through :func:`streaming_rollout` (plain rollout);
 
 from .core import METHODS, Explanation, default_method, explain, gradient_x_input
 from .rollout import attention_rollout, gradient_rollout, record_attention, streaming_rollout
-from .rows import ClassRows, FactorisedRows, register_rows, rows_for
+from .rows import rows_for
 
-__all__ = ["METHODS", "ClassRows", "Explanation", "FactorisedRows", "attention_rollout", "default_method", "explain",
-           "gradient_rollout", "gradient_x_input", "record_attention", "register_rows", "rows_for",
-           "streaming_rollout"]
+__all__ = ["METHODS", "Explanation", "attention_rollout", "default_method", "explain", "gradient_rollout",
+           "gradient_x_input", "record_attention", "rows_for", "streaming_rollout"]

@@ -47,7 +47,9 @@ def file_stem(path: Path) -> str:
 
 def streams(model) -> bool:
     """Whether every block of ``model`` streams and has factorised rows (streamed rollout applies)."""
-    from .rows import FactorisedRows, rows_for
+    from ..attention.rows import FactorisedRows
+
+    from .rows import rows_for
 
     blocks = getattr(getattr(model, "encoder", None), "blocks", [])
     return len(blocks) > 0 and all(

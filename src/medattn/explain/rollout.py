@@ -10,7 +10,7 @@ tokens as the row ``e_cls^T M_L ... M_1``. Going down from the top:
 
 and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps).
 Only row vectors ever meet A, so linear attention needs ``r^T A_h = s (r^T phi_q) phi_k^T``, O(N d)
-(:mod:`medattn.explain.rows`); softmax forms its weights a block of queries at a time. Softmax weights
+(:mod:`medattn.attention.rows`, each mechanism's ``rollout_rule``); softmax forms its weights a block of queries at a time. Softmax weights
 are row-stochastic, so r stays a probability vector; linear-attention weights are signed and their rows
 do not sum to 1, so r is signed, and its sign says whether a token adds to or takes from the class
 token's mixture, not whether it raises the logit (docs/explain.md).
@@ -27,7 +27,7 @@ positive part does not factorise through ``phi_q phi_k^T``, so this module compu
 
     r_{l-1} = r_l + mean_h ( r_l^T (G_h ⊙ A_h) )^+                    (positive part of the row, per head)
 
-The row ``r^T (G_h ⊙ A_h)`` factorises exactly (:meth:`~medattn.explain.rows.ClassRows.gradient_rows`;
+The row ``r^T (G_h ⊙ A_h)`` factorises exactly (:meth:`~medattn.attention.rows.ClassRows.gradient_rows`;
 ``G_h[i, j] = g_i . v_j`` with ``g = d y_t / d out_h``): O(N d D_v) per block, no N x N matrix. How it
 differs from Chefer's: the clamp acts after the sum over queries i instead of on each (i, j) entry.
 Because r >= 0 throughout, ``(sum_i r_i X_ij)^+ <= sum_i r_i X_ij^+``, so every entry is at most
@@ -59,7 +59,8 @@ from torch import nn
 
 from ..attention import Attention
 from ..errors import UserError
-from .rows import FactorisedRows, rows_for
+from ..attention.rows import FactorisedRows
+from .rows import rows_for
 
 
 @dataclass
