@@ -28,11 +28,11 @@ import scipy.stats
 import torch
 from sklearn.metrics import roc_auc_score
 
+from medattn.attention.rows import FactorisedRows
 from medattn.commands.evaluate import load_trained
 from medattn.data import build_datasets
 from medattn.data import synthetic_wsi as sw
 from medattn.explain import explain, record_attention, rows_for
-from medattn.attention.rows import FactorisedRows
 from medattn.runtime.build import build_model
 
 

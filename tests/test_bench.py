@@ -32,9 +32,11 @@ def test_attention_cost_by_hand():
     # Softmax: 4 H N^2 d = 4 * 2 * 64 * 4 = 2048. SimA takes the cheaper order: N=2 < d=4 gives 4 H N d N.
     assert roofline.attention_cost("softmax", 8, 2, 4, 8).flops == 2048
     assert roofline.attention_cost("sima", 2, 2, 4, 8).flops == 4 * 2 * 2 * 4 * 2
-    # bf16 halves the bytes, not the FLOPs; unknown mechanisms have no model.
+    # bf16 halves the bytes, not the FLOPs; a mechanism without a FLOP model has none; an unknown one is refused.
     assert roofline.attention_cost("seqnorm", 8, 2, 4, 8, precision="bf16") == roofline.Cost(1024, 512)
-    assert roofline.attention_cost("no-such-mechanism", 8, 2, 4, 8) is None
+    assert roofline.attention_cost("binary-hamming", 8, 2, 4, 8) is None
+    with pytest.raises(ValueError, match="unknown attention"):
+        roofline.attention_cost("no-such-mechanism", 8, 2, 4, 8)
     # Roofline time: 1024 FLOPs at 100 GFLOP/s plus 1024 bytes at 10 GB/s.
     assert RATES.time_s(forward, "fp32") == pytest.approx(1024 / 100e9 + 1024 / 10e9)
 

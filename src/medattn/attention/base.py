@@ -95,6 +95,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(num_heads * self.value_dim, dim, bias=proj_bias, **factory)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
+    @staticmethod
+    def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float | None:
+        """Matmul FLOPs of one forward of :meth:`attend` (the roofline of ``medattn bench``); None: no model."""
+        return None
+
     def extra_repr(self) -> str:
         value = "" if self.value_dim == self.head_dim else f", value_dim={self.value_dim}"
         return f"dim={self.dim}, num_heads={self.num_heads}, inner_dim={self.inner_dim}{value}"

@@ -47,6 +47,12 @@ class LinearAttention(Attention):
         super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
         self.eps = eps
 
+    @staticmethod
+    def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+        """As SeqNorm plus the normaliser ``phi(Q) sum_n phi(k_n)``: ``4 B H N d^2 + 2 B H N d``."""
+        b, h, n, d = batch, heads, seq_len, head_dim
+        return 4 * b * h * n * d * d + 2 * b * h * n * d
+
     def attend(self, q, k, v, mask):
         weights, _ = token_weights(mask, q)
         dtype = q.dtype

@@ -113,6 +113,12 @@ class SeqNormAttention(Attention):
     def norms(self) -> tuple[SequenceNorm, SequenceNorm, SequenceNorm]:
         return self.q_norm, self.k_norm, self.v_norm
 
+    @staticmethod
+    def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+        """``K'^T V'`` and ``Q' C``: ``4 B H N d^2``."""
+        b, h, n, d = batch, heads, seq_len, head_dim
+        return 4 * b * h * n * d * d
+
     def attend(self, q, k, v, mask):
         dtype = q.dtype
         q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)

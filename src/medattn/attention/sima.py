@@ -53,6 +53,12 @@ class SimAAttention(Attention):
         super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
         self.eps = eps
 
+    @staticmethod
+    def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+        """The cheaper order of ``(Q K^T) V`` or ``Q (K^T V)``: ``4 B H N d min(N, d)``."""
+        b, h, n, d = batch, heads, seq_len, head_dim
+        return 4 * b * h * n * d * min(n, d)
+
     def attend(self, q, k, v, mask):
         weights, _ = token_weights(mask, q)
         q = l1_normalize_over_tokens(q, weights, self.eps)

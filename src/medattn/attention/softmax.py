@@ -56,6 +56,12 @@ class SoftmaxAttention(Attention):
 
     supports_attn_drop = True
 
+    @staticmethod
+    def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+        """``Q K^T`` and ``P V``: ``4 B H N^2 d``."""
+        b, h, n, d = batch, heads, seq_len, head_dim
+        return 4 * b * h * n * n * d
+
     def attend(self, q, k, v, mask):
         attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, N)
         dropout_p = self.attn_drop if self.training else 0.0

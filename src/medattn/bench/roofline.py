@@ -21,14 +21,10 @@ assumed to overlap). Both terms are lower bounds:
   q, k, v and the output gradient and writes three input gradients, ``7 B H N d``. Temporaries that
   a real kernel stores and re-reads are extra, so an implementation can approach but never beat it.
 
-Forward matmul FLOPs of the attention cores (batch B, H heads of width d, N tokens):
-
-* ``softmax``: ``Q K^T`` and ``P V``: ``4 B H N^2 d``.
-* ``seqnorm``: ``K'^T V`` and ``Q' C``: ``4 B H N d^2``.
-* ``sima``: the cheaper order of ``(Q K^T) V`` or ``Q (K^T V)``: ``4 B H N d min(N, d)``.
-* ``linear``: as seqnorm plus the normaliser ``phi(Q) sum_n phi(k_n)``: ``4 B H N d^2 + 2 B H N d``.
-
-A mechanism without an entry in :data:`CORE_FORWARD_FLOPS` has no model (its roofline is blank). The
+Forward matmul FLOPs of an attention core (batch B, H heads of width d, N tokens) are the mechanism's own
+:meth:`~medattn.attention.base.Attention.core_forward_flops` (softmax ``4 B H N^2 d``, SeqNorm ``4 B H N d^2``,
+SimA ``4 B H N d min(N, d)``, elu+1 linear ``4 B H N d^2 + 2 B H N d``); a mechanism without one has no model
+(its roofline is blank). The
 full layer adds its projections, ``qkv`` (dim -> 3 inner_dim) and ``proj`` (inner_dim -> dim), as
 :func:`linear_cost`. :func:`matmul_flops` counts a whole model's ``nn.Linear`` and convolution FLOPs
 from shapes alone (a forward on the meta device), for the training step's matmul floor.
@@ -43,19 +39,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from medattn.attention import Attention
+from medattn.attention import Attention, get_attention_class
 
 from .common import median_time
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 
-CORE_FORWARD_FLOPS: dict[str, Callable[[int, int, int, int], float]] = {
-    "softmax": lambda b, h, n, d: 4 * b * h * n * n * d,
-    "seqnorm": lambda b, h, n, d: 4 * b * h * n * d * d,
-    "sima": lambda b, h, n, d: 4 * b * h * n * d * min(n, d),
-    "linear": lambda b, h, n, d: 4 * b * h * n * d * d + 2 * b * h * n * d,
-}
 
 
 @dataclass(frozen=True)
@@ -145,12 +135,12 @@ def attention_cost(mechanism: str, seq_len: int, heads: int = 8, head_dim: int =
                    precision: str = "fp32") -> Cost | None:
     """Cost of one attention core (``layer=False``) or layer (with its projections), see the module doc.
 
-    None where ``mechanism`` has no FLOP model in :data:`CORE_FORWARD_FLOPS`.
+    None where ``mechanism`` has no FLOP model (:meth:`Attention.core_forward_flops` returns None).
     """
-    if mechanism not in CORE_FORWARD_FLOPS:
+    flops = get_attention_class(mechanism).core_forward_flops(batch, heads, seq_len, head_dim)
+    if flops is None:
         return None
     size = ELEMENT_BYTES[precision]
-    flops = CORE_FORWARD_FLOPS[mechanism](batch, heads, seq_len, head_dim)
     elements = batch * heads * seq_len * head_dim
     cost = Cost(flops, 4 * elements * size)
     if backward:

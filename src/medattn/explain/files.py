@@ -48,7 +48,6 @@ def file_stem(path: Path) -> str:
 def streams(model) -> bool:
     """Whether every block of ``model`` streams and has factorised rows (streamed rollout applies)."""
     from ..attention.rows import FactorisedRows
-
     from .rows import rows_for
 
     blocks = getattr(getattr(model, "encoder", None), "blocks", [])

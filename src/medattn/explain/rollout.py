@@ -10,10 +10,10 @@ tokens as the row ``e_cls^T M_L ... M_1``. Going down from the top:
 
 and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps).
 Only row vectors ever meet A, so linear attention needs ``r^T A_h = s (r^T phi_q) phi_k^T``, O(N d)
-(:mod:`medattn.attention.rows`, each mechanism's ``rollout_rule``); softmax forms its weights a block of queries at a time. Softmax weights
-are row-stochastic, so r stays a probability vector; linear-attention weights are signed and their rows
-do not sum to 1, so r is signed, and its sign says whether a token adds to or takes from the class
-token's mixture, not whether it raises the logit (docs/explain.md).
+(:mod:`medattn.attention.rows`, each mechanism's ``rollout_rule``); softmax forms its weights a block of
+queries at a time. Softmax weights are row-stochastic, so r stays a probability vector; linear-attention
+weights are signed and their rows do not sum to 1, so r is signed, and its sign says whether a token adds to
+or takes from the class token's mixture, not whether it raises the logit (docs/explain.md).
 
 **Gradient-weighted rollout** (the attention-gradient rule of Chefer, Gur & Wolf: ICCV 2021, "Generic
 attention-model explainability for interpreting bi-modal and encoder-decoder transformers", eqs. 5-6;
@@ -58,8 +58,8 @@ import torch
 from torch import nn
 
 from ..attention import Attention
-from ..errors import UserError
 from ..attention.rows import FactorisedRows
+from ..errors import UserError
 from .rows import rows_for
 
 
