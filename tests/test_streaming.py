@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from medattn.models import create_model
-from medattn.models.streaming import wsi_forward_streaming
 
 
 def seqnorm_model(**kwargs):
@@ -28,7 +27,7 @@ def test_streaming_equals_unchunked(chunk_size, attention_kwargs):
     features = torch.randn(700, 16)
     with torch.no_grad():
         expected = model(features[None])
-    torch.testing.assert_close(wsi_forward_streaming(model, features, chunk_size=chunk_size), expected,
+    torch.testing.assert_close(model.forward_streaming(features, chunk_size=chunk_size), expected,
                                rtol=1e-5, atol=1e-5)
 
 
@@ -40,20 +39,20 @@ def test_streaming_reads_a_memory_map_with_positions_and_offset_features(tmp_pat
     np.save(path, features)
     with torch.no_grad():
         expected = model(torch.from_numpy(features)[None], coords=torch.from_numpy(coords)[None])
-    actual = wsi_forward_streaming(model, np.load(path, mmap_mode="r"), coords=coords, chunk_size=64)
+    actual = model.forward_streaming(np.load(path, mmap_mode="r"), coords=coords, chunk_size=64)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_streaming_refuses_mechanisms_that_need_all_tokens():
     model = create_model("vitwsi_tiny", attention="softmax")
     with pytest.raises(ValueError, match="cannot stream"):
-        wsi_forward_streaming(model, torch.randn(10, 16))
+        model.forward_streaming(torch.randn(10, 16))
 
 
 @pytest.mark.parametrize("features, message", [(torch.randn(10, 15), "expected"), (torch.randn(0, 16), "empty")])
 def test_streaming_rejects_bad_bags(features, message):
     with pytest.raises(ValueError, match=message):
-        wsi_forward_streaming(seqnorm_model(), features)
+        seqnorm_model().forward_streaming(features)
 
 
 def test_streaming_refuses_an_hdf5_bag_declared_longer_than_stored(tmp_path):
@@ -61,4 +60,4 @@ def test_streaming_refuses_an_hdf5_bag_declared_longer_than_stored(tmp_path):
     with h5py.File(tmp_path / "bag.h5", "w") as f:
         f.create_dataset("features", shape=(3000, 16), chunks=(100, 16), dtype="f4")[:1000] = 1.0
     with h5py.File(tmp_path / "bag.h5", "r") as f, pytest.raises(ValueError, match="declares 3000 rows"):
-        wsi_forward_streaming(seqnorm_model(), f["features"], chunk_size=256)
+        seqnorm_model().forward_streaming(f["features"], chunk_size=256)

@@ -49,7 +49,7 @@ class Attention(nn.Module):
     surrogate_gradient = False
     #: Passes over a sequence that chunked streaming inference needs; 0 = the mechanism cannot stream
     #: (it needs all tokens at once). Mechanisms with passes > 0 implement ``stream_begin``,
-    #: ``stream_update``, ``stream_end`` and ``stream_forward`` (see :mod:`medattn.models.streaming`).
+    #: ``stream_update``, ``stream_end`` and ``stream_forward`` (see ``WSITransformer.forward_streaming``).
     stream_passes = 0
 
     def __init__(

@@ -117,6 +117,14 @@ def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return features, coords
 
 
+def read_rows(source, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a bag held as a tensor, a NumPy array or memory map, or an ``h5py`` dataset read
+    straight from disk, as a float32 tensor (streamed inference reads a bag so, chunk by chunk)."""
+    if torch.is_tensor(source):
+        return source[start:stop].float()
+    return torch.from_numpy(np.array(source[start:stop], dtype=np.float32))
+
+
 class BagLoader:
     """record -> {"input": (N, F), "coords": (N, 2)}: the patient's slides concatenated."""
 

@@ -217,8 +217,6 @@ def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) ->
     forward's statistics passes (gathering each layer's q, k sums on the way), one pass for the C's, one
     for the scores. Returns (logits (1, num_classes), scores (N,) = r_0 without the class token).
     """
-    from ..models.streaming import bag_chunks, stream_states
-
     check_rollout_model(model)
     blocks = model.encoder.blocks
     rules = [rows_for(block.attn) for block in blocks]
@@ -231,7 +229,7 @@ def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) ->
         part = rules[layer].statistics(blocks[layer].attn, q, k, None)
         sums[layer] = part if sums[layer] is None else {key: sums[layer][key] + part[key] for key in part}
 
-    states = stream_states(model, features, coords, chunk_size, observe)
+    states = model.stream_states(features, coords, chunk_size, observe)
 
     def maps_through(x: torch.Tensor):
         """(phi_q, phi_k, s) per block for a chunk x (1, n_c, D') at the model's input; each phi (n_c, H d)."""
@@ -247,7 +245,7 @@ def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) ->
 
     L, H = len(blocks), [block.attn.num_heads for block in blocks]
     cross = {(hi, lo): 0 for hi in range(L) for lo in range(hi)}  # C_{hi,lo}, the class token included
-    for index, x in enumerate(bag_chunks(model, features, coords, chunk_size)):
+    for index, x in enumerate(model.stream_chunks(features, coords, chunk_size)):
         maps, top = maps_through(x)
         if index == 0:
             cls_maps, cls_out = maps, top
@@ -261,7 +259,7 @@ def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) ->
         U[m] = u
     scores = np.empty(features.shape[0], dtype=np.float32)
     start = 0
-    for index, x in enumerate(bag_chunks(model, features, coords, chunk_size)):
+    for index, x in enumerate(model.stream_chunks(features, coords, chunk_size)):
         if index == 0:
             continue
         maps, _ = maps_through(x)

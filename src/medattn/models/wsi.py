@@ -10,9 +10,19 @@ Positional information (the paper is silent for WSIs): ``pos_encoding="none"`` (
 bag as a set, so the model is permutation invariant; ``"sincos"`` adds a fixed 2D sine-cosine
 encoding of ``coords / coord_scale`` (e.g. ``coord_scale`` = the patch size in pixels), which then
 must be given.
+
+Streamed inference (:meth:`WSITransformer.forward_streaming`): a bag of 10^6 patch features (F = 2048) takes
+8 GB in float32 before the first layer; a mechanism whose attention reduces to global per-channel statistics
+(SeqNorm) needs only those statistics, never all tokens at once. For layer l the bag is streamed ``passes``
+times (the mechanism's ``stream_passes``), layers < l recomputed chunk by chunk from their finished
+statistics, layer l's statistics accumulated. Memory is O(chunk_size); time is O(L^2 / 2 * passes * N) layer
+evaluations. The class token is token 0 and enters the statistics, as in the unchunked model; the result
+equals :meth:`WSITransformer.forward` up to float rounding.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -41,7 +51,8 @@ class WSITransformer(nn.Module):
         standardize_features: standardise each feature with the training split's statistics before
             ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine).
 
-    ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
+    ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits;
+    ``forward_streaming(features, coords=None, chunk_size=32768)``: one bag (N, F) -> (1, num_classes), streamed.
     """
 
     input_contract = "bag"  # see medattn.models.input_contract
@@ -90,3 +101,81 @@ class WSITransformer(nn.Module):
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                 coords: torch.Tensor | None = None) -> torch.Tensor:
         return self.head(self.forward_features(features, mask, coords)[:, 0])
+
+    # --- streamed inference over one gigantic bag (see the class docstring) -------------------------------------
+
+    def check_streamable(self, features, coords, chunk_size: int) -> None:
+        """ValueError unless ``features`` is one non-empty (N, F) bag every block can stream."""
+        import h5py
+
+        from ..data.bags import check_stored
+
+        if len(features.shape) != 2 or features.shape[1] != self.feature_dim:
+            raise ValueError(f"expected a single bag of features (N, {self.feature_dim}), got {tuple(features.shape)}")
+        if features.shape[0] == 0:
+            raise ValueError("the bag is empty")
+        if isinstance(features, h5py.Dataset):  # read from disk: every declared row must be stored
+            check_stored(features.name, features)
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if self.pos_encoding == "sincos" and coords is None:
+            raise ValueError("pos_encoding='sincos' needs coords")
+        for block in self.encoder.blocks:
+            if block.attn.stream_passes == 0:
+                raise ValueError(f"{type(block.attn).__name__} cannot stream; use a mechanism with stream_passes > 0")
+
+    def stream_chunks(self, features, coords, chunk_size: int) -> Iterator[torch.Tensor]:
+        """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
+        from ..data.bags import read_rows
+
+        parameter = self.cls_token
+        yield self.cls_token
+        for start in range(0, features.shape[0], chunk_size):
+            chunk = read_rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
+            x = self.feature_proj(self.feature_norm(chunk)).unsqueeze(0)
+            if self.pos_encoding == "sincos":
+                position = read_rows(coords, start, start + chunk_size).to(parameter.device)
+                x = x + sincos_2d(position.unsqueeze(0) / self.coord_scale, x.shape[-1]).to(x.dtype)
+            yield x
+
+    def through_streamed_blocks(self, x: torch.Tensor, states: list[dict]) -> torch.Tensor:
+        """A chunk (1, n_c, D') through the first ``len(states)`` blocks, whose statistics are final."""
+        for block, state in zip(self.encoder.blocks, states):
+            x = x + block.attn.stream_forward(state, block.norm1(x))
+            x = x + block.mlp(block.norm2(x))
+        return x
+
+    @torch.no_grad()
+    def stream_states(self, features, coords=None, chunk_size: int = 32_768, observe=None) -> list[dict]:
+        """The finished streaming statistics of every block, the bag checked first.
+
+        ``observe(layer, h)``, if given, sees every chunk's attention input h = norm1(x) (1, n_c, D') of
+        block ``layer`` in its first pass, the class token first (it is how explanations gather their own
+        per-layer statistics in the same pass).
+        """
+        self.check_streamable(features, coords, chunk_size)
+        states: list[dict] = []
+        for layer, block in enumerate(self.encoder.blocks):
+            state = block.attn.stream_begin()
+            for pass_index in range(block.attn.stream_passes):
+                for x in self.stream_chunks(features, coords, chunk_size):
+                    h = block.norm1(self.through_streamed_blocks(x, states))
+                    block.attn.stream_update(state, h, pass_index)
+                    if observe is not None and pass_index == 0:
+                        observe(layer, h)
+                block.attn.stream_end(state, pass_index)
+            states.append(state)
+        return states
+
+    @torch.no_grad()
+    def forward_streaming(self, features, coords=None, chunk_size: int = 32_768) -> torch.Tensor:
+        """Logits (1, num_classes) for a single bag ``features`` (N, F), streamed in chunks of tokens.
+
+        ``features`` (and ``coords``) can be anything sliceable as ``features[start:stop]`` giving (n, F): a
+        tensor, a NumPy array or memory map, or an ``h5py`` dataset read straight from disk (one declared longer
+        than the file stores is refused). ValueError if a mechanism cannot stream (softmax needs every token at
+        once) or the input has the wrong shape.
+        """
+        states = self.stream_states(features, coords, chunk_size)
+        cls = self.through_streamed_blocks(self.cls_token, states)
+        return self.head(self.encoder.norm(cls)[:, 0])
