@@ -118,12 +118,12 @@ def test_engine_scores_with_patient_clusters(tmp_path):
     patients = [f"p{i // 3}" for i in range(36)]
     pred = Predictions([str(i) for i in range(36)], patients, probs, labels, 0.0)
     eval_cfg = {"bootstrap": 100, "ci": 0.95}
-    result = Classification(TaskInfo("binary", "image2d", 1, (1, 8, 8), ["y"])).score(pred, "test", tmp_path,
-                                                                                       eval_cfg, seed=1)
+    result = Classification(TaskInfo("binary", "image2d", 1, (1, 8, 8), ["y"])).score(pred, "test", eval_cfg,
+                                                                                       seed=1)
     expected = metrics.bootstrap_ci(probs, labels, "binary", 100, 0.95, 1, groups=patients)
     assert (result["ci_low"], result["ci_high"]) == expected
     dice = np.column_stack([np.ones(36), rng.random(36)])
     seg = Predictions([str(i) for i in range(36)], patients, dice, np.ones((36, 2)), 0.0)
     result = Segmentation(TaskInfo("segmentation", "volume3d", 2, (1, 4, 4, 4), ["bg", "fg"])).score(
-        seg, "test", tmp_path, eval_cfg, seed=1)
+        seg, "test", eval_cfg, seed=1)
     assert (result["ci_low"], result["ci_high"]) == metrics.dice_bootstrap_ci(dice, 100, 0.95, 1, groups=patients)

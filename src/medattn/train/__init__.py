@@ -1,6 +1,7 @@
 """Training and evaluation: the loop, objectives, reports, run folders, safe atomic checkpoints and DDP helpers."""
 
 from .loop import fit, make_loader, predict
-from .objectives import Predictions, score_split
+from .objectives import Predictions
+from .report import score_split
 
 __all__ = ["Predictions", "fit", "make_loader", "predict", "score_split"]

@@ -25,7 +25,8 @@ from medattn.errors import UserError, writing
 from medattn.runtime import distributed
 from medattn.runtime.checkpoint import task_from_dict, task_to_dict
 
-from .objectives import Predictions, objective_for, score_split
+from .objectives import Predictions, objective_for
+from .report import score_split
 
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,

@@ -294,7 +294,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, "bag size" if task.input_kind == "bag" else "image mean intensity")
         with writing(run_dir):
-            results["test"] = objective.score(test, "test", run_dir, config["eval"], config["seed"], label)
+            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""))
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))

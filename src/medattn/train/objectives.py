@@ -1,15 +1,16 @@
 """What is optimised and scored per task type, chosen in one place (:func:`objective_for`).
 
 * classification (binary, multi-class, multi-label; :class:`Classification`): cross-entropy; AUROC,
-  with a bootstrap CI over patients, a ROC PNG and per-sample probabilities;
+  with a bootstrap CI over patients;
 * segmentation (:class:`Segmentation`): soft Dice over the foreground classes + voxel cross-entropy;
-  mean foreground Dice, with a bootstrap CI over patients, per-class Dice and per-case Dice.
+  mean foreground Dice, with a bootstrap CI over patients, and per-class Dice.
+
+Objectives compute; they write nothing (the files of a scored split are :mod:`medattn.train.report`'s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,8 +21,6 @@ from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.runtime.predictor import probabilities
-
-from .report import output_names, write_cases, write_predictions
 
 
 @dataclass
@@ -77,10 +76,9 @@ class Classification:
     def val_score(self, pred: Predictions) -> float:
         return metrics.auroc(pred.outputs, pred.labels, self.task.task_type, "validation", self.task.class_names)
 
-    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
-        """AUROC, bootstrap CI, ROC PNG and predictions CSV of one split; an undefined AUROC becomes a note."""
+    def score(self, pred: Predictions, split: str, eval_cfg: dict, seed: int) -> dict:
+        """AUROC and its patient-level bootstrap CI of one split; an undefined AUROC becomes a note."""
         task = self.task
-        write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
         result: dict = {"n": len(pred.ids), "loss": pred.loss, "auroc": None, "ci_low": None, "ci_high": None}
         try:
             result["auroc"] = metrics.auroc(pred.outputs, pred.labels, task.task_type, split, task.class_names)
@@ -88,10 +86,6 @@ class Classification:
                 result["ci_low"], result["ci_high"] = metrics.bootstrap_ci(
                     pred.outputs, pred.labels, task.task_type, eval_cfg["bootstrap"], eval_cfg["ci"], seed,
                     groups=pred.patients)
-            title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}"
-            title += " (SYNTHETIC data)" if task.synthetic else ""
-            metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title,
-                             task.class_names)
         except metrics.UndefinedMetricError as error:
             result["note"] = str(error)
         return result
@@ -137,10 +131,9 @@ class Segmentation:
     def val_score(self, pred: Predictions) -> float:
         return metrics.mean_dice(pred.outputs, "validation")
 
-    def score(self, pred: Predictions, split: str, out_dir: Path, eval_cfg: dict, seed: int, label: str = "") -> dict:
-        """Mean foreground Dice with a bootstrap CI over cases, per-class Dice, per-case Dice CSV."""
+    def score(self, pred: Predictions, split: str, eval_cfg: dict, seed: int) -> dict:
+        """Mean foreground Dice with a bootstrap CI over cases, and per-class Dice."""
         names = output_names(self.task, pred.outputs.shape[1])
-        write_cases(pred, names, out_dir / f"predictions_{split}.csv")
         per_class = metrics.class_dice(pred.outputs)
         result: dict = {"n": len(pred.ids), "loss": pred.loss, "dice": None, "ci_low": None, "ci_high": None,
                         "dice_per_class": {n: None if np.isnan(v) else float(v) for n, v in zip(names, per_class)}}
@@ -178,12 +171,11 @@ def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: floa
     return Classification(task, label_smoothing, pos_weight)
 
 
+def output_names(task: TaskInfo, k: int) -> list[str]:
+    """The task's class names when there is one per output, else the output indices."""
+    return task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+
+
 def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:
     """The columns of metrics.csv."""
     return ("epoch", "lr", "train_loss", "val_loss", f"val_{objective.metric}", "seconds")
-
-
-def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
-                label: str = "") -> dict:
-    """Score one split and write its files, as the task's objective does (see :func:`objective_for`)."""
-    return objective_for(task).score(pred, split, Path(out_dir), eval_cfg, seed, label)

@@ -1,25 +1,44 @@
-"""What a run writes for people: per-epoch metrics, training curves, per-sample predictions, the summary and
-the warnings that a run learned nothing."""
+"""What a run writes for people: per-epoch metrics, training curves, per-sample predictions, ROC curves, the
+summary and the warnings that a run learned nothing. The objectives compute (:mod:`medattn.train.objectives`);
+this module writes."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from medattn import metrics
 from medattn.data.base import TaskInfo
 from medattn.errors import writing
 from medattn.runtime import distributed
 
-if TYPE_CHECKING:
-    from .objectives import Classification, Predictions, Segmentation
+from .objectives import Classification, Predictions, Segmentation, objective_for, output_names
 
 
-def output_names(task: TaskInfo, k: int) -> list[str]:
-    """The task's class names when there is one per output, else the output indices."""
-    return task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
+def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
+                label: str = "") -> dict:
+    """Score one split as the task's objective does (:func:`objective_for`) and write its files
+    (:func:`write_split`); -> the objective's result."""
+    result = objective_for(task).score(pred, split, eval_cfg, seed)
+    write_split(pred, task, split, Path(out_dir), result, label)
+    return result
+
+
+def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, label: str = "") -> None:
+    """``predictions_<split>.csv`` (classification: probabilities; segmentation: Dice per case) and, where the
+    AUROC is defined, ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
+    if task.task_type == "segmentation":
+        write_cases(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
+        return
+    write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
+    if result.get("auroc") is None:
+        return
+    ci = "" if result["ci_low"] is None else f" ({result['ci_low']:.3f}-{result['ci_high']:.3f})"
+    title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
+    title += " (SYNTHETIC data)" if task.synthetic else ""
+    metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title, task.class_names)
 
 
 def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
