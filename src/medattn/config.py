@@ -2,7 +2,8 @@
 
 The YAML is read with a ``yaml.SafeLoader`` (plus YAML 1.2's ``1e-3`` floats) and override values
 are parsed the same way (``train.lr=3e-4`` is a float, ``model.attention=seqnorm`` a string);
-nothing is ever evaluated. Keys outside :data:`DEFAULTS` are refused, except inside the free-form
+nothing is ever evaluated. Every key, with its default, rule and meaning, is listed once in :data:`KEYS`
+(:data:`DEFAULTS` and :data:`SCHEMA` are derived from it). Keys outside it are refused, except inside the free-form
 sections ``data`` (read by :func:`medattn.data.build_datasets`) and ``model.kwargs`` (keyword
 arguments for :func:`medattn.models.create_model`). The resolved config is saved with every run and checkpoint.
 
@@ -23,69 +24,6 @@ from pathlib import Path
 import yaml
 
 from medattn.errors import UserError
-
-DEFAULTS: dict = {
-    "name": "run",
-    "seed": 0,
-    "out": None,  # run folder; None -> runs/<name>
-    "data": {},  # free-form: the data builder's options; "kind" picks the data set
-    "model": {
-        "name": "vit2d_small",
-        "attention": "softmax",
-        "kwargs": {},  # free-form: create_model keyword arguments (e.g. attention_kwargs, drop_rate)
-    },
-    "train": {
-        "epochs": 100,
-        "batch_size": 32,
-        "eval_batch_size": None,  # None -> batch_size
-        "lr": None,  # null -> the model's own (medattn.train.defaults: 1e-4; attention-MIL 2e-4, CPU presets 5e-4)
-        "min_lr": 1e-6,
-        "weight_decay": None,  # null -> the model's own (0.05; attention-MIL 1e-5)
-        "betas": [0.9, 0.999],
-        "warmup_epochs": None,  # linear warm-up length, in epochs (fractions allowed); null -> the model's own
-        "optimizer": None,  # adamw | adam (weight decay as L2 in the gradient); null -> the model's own
-        "schedule": None,  # after the warm-up: cosine (to min_lr) | step | constant; null -> the model's own
-        "step_milestones": [0.5, 0.75],  # step schedule: fractions of the total steps where lr *= step_gamma
-        "step_gamma": 0.1,
-        "grad_clip": None,  # max global grad norm; 0 disables clipping; null -> the model's own (1.0; MIL: 0)
-        "grad_accum": 1,  # micro-batches per optimizer step
-        "precision": "fp32",  # fp32 | bf16 (autocast)
-        "activation_checkpointing": False,  # recompute each transformer block in backward: less memory, ~1/3 slower
-        "compile": False,  # torch.compile(model, fullgraph=True) for the training step (inductor; CPU: a C++ compiler)
-        "num_workers": 0,
-        "threads": None,  # torch intra-op threads; None -> medattn.threads.default_threads (free cores)
-        "device": "auto",  # auto | cpu | cuda | cuda:N
-        "skip_bad": False,
-        "loss": None,  # None -> the task's (cross-entropy; segmentation: dice_ce); dice = soft Dice only
-        "patch_size": None,  # segmentation: train on random patches of this size (medattn.data.patches)
-        "patch_foreground": None,  # share of patches centred on a foreground voxel; None -> 1/3
-        # the small-data recipe (docs/training.md): all off by default
-        "label_smoothing": 0.0,  # classification: targets y(1 - e) + e/K (binary: K = 2)
-        "pos_weight": None,  # binary/multi-label: positive-class weight, a number or "balanced" (n_neg / n_pos)
-        "class_balance": False,  # draw training samples with equal total weight per class (with replacement)
-        "layer_decay": None,  # layer-wise lr decay: block i of L gets lr * decay^(L + 1 - i); None = 1 (off)
-        "ema": None,  # decay of an exponential moving average of the weights, evaluated and checkpointed
-        "instance_dropout": 0.0,  # bags: fraction of each training bag's instances dropped per step
-    },
-    "eval": {
-        "bootstrap": 1000,  # resamples for the test AUROC's confidence interval
-        "ci": 0.95,
-        "sliding_window": None,  # segmentation: None -> on when train.patch_size is set (medattn.runtime.sliding)
-        "window_overlap": None,  # overlap of neighbouring windows, in [0, 1); None -> 0.5
-    },
-    "task": "supervised",  # supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)
-    "diffusion": {  # the two diffusion stages (medattn.diffusion); unused by supervised runs
-        "vqae_checkpoint": None,  # stage 2: the stage-1 (diffusion_vqae) run folder or checkpoint
-        "perceptual_net": None,  # stage 1: a local torch.export .pt2 network for the perceptual term
-        "perceptual_weight": 0.0,  # stage 1: weight of that term (0 = off)
-        "gradient_weight": 0.0,  # stage 1: weight of the weight-free gradient-difference term (0 = off)
-        "timesteps": 256,  # stage 2: absorbing-diffusion steps T of the masking schedule
-        "sample_steps": 200,  # steps revealing the unknown tokens when sampling
-        "temperature": 0.8,  # sampling temperature
-        "mask_fraction": 0.5,  # centre mask: the unknown box's share of each latent axis (test inpainting)
-    },
-}
-
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused before it is read
 MAX_CONFIG_VALUES = 100_000  # nodes of the document with every alias expanded (a "billion laughs" bound)
@@ -250,75 +188,147 @@ MAPPING = Rule("a mapping of keys to values", lambda v: isinstance(v, dict))
 PRECISIONS = ("fp32", "bf16")
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
-# key -> what it may hold: the one table the resolved config is checked against, parents before children.
-SCHEMA: dict[str, Rule] = {
-    "name": _text(),
-    "seed": _integer(0, 2**32 - 1),
-    "out": _text(optional=True),
-    "data": MAPPING,
-    "data.kind": Rule("the name of a data kind (e.g. data.kind=synthetic_cxr)",
-                      lambda v: isinstance(v, str) and bool(v)),
-    "model": MAPPING,
-    "model.name": _text(),
-    "model.attention": _text(optional=True),
-    "model.kwargs": MAPPING,
-    "train": MAPPING,
-    "train.epochs": _integer(1, 1_000_000),
-    "train.batch_size": _integer(1, 1 << 20),
-    "train.eval_batch_size": _integer(1, 1 << 20, optional=True),
-    "train.lr": _number(0, low_open=True, optional=True),
-    "train.min_lr": _number(0),
-    "train.weight_decay": _number(0, optional=True),
-    "train.betas": Rule("two numbers in [0, 1), e.g. [0.9, 0.999]",
-                        lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-                        and all(_is_number(b) and 0 <= b < 1 for b in v)),
-    "train.warmup_epochs": _number(0, optional=True),
-    "train.optimizer": Rule("adamw, adam or null", lambda v: v in ("adamw", "adam", None)),
-    "train.schedule": Rule("cosine, step, constant or null", lambda v: v in ("cosine", "step", "constant", None)),
-    "train.step_milestones": Rule("a list of increasing numbers in (0, 1] (fractions of the total steps)",
-                                  lambda v: isinstance(v, list) and all(_is_number(m) and 0 < m <= 1 for m in v)
-                                  and list(v) == sorted(v)),
-    "train.step_gamma": Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
-    "train.grad_clip": _number(0, optional=True),
-    "train.grad_accum": _integer(1, 1 << 20),
-    "train.precision": Rule(f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
-    "train.num_workers": _integer(0, 1024),
-    "train.threads": _integer(1, 4096, optional=True),
-    "train.activation_checkpointing": Rule("true or false", lambda v: isinstance(v, bool)),
-    "train.compile": Rule("true or false", lambda v: isinstance(v, bool)),
-    "train.device": Rule("auto, cpu, mps, cuda or cuda:N", lambda v: isinstance(v, str)
-                         and DEVICE_PATTERN.fullmatch(v) is not None),
-    "train.skip_bad": Rule("true or false", lambda v: isinstance(v, bool)),
-    "train.loss": Rule("null, dice_ce or dice (segmentation)", lambda v: v in (None, "dice_ce", "dice")),
-    "train.patch_size": Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
-                             or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
-                                                            and all(_is_int(m) and m > 0 for m in v))),
-    "train.label_smoothing": Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
-    "train.pos_weight": Rule("null, a number > 0 or \"balanced\"", lambda v: v is None or v == "balanced"
-                             or (_is_number(v) and v > 0)),
-    "train.class_balance": Rule("true or false", lambda v: isinstance(v, bool)),
-    "train.layer_decay": Rule("null or a number in (0, 1]", lambda v: v is None or (_is_number(v) and 0 < v <= 1)),
-    "train.ema": Rule("null or a number in (0, 1)", lambda v: v is None or (_is_number(v) and 0 < v < 1)),
-    "train.instance_dropout": Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
-    "train.patch_foreground": Rule("null or a number from 0 to 1", lambda v: v is None or (_is_number(v)
-                                                                                         and 0 <= v <= 1)),
-    "eval": MAPPING,
-    "eval.bootstrap": _integer(0, 1_000_000),
-    "eval.ci": Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1),
-    "eval.sliding_window": Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
-    "eval.window_overlap": Rule("null or a number in [0, 1)", lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
-    "task": Rule("supervised, diffusion_vqae or diffusion_transformer",
-                 lambda v: v in ("supervised", "diffusion_vqae", "diffusion_transformer")),
-    "diffusion": MAPPING,
-    "diffusion.vqae_checkpoint": _text(optional=True),
-    "diffusion.perceptual_net": _text(optional=True),
-    "diffusion.perceptual_weight": _number(0),
-    "diffusion.gradient_weight": _number(0),
-    "diffusion.timesteps": _integer(1, 1_000_000),
-    "diffusion.sample_steps": _integer(1, 1_000_000),
-    "diffusion.temperature": _number(0, low_open=True),
-    "diffusion.mask_fraction": Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
+REQUIRED = object()  # the default of a key every config must set (data.kind)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its default (:data:`REQUIRED`: none, the config must set it), what it may hold, and what
+    it means (the line ``docs/training.md`` and the error messages read)."""
+
+    default: object
+    rule: Rule
+    help: str = ""
+
+
+def _choice(*values) -> Rule:
+    shown = [("null" if v is None else str(v)) for v in values]
+    return Rule(", ".join(shown[:-1]) + f" or {shown[-1]}", lambda v: v in values)
+
+
+BOOLEAN = Rule("true or false", lambda v: isinstance(v, bool))
+
+#: The one list of config keys: default, rule and meaning. A section (``train``) is a mapping of its keys;
+#: ``data`` and ``model.kwargs`` are free-form mappings (their keys belong to the data builder and the model).
+KEYS: dict[str, Key] = {
+    "name": Key("run", _text()),
+    "seed": Key(0, _integer(0, 2**32 - 1)),
+    "out": Key(None, _text(optional=True), "run folder; null -> runs/<name>"),
+    "data": Key({}, MAPPING, "free-form: the data builder's options; kind picks the data set"),
+    "data.kind": Key(REQUIRED, Rule("the name of a data kind (e.g. data.kind=synthetic_cxr)",
+                                    lambda v: isinstance(v, str) and bool(v))),
+    "model.name": Key("vit2d_small", _text()),
+    "model.attention": Key("softmax", _text(optional=True)),
+    "model.kwargs": Key({}, MAPPING, "free-form: create_model keyword arguments (e.g. attention_kwargs, drop_rate)"),
+    "train.epochs": Key(100, _integer(1, 1_000_000)),
+    "train.batch_size": Key(32, _integer(1, 1 << 20)),
+    "train.eval_batch_size": Key(None, _integer(1, 1 << 20, optional=True), "null -> batch_size"),
+    "train.lr": Key(None, _number(0, low_open=True, optional=True),
+                    "null -> the model's own (medattn.train.defaults: 1e-4; attention-MIL 2e-4, CPU presets 5e-4)"),
+    "train.min_lr": Key(1e-6, _number(0)),
+    "train.weight_decay": Key(None, _number(0, optional=True), "null -> the model's own (0.05; attention-MIL 1e-5)"),
+    "train.betas": Key([0.9, 0.999], Rule("two numbers in [0, 1), e.g. [0.9, 0.999]",
+                                          lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                                          and all(_is_number(b) and 0 <= b < 1 for b in v))),
+    "train.warmup_epochs": Key(None, _number(0, optional=True),
+                               "linear warm-up length, in epochs (fractions allowed); null -> the model's own"),
+    "train.optimizer": Key(None, _choice("adamw", "adam", None),
+                           "adamw | adam (weight decay as L2 in the gradient); null -> the model's own"),
+    "train.schedule": Key(None, _choice("cosine", "step", "constant", None),
+                          "after the warm-up: cosine (to min_lr) | step | constant; null -> the model's own"),
+    "train.step_milestones": Key([0.5, 0.75], Rule(
+        "a list of increasing numbers in (0, 1] (fractions of the total steps)",
+        lambda v: isinstance(v, list) and all(_is_number(m) and 0 < m <= 1 for m in v) and list(v) == sorted(v)),
+        "step schedule: fractions of the total steps where lr *= step_gamma"),
+    "train.step_gamma": Key(0.1, Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1)),
+    "train.grad_clip": Key(None, _number(0, optional=True),
+                           "max global grad norm; 0 disables clipping; null -> the model's own (1.0; MIL: 0)"),
+    "train.grad_accum": Key(1, _integer(1, 1 << 20), "micro-batches per optimizer step"),
+    "train.precision": Key("fp32", _choice(*PRECISIONS), "fp32 | bf16 (autocast)"),
+    "train.activation_checkpointing": Key(False, BOOLEAN,
+                                          "recompute each transformer block in backward: less memory, ~1/3 slower"),
+    "train.compile": Key(False, BOOLEAN,
+                         "torch.compile(model, fullgraph=True) for the training step (inductor; CPU: a C++ compiler)"),
+    "train.num_workers": Key(0, _integer(0, 1024)),
+    "train.threads": Key(None, _integer(1, 4096, optional=True),
+                         "torch intra-op threads; null -> medattn.threads.default_threads (free cores)"),
+    "train.device": Key("auto", Rule("auto, cpu, mps, cuda or cuda:N",
+                                     lambda v: isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None)),
+    "train.skip_bad": Key(False, BOOLEAN),
+    "train.loss": Key(None, _choice(None, "dice_ce", "dice"),
+                      "null -> the task's (cross-entropy; segmentation: dice_ce); dice = soft Dice only"),
+    "train.patch_size": Key(None, Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
+                                       or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
+                                                                      and all(_is_int(m) and m > 0 for m in v))),
+                            "segmentation: train on random patches of this size (medattn.data.patches)"),
+    "train.patch_foreground": Key(None, Rule("null or a number from 0 to 1",
+                                             lambda v: v is None or (_is_number(v) and 0 <= v <= 1)),
+                                  "share of patches centred on a foreground voxel; null -> 1/3"),
+    "train.label_smoothing": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
+                                 "classification: targets y(1 - e) + e/K (binary: K = 2)"),
+    "train.pos_weight": Key(None, Rule("null, a number > 0 or \"balanced\"", lambda v: v is None or v == "balanced"
+                                       or (_is_number(v) and v > 0)),
+                            "binary/multi-label: positive-class weight, a number or balanced (n_neg / n_pos)"),
+    "train.class_balance": Key(False, BOOLEAN,
+                               "draw training samples with equal total weight per class (with replacement)"),
+    "train.layer_decay": Key(None, Rule("null or a number in (0, 1]",
+                                        lambda v: v is None or (_is_number(v) and 0 < v <= 1)),
+                             "layer-wise lr decay: block i of L gets lr * decay^(L + 1 - i); null = 1 (off)"),
+    "train.ema": Key(None, Rule("null or a number in (0, 1)", lambda v: v is None or (_is_number(v) and 0 < v < 1)),
+                     "decay of an exponential moving average of the weights, evaluated and checkpointed"),
+    "train.instance_dropout": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
+                                  "bags: fraction of each training bag's instances dropped per step"),
+    "eval.bootstrap": Key(1000, _integer(0, 1_000_000), "resamples for the test AUROC's confidence interval"),
+    "eval.ci": Key(0.95, Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1)),
+    "eval.sliding_window": Key(None, Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
+                               "segmentation: null -> on when train.patch_size is set (medattn.runtime.sliding)"),
+    "eval.window_overlap": Key(None, Rule("null or a number in [0, 1)",
+                                          lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
+                               "overlap of neighbouring windows, in [0, 1); null -> 0.5"),
+    "task": Key("supervised", _choice("supervised", "diffusion_vqae", "diffusion_transformer"),
+                "supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)"),
+    "diffusion.vqae_checkpoint": Key(None, _text(optional=True),
+                                     "stage 2: the stage-1 (diffusion_vqae) run folder or checkpoint"),
+    "diffusion.perceptual_net": Key(None, _text(optional=True),
+                                    "stage 1: a local torch.export .pt2 network for the perceptual term"),
+    "diffusion.perceptual_weight": Key(0.0, _number(0), "stage 1: weight of that term (0 = off)"),
+    "diffusion.gradient_weight": Key(0.0, _number(0), "stage 1: weight of the weight-free gradient-difference term"),
+    "diffusion.timesteps": Key(256, _integer(1, 1_000_000), "stage 2: absorbing-diffusion steps T of the schedule"),
+    "diffusion.sample_steps": Key(200, _integer(1, 1_000_000), "steps revealing the unknown tokens when sampling"),
+    "diffusion.temperature": Key(0.8, _number(0, low_open=True), "sampling temperature"),
+    "diffusion.mask_fraction": Key(0.5, Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
+                                   "centre mask: the unknown box's share of each latent axis (test inpainting)"),
 }
+
+
+def _sections(keys: dict[str, Key]) -> dict[str, Rule]:
+    """Every key with its parent sections before it (a section must be a mapping)."""
+    schema: dict[str, Rule] = {}
+    for name, key in keys.items():
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            schema.setdefault(".".join(parts[:depth]), MAPPING)
+        schema[name] = key.rule
+    return schema
+
+
+def _defaults(keys: dict[str, Key]) -> dict:
+    """The nested default config of :data:`KEYS` (keys without a default left out)."""
+    config: dict = {}
+    for name, key in keys.items():
+        *sections, leaf = name.split(".")
+        node = config
+        for section in sections:
+            node = node.setdefault(section, {})
+        if key.default is not REQUIRED:
+            node[leaf] = copy.deepcopy(key.default)
+    return config
+
+
+#: The defaults, nested as a config is (from :data:`KEYS`).
+DEFAULTS: dict = _defaults(KEYS)
+#: key -> what it may hold, parents before children (from :data:`KEYS`): what :func:`validate` checks.
+SCHEMA: dict[str, Rule] = _sections(KEYS)
 
 
 def validate(config: dict, source: str = "") -> None:
