@@ -19,7 +19,6 @@ import torch
 
 from medattn.bench.common import environment, peak_rss_bytes
 from medattn.models import create_model
-from medattn.models.streaming import wsi_forward_streaming
 
 
 class SyntheticBag:
@@ -53,13 +52,13 @@ def main() -> None:
     small = SyntheticBag(args.check_tokens, 2048)
     with torch.no_grad():
         unchunked = model(small[0:args.check_tokens][None])
-    streamed = wsi_forward_streaming(model, small, chunk_size=args.chunk_size // 4)
+    streamed = model.forward_streaming(small, chunk_size=args.chunk_size // 4)
     difference = (streamed - unchunked).abs().max().item()
     rss_before = peak_rss_bytes()
 
     started = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-        logits = wsi_forward_streaming(model, SyntheticBag(args.tokens, 2048), chunk_size=args.chunk_size)
+        logits = model.forward_streaming(SyntheticBag(args.tokens, 2048), chunk_size=args.chunk_size)
     seconds = time.perf_counter() - started
     result = {
         "tokens": args.tokens, "chunk_size": args.chunk_size, "seconds": round(seconds, 2),

@@ -307,10 +307,25 @@ def test_overwrite_that_fails_before_its_first_checkpoint_keeps_the_previous_run
     with pytest.raises(RuntimeError, match="unreadable sample"):
         fit(config, bundle, tmp_path / "fresh", progress=False, log=lambda m: None)
     assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == [".lock"]
-    # once the new run has a checkpoint, it replaces the previous run
+    # once the new run is complete, it replaces the previous run
     _fit(tiny_config("train.epochs=1", "seed=3"), tmp_path / "run", overwrite=True)
     assert _snapshot(tmp_path / "run")["config.yaml"] != before["config.yaml"]
     assert not (tmp_path / "run/.previous").exists()
+
+
+def test_overwrite_that_fails_after_training_keeps_the_previous_run(tmp_path):
+    """The transaction holds to the end: a test sample broken only past what the checks read fails after training
+    (and after the new run's checkpoints), and the previous run's results, predictions and curves are all back."""
+    config = tiny_config("train.epochs=1")
+    _fit(config, tmp_path / "run")
+    before = _snapshot(tmp_path / "run")
+    bundle = image_bundle()
+    bundle.test = Broken()
+    with pytest.raises(RuntimeError, match="unreadable sample"):
+        fit(tiny_config("train.epochs=2", "seed=5"), bundle, tmp_path / "run", overwrite=True, progress=False,
+            log=lambda m: None)
+    assert _snapshot(tmp_path / "run") == before
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")) == [".lock"]
 
 
 def test_a_killed_overwrite_gets_the_previous_run_back(tmp_path):

@@ -40,3 +40,14 @@ def test_ctrl_c_before_the_first_epoch_finished_says_nothing_is_kept(tmp_path, m
     assert main(["train", *ARGS, "--out", str(tmp_path / "run"), "--no-progress"]) == 130
     err = capsys.readouterr().err.strip()
     assert "no epoch had finished" in err and "\n" not in err
+
+
+def test_ctrl_c_during_an_overwrite_brings_the_previous_run_back(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *ARGS, "train.epochs=1", "--out", str(run), "--no-progress"]) == 0
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    _interrupt_in_epoch(monkeypatch, 2)
+    assert main(["train", *ARGS, "seed=4", "--out", str(run), "--overwrite", "--no-progress"]) == 130
+    assert "is back as it was" in capsys.readouterr().err
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before

@@ -36,6 +36,9 @@ def interrupted(args: argparse.Namespace) -> str:
         run_dir = run_dir_of(load_config(args.config, args.overrides), args.out)
     except Exception:  # interrupted while the config was read: nothing was written
         return "nothing was written"
+    if args.overwrite:
+        return f"the run that was in {run_dir} is back as it was (--overwrite replaces it only when the new run is " \
+               f"complete)"
     if not (run_dir / "checkpoints" / "last").is_dir():
         return f"no epoch had finished, nothing to resume in {run_dir}; run the command again"
     again = " ".join(["medattn train", args.config, *args.overrides, "--out", str(run_dir), "--resume"])

@@ -87,8 +87,8 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
     device = distributed.setup(config["train"]["device"])
     stage = train_vqae if config["task"] == "diffusion_vqae" else train_transformer
     run_dir = Path(run_dir)
-    with run_folder(run_dir, False, overwrite) as keep:
-        return stage(config, run_dir, keep, device, log)
+    with run_folder(run_dir, False, overwrite):
+        return stage(config, run_dir, device, log)
 
 
 def _start(config: dict, run_dir: Path, log: Callable[[str], None]) -> VolumeSets:
@@ -140,7 +140,7 @@ def _meta(config: dict, sets: VolumeSets, epoch: int, extra: dict | None = None)
                                             "synthetic": sets.synthetic, "epoch": epoch, **(extra or {})}}
 
 
-def train_vqae(config: dict, run_dir: Path, keep: Callable[[], None], device: torch.device,
+def train_vqae(config: dict, run_dir: Path, device: torch.device,
                log: Callable[[str], None]) -> dict:
     """Stage 1 inside its held run folder (see the module docstring)."""
     sets = _start(config, run_dir, log)
@@ -186,7 +186,6 @@ def train_vqae(config: dict, run_dir: Path, keep: Callable[[], None], device: to
                "val_l1": val["l1"], "val_psnr": val["psnr"], "codebook_usage": float(vqae.codebook.usage().mean()),
                "seconds": time.perf_counter() - started}
         save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch))
-        keep()
         if best is None or val["l1"] < best[1]:
             best = (epoch, val["l1"])
             save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch))
@@ -223,7 +222,7 @@ def _encode_all(vqae, dataset, device: torch.device) -> torch.Tensor:
     return torch.cat(grids).flatten(1, 3)
 
 
-def train_transformer(config: dict, run_dir: Path, keep: Callable[[], None], device: torch.device,
+def train_transformer(config: dict, run_dir: Path, device: torch.device,
                       log: Callable[[str], None]) -> dict:
     """Stage 2 inside its held run folder (see the module docstring)."""
     sets = _start(config, run_dir, log)
@@ -260,7 +259,6 @@ def train_transformer(config: dict, run_dir: Path, keep: Callable[[], None], dev
         row = {"epoch": epoch, "lr": lr, "train_loss": total / count, "val_loss": val_loss,
                "seconds": time.perf_counter() - started}
         save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch, extra))
-        keep()
         if best is None or val_loss < best[1]:
             best = (epoch, val_loss)
             save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch, extra))

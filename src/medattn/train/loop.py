@@ -85,15 +85,15 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     if device is None:
         device = open_device(config["train"]["device"])  # joins the process group: ranks known from here
     run_dir = Path(run_dir)
-    with run_folder(run_dir, resume, overwrite) as keep:
-        return _fit(config, bundle, run_dir, keep, resume=resume, init_from=init_from, progress=progress,
+    with run_folder(run_dir, resume, overwrite):
+        return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
                     device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen)
 
 
-def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], None], *, resume: bool,
+def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict) -> dict:
-    """:func:`fit` inside its held run folder; ``keep()`` after the first checkpoint (see ``run_folder``).
+    """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
     ``chosen``: the training values defaults chose (recorded with the data's and the model's)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     log = log if distributed.is_main() else (lambda message: None)
@@ -171,7 +171,6 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, keep: Callable[[], Non
             state["ema_updates"] = 0 if ema is None else ema.updates
             checkpoint.save(run_dir / "checkpoints" / "last", model, epoch_meta, optimizer, state,
                             extra_tensors=None if ema is None else ema.state_dict())
-            keep()
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
             f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))

@@ -1,4 +1,4 @@
-"""The run folder: one run at a time (a lock), nothing lost on ``--overwrite`` with bad input, tidy after a kill.
+"""The run folder: one run at a time (a lock), ``--overwrite`` as a transaction, tidy after a kill.
 
 Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
 
@@ -26,7 +26,7 @@ from medattn.runtime import checkpoint, distributed
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
              "results.json")
 LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
-PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run's first checkpoint
+PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run is complete
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -48,37 +48,35 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
 def run_folder(run_dir: Path, resume: bool, overwrite: bool):
     """Hold ``run_dir`` for one run: lock it, tidy up after a killed run, check it, set an overwritten run aside.
 
-    Yields ``keep``, to call once the new run has written a checkpoint: from then on the new run stands
-    and the previous one (moved to ``.previous``) is deleted. If the block fails before that, the new
-    run's files are removed and the previous run is put back, so ``--overwrite`` with bad input loses
-    nothing. A second run on a locked folder gets a UserError at once. Only the main rank touches files.
+    ``--overwrite`` is a transaction: the previous run waits in ``.previous`` until the block ends; only when
+    the new run is complete (the block returns) is it deleted. On any failure inside the block (bad input
+    found early or after training, Ctrl-C) the new run's files are removed and the previous run comes back;
+    after SIGKILL the next command on the folder puts it back (:func:`_recover`). A fresh run that fails
+    keeps its checkpoints (``--resume`` continues it). A second run on a locked folder gets a UserError at
+    once. Only the main rank touches files.
     """
     run_dir = Path(run_dir)
     if not distributed.is_main():
         check_run_dir(run_dir, resume, overwrite)  # every rank stops on a folder it may not use
         distributed.barrier()
-        yield lambda: None
+        yield
         return
     with _locked(run_dir):
         _recover(run_dir)
         check_run_dir(run_dir, resume, overwrite)
-        if not resume:
+        overwriting = not resume and any((run_dir / name).exists() for name in RUN_FILES)
+        if overwriting:
             _move_run(run_dir, run_dir / PREVIOUS)
         distributed.barrier()
-        kept = resume
-
-        def keep() -> None:
-            nonlocal kept
-            if not kept:
-                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)
-                kept = True
-
         try:
-            yield keep
+            yield
         except BaseException:
-            if not kept:
+            if overwriting:
                 _put_back(run_dir)
+            elif not resume and not (run_dir / "checkpoints" / "last").exists():
+                _put_back(run_dir)  # a fresh run that wrote no checkpoint leaves nothing half-made
             raise
+        shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -124,14 +122,11 @@ def _put_back(run_dir: Path) -> None:
 
 
 def _recover(run_dir: Path) -> None:
-    """After a run killed outright (the lock is ours, so its owner is gone): a previous run it had set
-    aside comes back unless the killed run got as far as a checkpoint; unfinished checkpoint writes go."""
+    """After a run killed outright (the lock is ours, so its owner is gone): a previous run it had set aside
+    comes back (the killed run was not complete); unfinished checkpoint writes go."""
     checkpoint.clean_stale(run_dir / "checkpoints")
     if (run_dir / PREVIOUS).is_dir():
-        if (run_dir / "checkpoints" / "last").is_dir():
-            shutil.rmtree(run_dir / PREVIOUS)
-        else:
-            _put_back(run_dir)
+        _put_back(run_dir)
 
 
 def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("out",)) -> list[str]:
