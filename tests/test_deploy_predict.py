@@ -75,7 +75,8 @@ def test_columns_threshold_and_provenance(image_run, capsys):
         assert float(row["threshold_label"]) == pytest.approx(stored, abs=1e-6)
         assert int(row["pred_label"]) == int(float(row["prob_label"]) >= stored)
     for cut, expected in (("0", "1"), ("1", "0")):
-        assert main(["predict", str(run), *files, "--threshold", cut, "--out", str(image_run / "t.csv")]) == 0
+        assert main(["predict", str(run), *files, "--threshold", cut, "--out", str(image_run / "t.csv"),
+                     "--overwrite"]) == 0
         assert {r["pred_label"] for r in _rows(image_run / "t.csv")} == {expected}
     capsys.readouterr()
     assert main(["predict", str(run), *files, "--threshold", "2", "--out", str(image_run / "t.csv")]) == 2

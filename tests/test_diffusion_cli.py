@@ -61,7 +61,10 @@ def test_two_stages_and_inpainting_end_to_end(tmp_path, capsys):
     mask[0, 0, 0] = 1
     nib.save(nib.Nifti1Image(mask, affine), tmp_path / "mask.nii.gz")
     assert main(["inpaint", str(stage1), str(tmp_path / "case.nii.gz"), "--mask", str(tmp_path / "mask.nii.gz"),
-                 "--method", "random", "--out", str(out)]) == 0
+                 "--method", "random", "--out", str(out)]) == 2  # the first call's outputs are not replaced ...
+    assert "refusing to replace it" in capsys.readouterr().err
+    assert main(["inpaint", str(stage1), str(tmp_path / "case.nii.gz"), "--mask", str(tmp_path / "mask.nii.gz"),
+                 "--method", "random", "--out", str(out), "--overwrite"]) == 0  # ... unless asked
     assert list(csv.DictReader(open(out / "scores.csv")))[0]["masked_tokens"] == "1"
 
     # bad input: wrong size, missing checkpoint, a stage-1 checkpoint for diffusion, stage 2 without stage 1

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (case i uses seed + i)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace outputs already in --out (inputs are never written over)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     rows = inpaint_files(args.checkpoint, [Path(v) for v in args.volumes], Path(args.out), mask=args.mask,
                          method=args.method, mask_fraction=args.mask_fraction, steps=args.steps,
-                         temperature=args.temperature, seed=args.seed)
+                         temperature=args.temperature, seed=args.seed, overwrite=args.overwrite)
     for row in rows:
         print(f"{row['case']}: PSNR {row['psnr']:.2f} dB, SSIM {row['ssim']:.4f} ({row['method']}, "
               f"{row['masked_tokens']} unknown tokens)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from medattn.errors import UserError, writing
+from medattn.errors import UserError
 
 from .evaluate import positive_int
 
@@ -38,12 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label-dir", default=None,
                         help="segmentation: folder for the NIfTI label maps (default: <out>_labels beside the CSV)")
     parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out CSV and label maps (inputs are never written over)")
 
 
 def run(args: argparse.Namespace) -> int:
     from medattn.data.preprocessing import sample_paths
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
+    from medattn.runtime.outputs import OutputFolder
+    from medattn.runtime.threshold import parse_thresholds
     from medattn.text import write_csv
 
     runner = open_model(args.checkpoint)
@@ -51,20 +55,25 @@ def run(args: argparse.Namespace) -> int:
     inputs = sample_paths(prep, args.files, args.subtract)
     if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
+    if args.threshold is not None:
+        parse_thresholds(args.threshold, prep.num_outputs)  # every argument before the outputs are checked
     out = Path(args.out)
     label_dir = Path(args.label_dir) if args.label_dir else out.with_name(f"{out.stem}_labels")
-    if prep.task_type == "segmentation":
-        with writing(label_dir):
-            label_dir.mkdir(parents=True, exist_ok=True)
-    table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir)
-    write_csv(out, table.header, table.rows)
+    folder = OutputFolder(out.parent, [p for paths in inputs for p in paths], args.overwrite)
+    skipped = f"{out.stem}_skipped.csv"
+    for name in (out.name, *([skipped] if args.skip_bad else [])):  # before any prediction
+        folder.path(name)
+    table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir, args.overwrite)
+    with folder.write(out.name) as tmp:
+        write_csv(tmp, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{tag}")
     if table.threshold_source:
         print(f"threshold: {table.threshold_source}")
     if args.skip_bad:
-        skipped = out.with_name(f"{out.stem}_skipped.csv")
-        write_csv(skipped, ["file", "reason"], [list(b) for b in table.bad])
+        with folder.write(skipped) as tmp:
+            write_csv(tmp, ["file", "reason"], [list(b) for b in table.bad])
         if table.bad:
-            print(f"skipped {len(table.bad)} bad file(s) (--skip-bad), listed with reasons in {skipped}")
+            print(f"skipped {len(table.bad)} bad file(s) (--skip-bad), listed with reasons in "
+                  f"{out.with_name(skipped)}")
     return 0

@@ -45,9 +45,12 @@ class PredictionTable:
 
 
 def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
-                  threshold: str | None = None, label_dir: Path | None = None) -> PredictionTable:
+                  threshold: str | None = None, label_dir: Path | None = None, overwrite: bool = False) -> \
+        PredictionTable:
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
-    the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``."""
+    the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
+    (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
+    ``overwrite``; every name is checked before the first prediction)."""
     prep = runner.preprocessing
     dataset = inference_dataset(prep, inputs, skip_bad)
     if prep.slice_axis is not None:
@@ -58,12 +61,17 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
-        from .segmentation import write_label_map
+        from medattn.runtime.outputs import OutputFolder
+
+        from .segmentation import label_map_name, write_label_map
 
         table.header = ["file", "label_map", *[f"voxels_{n}" for n in names[1:]],
                         *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
-        label_dir = Path(label_dir) if label_dir is not None else Path("label_maps")
-        label_dir.mkdir(parents=True, exist_ok=True)
+        maps = OutputFolder(label_dir if label_dir is not None else "label_maps",
+                            [p for item in dataset.items for p in item.paths], overwrite)
+        stems = {item.id: maps.stem_for(item.paths[0]) for item in dataset.items}
+        for item in dataset.items:
+            maps.path(label_map_name(item.paths[0], prep, stems[item.id]))
     else:
         sides = ["side"] if prep.split_sides else []
         if prep.task_type == "multiclass":
@@ -73,7 +81,6 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
         table.header = ["file", *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
     items = {item.id: item for item in dataset.items}
-    used: dict[str, int] = {}
     for batch in loader:
         probabilities = runner.probabilities(batch)
         for sample_id, p in zip(batch["id"], probabilities):
@@ -81,11 +88,8 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                 continue
             item = items[sample_id]
             if segmentation:
-                stem = _stem(item.paths[0])
-                used[stem] = used.get(stem, 0) + 1  # two inputs of one name (other folders) get two maps
-                name = f"{stem}{'' if used[stem] == 1 else f'_{used[stem]}'}"
-                labels = torch.from_numpy(np.asarray(p).argmax(0))
-                out, voxels, volumes = write_label_map(labels, item.paths[0], prep, label_dir / name)
+                labels = torch.from_numpy(np.asarray(p).argmax(0))  # inputs of one name get <name>, <name>_2, ...
+                out, voxels, volumes = write_label_map(labels, item.paths[0], prep, maps, stems[sample_id])
                 sizes = [f"{v:.3f}" for v in volumes] if volumes is not None else [""] * len(voxels)
                 table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance])
                 continue
@@ -103,11 +107,3 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             seen.add(item.paths)
             table.bad.append((", ".join(map(str, item.paths)), reason))
     return table
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".nii.gz", ".nii"):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem

@@ -43,10 +43,19 @@ def structure_counts(array: np.ndarray, num_classes: int) -> list[int]:
     return [int(counts[k]) for k in range(1, num_classes)]
 
 
-def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, stem: Path) -> tuple[Path, list[int],
-                                                                                                   list[float] | None]:
-    """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written beside ``stem``
-    on the input's grid: ``<stem>_labels.nii.gz`` (volumes) or ``<stem>_labels.png`` (2D images). Returns (the
+def label_map_name(path: Path, prep: Preprocessing, stem: str) -> str:
+    """The file name of input ``path``'s label map: ``<stem>_labels.png`` for a 2D image given to a slice model,
+    else ``<stem>_labels.nii.gz``."""
+    from medattn.data.slices import is_volume_file
+
+    image = prep.slice_axis is not None and not is_volume_file(path)
+    return f"{stem}_labels.png" if image else f"{stem}_labels.nii.gz"
+
+
+def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, stem: str
+                    ) -> tuple[Path, list[int], list[float] | None]:
+    """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written into ``out``
+    (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`. Returns (the
     file, voxels per class 1..K-1, mm^3 per class or None for 2D images)."""
     from medattn.data.slices import is_volume_file
     from medattn.data.volumes import uncrop_or_unpad, write_nifti
@@ -58,12 +67,13 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, stem:
 
         size = tuple(read_image(path).shape[1:])
         array = uncrop_or_unpad(labels.to(torch.int64), size).numpy().astype(np.uint8)
-        out = stem.with_name(f"{stem.name}_labels.png")
-        Image.fromarray(array).save(out)
-        return out, structure_counts(array, prep.num_outputs), None
+        with out.write(label_map_name(path, prep, stem)) as tmp:
+            Image.fromarray(array).save(tmp, format="PNG")
+        return out.path(label_map_name(path, prep, stem)), structure_counts(array, prep.num_outputs), None
     if prep.slice_axis is not None:
         labels = labels.movedim(-1, prep.slice_axis)
     array, affine = to_input_grid(labels, path, prep)
-    out = stem.with_name(f"{stem.name}_labels.nii.gz")
-    write_nifti(out, array, affine)
-    return out, structure_counts(array, prep.num_outputs), structure_volumes(array, affine, prep.num_outputs)
+    with out.write(label_map_name(path, prep, stem)) as tmp:
+        write_nifti(tmp, array, affine)
+    volumes = structure_volumes(array, affine, prep.num_outputs)
+    return out.path(label_map_name(path, prep, stem)), structure_counts(array, prep.num_outputs), volumes

@@ -15,27 +15,49 @@ import numpy as np
 import torch
 
 from medattn.data.files import check_regular
-from medattn.data.volumes import is_nifti, normalise, write_nifti
+from medattn.data.volumes import check_volume_header, is_nifti, normalise, write_nifti
 from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, voxel_mask_to_tokens
 from medattn.diffusion.model import load_stage
 from medattn.diffusion.vqae import patch_grid
-from medattn.errors import UserError, writing
+from medattn.errors import UserError
+from medattn.runtime.outputs import OutputFolder
 
 SCORE_FIELDS = ("case", "method", "masked_tokens", "psnr", "ssim", "psnr_masked", "psnr_recon", "ssim_recon")
+
+
+def check_nifti(path: Path) -> None:
+    """A regular NIfTI file whose header reads and whose data are not cut short (cheap: nothing decoded)."""
+    if not is_nifti(path):
+        raise UserError(f"{path}: expected a NIfTI file (.nii, .nii.gz)")
+    try:
+        check_regular(path)
+        check_volume_header(path)
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"{path}: unreadable NIfTI ({str(error).splitlines()[0]})") from None
+
+
+def header_shape(path: Path) -> tuple[int, ...]:
+    """The 3D shape a NIfTI file's header declares (a trailing axis of 1 dropped), checked by :func:`check_nifti`."""
+    import nibabel as nib
+
+    check_nifti(path)
+    shape = tuple(int(n) for n in nib.load(path).shape)
+    return shape[:3] if len(shape) == 4 and shape[3] == 1 else shape
 
 
 def read_nifti(path: Path):
     """-> (array (H, W, D) float32 as stored, the nibabel image); UserError naming the file otherwise."""
     import nibabel as nib
 
-    if not is_nifti(path):
-        raise UserError(f"{path}: expected a NIfTI file (.nii, .nii.gz)")
+    check_nifti(path)
     try:
-        check_regular(path)
         image = nib.load(path)
         array = np.asarray(image.dataobj, dtype=np.float32)
-    except (OSError, ValueError, EOFError) as error:
-        raise UserError(f"{path}: unreadable NIfTI ({error})") from None
+    except Exception as error:  # readers raise many types (zlib, gzip, nibabel) for damaged files
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"{path}: unreadable NIfTI ({reason})") from None
     if array.ndim == 4 and array.shape[-1] == 1:
         array = array[..., 0]
     if array.ndim != 3 or not np.isfinite(array).all():
@@ -43,15 +65,15 @@ def read_nifti(path: Path):
     return array, image
 
 
-def _stem(path: Path) -> str:
-    name = path.name
-    return name[: -len(".nii.gz")] if name.lower().endswith(".nii.gz") else path.stem
-
 
 def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Path, *, mask: str = "centre",
                   method: str = "diffusion", mask_fraction: float | None = None, steps: int | None = None,
-                  temperature: float | None = None, seed: int = 0) -> list[dict]:
-    """Inpaint every file of ``volumes`` into ``out_dir`` (see ``medattn inpaint --help``); -> score rows."""
+                  temperature: float | None = None, seed: int = 0, overwrite: bool = False) -> list[dict]:
+    """Inpaint every file of ``volumes`` into ``out_dir`` (see ``medattn inpaint --help``); -> score rows.
+
+    Every volume and the mask are read, and every output name planned, before the first sampling step; outputs
+    follow :class:`~medattn.runtime.outputs.OutputFolder` (never over an input; over an existing file only with
+    ``overwrite``; volumes of one name get ``<name>``, ``<name>_2``, ...)."""
     model, meta = load_stage(checkpoint_path, want_transformer=method == "diffusion")
     config = meta["config"]
     diff_cfg = config["diffusion"]
@@ -61,20 +83,29 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
     vqae = model.vqae
     cell = vqae.patch_size // vqae.latent_size
     mask_file = None if mask in ("centre", "all") else Path(mask)
-    rows = []
-    for index, path in enumerate(volumes):
-        array, image = read_nifti(path)
+    mask_voxels = read_nifti(mask_file)[0] if mask_file is not None else None
+    for path in volumes:  # every input before any output or compute
+        shape = header_shape(path)
         try:
-            patch_grid(array.shape, vqae.patch_size)
+            patch_grid(shape, vqae.patch_size)
         except UserError as error:
             raise UserError(f"{path}: {error}") from None
-        if method == "diffusion" and tuple(array.shape) != expected:
-            raise UserError(f"{path}: size {array.shape}, the transformer was trained on volumes of size {expected} "
+        if method == "diffusion" and shape != expected:
+            raise UserError(f"{path}: size {shape}, the transformer was trained on volumes of size {expected} "
                             f"(its positional embedding fixes the token grid)")
+    out = OutputFolder(out_dir, [*volumes, *([mask_file] if mask_file else [])], overwrite)
+    stems = [out.stem_for(path) for path in volumes]
+    for stem in stems:
+        out.path(f"{stem}_inpainted.nii.gz")
+        out.path(f"{stem}_mask.nii.gz")
+    out.path("scores.csv")
+    rows = []
+    for index, (path, stem) in enumerate(zip(volumes, stems)):
+        array, image = read_nifti(path)
         volume = normalise(torch.from_numpy(array), method_norm)
         grid = tuple(n // cell for n in array.shape)
-        if mask_file is not None:
-            voxels, _ = read_nifti(mask_file)
+        if mask_voxels is not None:
+            voxels = mask_voxels
             if voxels.shape != array.shape:
                 raise UserError(f"{mask_file}: mask size {voxels.shape} differs from the volume's {array.shape} "
                                 f"({path})")
@@ -89,11 +120,12 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
                          temperature or diff_cfg["temperature"], seed + index)
         voxel_mask = tokens_to_voxels(unknown, cell)
         scores = score_case(result["output"], volume, result["reconstruction"], voxel_mask)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_nifti(out_dir / f"{_stem(path)}_inpainted.nii.gz", result["output"].numpy(), image.affine)
-        write_nifti(out_dir / f"{_stem(path)}_mask.nii.gz", voxel_mask.numpy().astype(np.uint8), image.affine)
-        rows.append({"case": _stem(path), "method": method, "masked_tokens": int(unknown.sum()), **scores})
-    with writing(out_dir / "scores.csv"), open(out_dir / "scores.csv", "w", newline="") as handle:
+        with out.write(f"{stem}_inpainted.nii.gz") as tmp:
+            write_nifti(tmp, result["output"].numpy(), image.affine)
+        with out.write(f"{stem}_mask.nii.gz") as tmp:
+            write_nifti(tmp, voxel_mask.numpy().astype(np.uint8), image.affine)
+        rows.append({"case": stem, "method": method, "masked_tokens": int(unknown.sum()), **scores})
+    with out.write("scores.csv") as tmp, open(tmp, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=SCORE_FIELDS)
         writer.writeheader()
         writer.writerows(rows)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError, writing
+from ..errors import UserError
 from . import outputs
 from .core import default_method, explain
 
@@ -34,15 +34,6 @@ class ExplainedFiles:
     streamed: int = 0
     synthetic: bool = False
     checkpoint: str = ""
-
-
-def file_stem(path: Path) -> str:
-    """The file name without its (double) suffix: ``scan.nii.gz`` -> ``scan``."""
-    name = path.name
-    for suffix in (".nii.gz", ".nii", ".h5", ".hdf5"):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
 
 
 def streams(model) -> bool:
@@ -93,14 +84,19 @@ def streamed_bag(model, path: Path, chunk_size: int):
 
 
 def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
-                  target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None) -> ExplainedFiles:
+                  target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None,
+                  overwrite: bool = False) -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
-    subtraction model takes one ``subtract`` volume per file. Every file is checked before anything is written."""
+    subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
+    planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
+    over an input, never over a file this call did not write unless ``overwrite``; inputs of one name get
+    ``<name>``, ``<name>_2``, ...)."""
     from ..data.base import collate
     from ..data.files import check_regular
     from ..data.images import read_image
     from ..data.preprocessing import inference_dataset, sample_paths
     from ..data.volumes import to_native_grid, write_nifti
+    from ..runtime.outputs import OutputFolder
     from ..runtime.predictor import Predictor, probabilities
     from ..runtime.trained import load_checkpoint
 
@@ -119,23 +115,26 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             except (FileNotFoundError, ValueError) as error:
                 raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
                     from None
-    out_dir = Path(out_dir)
-    with writing(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
+    out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
+    stems = [out.stem_for(item.paths[0]) for item in dataset.items]
+    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", ".png"), "image2d": (".png",), "volume3d": (".nii.gz",)}
+    for stem in stems:  # every name this call may write, before any compute
+        for suffix in suffixes[prep.input_kind]:
+            out.path(stem + suffix)
+    out.path("summary.csv")
     predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
     label = "SYNTHETIC" if prep.synthetic else None
     requested, method = method, default_method(model) if method == "auto" else method
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder))
-    for index, item in enumerate(dataset.items):
+    for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
-        stem = out_dir / file_stem(path)
         used = method
         if prep.input_kind == "bag" and requested in ("auto", "rollout") and bag_header(path)[0] > chunk_size \
                 and streams(model):
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
             used, explained, report.streamed = "rollout", "", report.streamed + 1
             probs = probabilities(logits.detach().float(), prep.task_type)[0]
-            written = _write_tiles(stem, coords, scores, used, attrs, label)
+            written = _write_tiles(out, stem, coords, scores, used, attrs, label)
         else:
             sample = dataset[index]
             kwargs = {"coords": sample["coords"][None]} if prep.input_kind == "bag" else {}
@@ -144,32 +143,35 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             with torch.no_grad():
                 probs = predictor.probabilities(collate([sample]))[0]
             if prep.input_kind == "bag":
-                written = _write_tiles(stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
+                written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
                                        bag_header(path)[1], label)
             elif prep.input_kind == "image2d":
                 image = outputs.overlay(read_image(path).numpy(), result.relevance[0].numpy(), label=label)
-                with writing(stem.with_suffix(".png")):
-                    image.save(stem.with_suffix(".png"))
-                written = [f"{stem.name}.png"]
+                with out.write(f"{stem}.png") as tmp:
+                    image.save(tmp, format="PNG")
+                written = [f"{stem}.png"]
             else:
                 array, affine = to_native_grid(result.relevance[0].float(), path, prep.spacing)
-                write_nifti(out_dir / f"{stem.name}.nii.gz", array, affine)
-                written = [f"{stem.name}.nii.gz"]
+                with out.write(f"{stem}.nii.gz") as tmp:
+                    write_nifti(tmp, array, affine)
+                written = [f"{stem}.nii.gz"]
         report.rows.append({"file": item.id, "method": used, "target": explained,
                             **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
                             "outputs": " ".join(written)})
-    outputs.write_summary(out_dir / "summary.csv", report.rows)
+    with out.write("summary.csv") as tmp:
+        outputs.write_summary(tmp, report.rows)
     return report
 
 
-def _write_tiles(stem: Path, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
+def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
                  label: str | None) -> list[str]:
     """A bag's tile table and HDF5, and its map where the tiles have coordinates; -> the names written."""
-    outputs.write_tile_scores(stem.with_name(f"{stem.name}_tiles"), coords, scores, method)
-    written = [f"{stem.name}_tiles.csv", f"{stem.name}_tiles.h5"]
+    with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
+        outputs.write_tile_scores(table, h5, coords, scores, method)
+    written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
     if np.ptp(coords, axis=0).any():
         image = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), label)
-        with writing(stem.with_suffix(".png")):
-            image.save(stem.with_suffix(".png"))
-        written.append(f"{stem.name}.png")
+        with out.write(f"{stem}.png") as tmp:
+            image.save(tmp, format="PNG")
+        written.append(f"{stem}.png")
     return written

@@ -87,16 +87,16 @@ def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, label: str | N
     return _label(image, label)
 
 
-def write_tile_scores(stem: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:
-    """``<stem>.csv`` (tile, x, y, score) and ``<stem>.h5`` (datasets ``scores`` (N,), ``coords`` (N, 2))."""
+def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:
+    """A CSV (tile, x, y, score) and an HDF5 file (datasets ``scores`` (N,), ``coords`` (N, 2))."""
     import h5py
 
     scores = np.asarray(scores, dtype=np.float32)
-    with writing(stem.with_suffix(".csv")), open(stem.with_suffix(".csv"), "w", newline="") as f:
+    with writing(csv_path), open(csv_path, "w", newline="") as f:
         f.write("tile,x,y,score\n")
         np.savetxt(f, np.column_stack([np.arange(len(scores)), coords, scores]), fmt=["%d", "%g", "%g", "%.7g"],
                    delimiter=",")
-    with writing(stem.with_suffix(".h5")), h5py.File(stem.with_suffix(".h5"), "w") as f:
+    with writing(h5_path), h5py.File(h5_path, "w") as f:
         f.create_dataset("scores", data=scores)
         f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
         f.attrs["method"] = method

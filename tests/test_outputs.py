@@ -1,0 +1,76 @@
+"""The output policy (medattn.runtime.outputs): never over an input, never over what the command did not write,
+never outside its folder, distinct names for inputs of one name, atomic writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_explain_command import rows, save_checkpoint
+
+from medattn.cli import main
+from medattn.data.base import TaskInfo
+from medattn.errors import UserError
+from medattn.runtime.outputs import OutputFolder
+
+
+def test_inputs_are_never_written_over_and_existing_files_only_with_overwrite(tmp_path):
+    image = tmp_path / "g00.png"
+    image.write_bytes(b"the user's image")
+    (tmp_path / "old.csv").write_text("the user's table")
+    out = OutputFolder(tmp_path, [image], overwrite=True)
+    with pytest.raises(UserError, match="is an input of this command"):
+        out.path("g00.png")
+    assert OutputFolder(tmp_path, [image], overwrite=True).path("old.csv") == tmp_path / "old.csv"
+    with pytest.raises(UserError, match="exists and this command did not write it"):
+        OutputFolder(tmp_path, [image]).path("old.csv")
+    with pytest.raises(UserError, match="is one of the inputs"):
+        OutputFolder(tmp_path, [tmp_path])
+    for bad in ("", "..", "a/b", "/etc/passwd"):
+        with pytest.raises(UserError, match="cannot be an output file name"):
+            OutputFolder(tmp_path / "out").path(bad)
+    assert image.read_bytes() == b"the user's image"
+
+
+def test_inputs_of_one_name_get_distinct_stems_and_writes_are_atomic(tmp_path):
+    out = OutputFolder(tmp_path / "out")
+    assert [out.stem_for(p) for p in ("a/x.png", "b/x.png", "c/x.nii.gz", "y.h5")] == ["x", "x_2", "x_3", "y"]
+    with out.write("x.csv") as tmp:
+        tmp.write_text("first")
+    with out.write("x.csv") as tmp:  # what this call wrote it may replace
+        tmp.write_text("second")
+    with pytest.raises(RuntimeError), out.write("x.csv") as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert (tmp_path / "out/x.csv").read_text() == "second"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["x.csv"]
+
+
+def _images(folder, names):
+    paths = []
+    for i, name in enumerate(names):
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_explain_into_the_image_folder_keeps_the_image_and_same_named_inputs_get_two_maps(tmp_path, capsys):
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=vit2d_tiny"],
+                         TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True),
+                         mean=[0.5], std=[0.5])
+    (image,) = _images(tmp_path / "images", ["g00.png"])
+    before = image.read_bytes()
+    assert main(["explain", str(ck), str(image), "--out", str(tmp_path / "images")]) == 2
+    assert "is an input of this command" in capsys.readouterr().err
+    assert image.read_bytes() == before and sorted(p.name for p in image.parent.iterdir()) == ["g00.png"]
+    a, b = _images(tmp_path, ["a/x.png", "b/x.png"])
+    assert main(["explain", str(ck), str(a), str(b), "--out", str(tmp_path / "maps")]) == 0
+    summary = rows(tmp_path / "maps/summary.csv")
+    assert [(r["file"], r["outputs"]) for r in summary] == [(str(a), "x.png"), (str(b), "x_2.png")]
+    assert main(["explain", str(ck), str(a), "--out", str(tmp_path / "maps")]) == 2  # its own earlier output
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["explain", str(ck), str(a), "--out", str(tmp_path / "maps"), "--overwrite"]) == 0
