@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_explain_command import rows, save_checkpoint
 
 from medattn.cli import main
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.runtime.outputs import OutputFolder
+from test_explain_command import rows, save_checkpoint
 
 
 def test_inputs_are_never_written_over_and_existing_files_only_with_overwrite(tmp_path):
