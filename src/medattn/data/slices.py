@@ -69,7 +69,7 @@ def slice_options(cfg: dict, kind: str, default_size: tuple[int, int]) -> SliceO
     """``axis``, ``slice_size``, ``slice_stride``, ``empty_fraction``, ``eval_empty_fraction``, ``eval_unit``,
     checked."""
     axis = cfg.get("axis", 2)
-    if axis not in (0, 1, 2) or isinstance(axis, bool):
+    if not isinstance(axis, int) or isinstance(axis, bool) or axis not in (0, 1, 2):
         raise UserError(f"{kind}.axis must be 0, 1 or 2 (sagittal, coronal, axial of the RAS+ grid), got {axis!r}")
     stride = cfg.get("slice_stride", 1)
     if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:

@@ -21,8 +21,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .options import SPLITS, check_keys, flag, int_tuple, integer, split_sizes
 from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 from .transforms import Augmentation, augment_level, build_augmentation
@@ -103,15 +104,15 @@ def build_synthetic_breast_mri(cfg: dict, seed: int = 0, skip_bad: bool = False)
     check_keys(cfg, KEYS, NAME)
     size = int_tuple(cfg.get("volume_size", (32, 32, 16)), 3, f"{NAME}.volume_size")
     if min(size) < 8:
-        raise ValueError(f"{NAME}: volume_size must be at least 8 along every axis, got {size}")
-    data_seed = int(cfg.get("seed", seed))
+        raise UserError(f"{NAME}: volume_size must be at least 8 along every axis, got {size}")
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     level, chosen = augment_level(cfg, 3)
     augment = build_augmentation(level, 3)
 
     finish = partial(augment_input, augment) if augment else None
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
-                                    finish if s == "train" else None, bool(cfg.get("cache", True))) for s in SPLITS}
+                                    finish if s == "train" else None, flag(cfg, "cache", True, NAME)) for s in SPLITS}
     task = TaskInfo("binary", "volume3d", 1, (1, *size), ["lesion"], synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task, defaults=chosen,  # z-scored sides
                       preprocessing=Preprocessing.of(NAME, task, normalize="zscore"))

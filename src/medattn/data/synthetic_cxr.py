@@ -19,8 +19,9 @@ from functools import partial
 
 import torch
 
+from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, split_sizes
+from .options import SPLITS, check_keys, flag, integer, number, split_sizes
 from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 from .transforms import augment_level, build_augmentation
@@ -103,17 +104,17 @@ def build_synthetic_cxr(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     images in memory, about 16 KB each at 64 x 64). ``skip_bad`` has nothing to skip.
     """
     check_keys(cfg, KEYS, NAME)
-    size = int(cfg.get("image_size", 64))
-    in_chans = int(cfg.get("in_chans", 1))
-    data_seed = int(cfg.get("seed", seed))
-    mean, std = float(cfg.get("mean", 0.5)), float(cfg.get("std", 0.5))
+    size = integer(cfg, "image_size", 64, 16, 4096, NAME)
+    in_chans = integer(cfg, "in_chans", 1, 1, 3, NAME)
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
+    mean, std = number(cfg, "mean", 0.5, -1e6, 1e6, NAME), number(cfg, "std", 0.5, 1e-6, 1e6, NAME)
     if size < 16 or in_chans not in (1, 3) or std <= 0:
-        raise ValueError(f"{NAME}: need image_size >= 16, in_chans 1 or 3 and std > 0; "
+        raise UserError(f"{NAME}: need image_size >= 16, in_chans 1 or 3 and std > 0; "
                          f"got {size}, {in_chans}, {std}")
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     level, chosen = augment_level(cfg, 2)
     augment = build_augmentation(level, 2)
-    cache = bool(cfg.get("cache", True))
+    cache = flag(cfg, "cache", True, NAME)
 
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, size, data_seed, s),
                                     partial(finish_sample, augment if s == "train" else None, mean, std, in_chans),

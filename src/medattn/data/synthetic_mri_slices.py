@@ -21,7 +21,7 @@ import torch
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
 from .preprocessing import Preprocessing
 from .slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
 from .synthetic_base import item_seed
@@ -117,18 +117,16 @@ def build_synthetic_mri_slices(cfg: dict, seed: int = 0, skip_bad: bool = False)
     size = int_tuple(cfg.get("volume_size", (64, 64, 32)), 3, f"{NAME}.volume_size")
     if min(size) < 8:
         raise UserError(f"{NAME}.volume_size needs at least 8 voxels per axis, got {list(size)}")
-    noise = cfg.get("noise", 0.06)
-    if not isinstance(noise, (int, float)) or isinstance(noise, bool) or noise < 0:
-        raise UserError(f"{NAME}.noise must be a non-negative number, got {noise!r}")
+    noise = number(cfg, "noise", 0.06, 0, 10, NAME)  # in units of the phantom's intensities (0 to 1)
     axis = cfg.get("axis", 2)
     plane = tuple(n for i, n in enumerate(size) if i != axis) if axis in (0, 1, 2) else (1, 1)
     options = slice_options(cfg, NAME, plane)
-    data_seed = int(cfg.get("seed", seed))
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
     counts = split_sizes(cfg.get("num_patients"), DEFAULT_PATIENTS)
     volumes = {}
     for split in SPLITS:
         load = Phantoms(data_seed, split, size, float(noise))
-        kept, flags, store = load_all(load, counts[split], options.axis, bool(cfg.get("cache", True)))
+        kept, flags, store = load_all(load, counts[split], options.axis, flag(cfg, "cache", True, NAME))
         ids = [f"{NAME}-{split}-{v:04d}" for v in kept]
         volumes[split] = (load, ids, ids, flags, store)
     datasets = slice_splits(volumes, options, data_seed)

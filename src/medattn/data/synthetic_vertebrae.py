@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, int_tuple, split_sizes
+from .options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
 from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_seed
 
@@ -103,18 +103,16 @@ def build_synthetic_vertebrae(cfg: dict, seed: int = 0, skip_bad: bool = False) 
     num_blobs = cfg.get("num_blobs", 4)
     if not isinstance(num_blobs, int) or isinstance(num_blobs, bool) or num_blobs < 1:
         raise UserError(f"{NAME}.num_blobs must be a positive int, got {num_blobs!r}")
-    noise = cfg.get("noise", 0.15)
-    if not isinstance(noise, (int, float)) or noise < 0:
-        raise UserError(f"{NAME}.noise must be a non-negative number, got {noise!r}")
+    noise = number(cfg, "noise", 0.15, 0, 10, NAME)  # in units of the phantom's intensities (0 to 1)
     longest = SPACING[1] * (num_blobs - 1) + 2 * RADIUS[2] + 2  # as make_vertebrae's check, widest spacing
     if longest > size[2]:
         raise UserError(f"{NAME}: a column of {num_blobs} blobs needs a depth (volume_size[2]) of at least "
                         f"{longest:.0f}, got {size[2]}")
     kwargs = dict(size=size, num_blobs=num_blobs, noise=float(noise))
-    data_seed = int(cfg.get("seed", seed))
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     datasets = {s: SyntheticDataset(sizes[s], partial(make_sample, data_seed, s, **kwargs),
-                                    cache=bool(cfg.get("cache", True))) for s in SPLITS}
+                                    cache=flag(cfg, "cache", True, NAME)) for s in SPLITS}
     names = ["background", *[f"blob{k}" for k in range(1, num_blobs + 1)]]
     task = TaskInfo("segmentation", "volume3d", num_blobs + 1, (1, *size), names, synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task,  # volumes as rendered

@@ -19,9 +19,10 @@ from functools import partial
 
 import torch
 
+from ..errors import UserError
 from .bags import subsample
 from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, split_sizes
+from .options import SPLITS, check_keys, flag, integer, number, split_sizes
 from .preprocessing import Preprocessing
 from .synthetic_base import SyntheticDataset, item_generator
 
@@ -33,9 +34,14 @@ KEYS = frozenset({"num_instances", "feature_dim", "tumour_fraction", "tumour_shi
 DEFAULT_SIZES = {"train": 200, "val": 100, "test": 100}
 
 
-def _range(value, name: str, kind=float) -> tuple:
-    if not (isinstance(value, (list, tuple)) and len(value) == 2 and 0 < value[0] <= value[1]):
-        raise ValueError(f"{NAME}.{name} must be [min, max] with 0 < min <= max, got {value!r}")
+def _range(value, name: str, kind=float, high: float = float("inf")) -> tuple:
+    """``[min, max]`` with 0 < min <= max <= high, of ints (``kind=int``) or finite numbers."""
+    def fits(v) -> bool:
+        return isinstance(v, int if kind is int else (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(map(fits, value))
+            and 0 < value[0] <= value[1] <= high):
+        raise UserError(f"{NAME}.{name} must be [min, max] with 0 < min <= max <= {high:g}, got {value!r}")
     return kind(value[0]), kind(value[1])
 
 
@@ -98,22 +104,19 @@ def build_synthetic_wsi(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     ``skip_bad`` has nothing to skip.
     """
     check_keys(cfg, KEYS, NAME)
-    n_range = _range(cfg.get("num_instances", (200, 1000)), "num_instances", int)
-    fraction = _range(cfg.get("tumour_fraction", (0.02, 0.1)), "tumour_fraction")
-    feature_dim = int(cfg.get("feature_dim", 64))
-    shift = float(cfg.get("tumour_shift", 3.0))
-    max_instances = cfg.get("max_instances")
-    if feature_dim < 1 or fraction[1] > 1 or shift <= 0 or (max_instances is not None and int(max_instances) < 1):
-        raise ValueError(f"{NAME}: need feature_dim >= 1, tumour_fraction <= 1, tumour_shift > 0 and "
-                         f"max_instances >= 1; got {feature_dim}, {fraction}, {shift}, {max_instances}")
-    data_seed = int(cfg.get("seed", seed))
+    n_range = _range(cfg.get("num_instances", (200, 1000)), "num_instances", int, 1 << 24)
+    fraction = _range(cfg.get("tumour_fraction", (0.02, 0.1)), "tumour_fraction", high=1)
+    feature_dim = integer(cfg, "feature_dim", 64, 1, 1 << 16, NAME)
+    shift = number(cfg, "tumour_shift", 3.0, 0, 1e6, NAME, low_open=True)
+    max_instances = None if cfg.get("max_instances") is None else integer(cfg, "max_instances", None, 1, 1 << 24, NAME)
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
     sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
     centres, tumour = feature_space(feature_dim, shift, data_seed)
 
     make = partial(make_sample, n_range, fraction, centres, tumour, data_seed)
     finish = partial(limit_instances, int(max_instances)) if max_instances else None
     datasets = {s: SyntheticDataset(sizes[s], partial(make, s), finish if s == "train" else None,
-                                    bool(cfg.get("cache", True))) for s in SPLITS}
+                                    flag(cfg, "cache", True, NAME)) for s in SPLITS}
     task = TaskInfo("binary", "bag", 1, (feature_dim,), ["tumour"], synthetic=True)
     return DataBundle(datasets["train"], datasets["val"], datasets["test"], task,
                       preprocessing=Preprocessing.of(NAME, task))
