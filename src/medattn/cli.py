@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from medattn import __version__
-from medattn.errors import UserError
+from medattn.errors import UserError, machine_problem
 
 COMMANDS = {
     "demo": "medattn.commands.demo",
@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"medattn: error: {error}", file=sys.stderr)
+        return 2
+    except (OSError, MemoryError) as error:
+        problem = machine_problem(error)
+        if problem is None or args.debug:
+            raise
+        print(f"medattn: error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.debug:

@@ -8,6 +8,7 @@ patient-level shuffle split.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from ..errors import UserError
@@ -93,6 +94,11 @@ def _fold_patients(patients: Sequence[str], keys: Sequence[str], cfg: dict, seed
         raise UserError(f"folds must be an int from 2 to the number of patients ({n_patients}), got {folds!r}")
     if not isinstance(fold, int) or not 0 <= fold < folds:
         raise UserError(f"fold must be an int from 0 to {folds - 1}, got {fold!r}")
+    counts = Counter(keys)
+    rarest, smallest = min(counts.items(), key=lambda item: item[1])
+    if smallest < folds:  # each fold's test set needs a case of every class
+        raise UserError(f"folds={folds}: the rarest class ({rarest!r}) has {smallest} case(s), so it cannot appear in "
+                        f"every fold's test set; use at most {smallest} folds")
     splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
     _, test_index = list(splitter.split(list(patients), list(keys), groups=list(patients)))[fold]
     return {patients[i] for i in test_index}

@@ -71,24 +71,49 @@ def _torch_runner(path: str | Path) -> Runner:
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
 
 
+#: The graph inputs an exported file has, by input kind (:func:`medattn.deploy.export.example_inputs`).
+GRAPH_INPUTS = {"bag": ["features", "mask", "coords"], "image2d": ["x"], "volume3d": ["x"]}
+
+
 def _onnx_runner(path: Path) -> Runner:
+    """Nothing in the file is trusted: its metadata is checked (types, thresholds, the graph's inputs against the
+    input kind), and a graph that refuses the prepared inputs is a one-line UserError, not a traceback."""
     meta = read_metadata(path)
     source = f"{path} metadata"
+    if not isinstance(meta, dict):
+        raise UserError(f"{source}: must be a JSON object, got {type(meta).__name__}")
     prep = from_dict(meta.get("preprocessing"), source)
     thresholds = meta.get("threshold")
-    if thresholds is not None and (not isinstance(thresholds, list) or len(thresholds) != prep.num_outputs):
-        raise UserError(f"{source}: threshold must list {prep.num_outputs} value(s), got {thresholds!r}")
+    def threshold(t) -> bool:
+        return t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)
+
+    if thresholds is not None and (not isinstance(thresholds, list) or len(thresholds) != prep.num_outputs
+                                   or not all(map(threshold, thresholds))):
+        raise UserError(f"{source}: threshold must list {prep.num_outputs} number(s) in [0, 1] or null, got "
+                        f"{thresholds!r}")
     session = onnx_session(path)
     names = [i.name for i in session.get_inputs()]
+    if names != GRAPH_INPUTS[prep.input_kind]:
+        raise UserError(f"{path}: the graph's inputs {names} are not those of a {prep.input_kind} model "
+                        f"{GRAPH_INPUTS[prep.input_kind]}: the metadata does not describe this graph")
+
+    def session_run(feed: dict) -> np.ndarray:
+        try:
+            (out,) = session.run(None, feed)
+        except Exception as error:  # onnxruntime's own exception types: the graph refuses these inputs
+            shapes = {name: list(value.shape) for name, value in feed.items()}
+            reason = str(error).strip().splitlines()[0][:200]
+            raise UserError(f"{path}: the graph refuses inputs {shapes} prepared as its metadata says ({reason})") \
+                from None
+        return np.asarray(out, dtype=np.float32)
 
     def run(batch: dict) -> np.ndarray:
         inputs = _inputs(batch, prep.input_kind)
         if prep.slice_axis is not None and inputs[0].ndim == 5:  # a volume for a 2D graph: its slices as a batch
             volume = inputs[0]  # (1, 1, h, w, S)
-            (slices,) = session.run(None, {names[0]: volume[0].permute(3, 0, 1, 2).numpy()})  # (S, K, h, w)
-            return np.ascontiguousarray(np.asarray(slices, dtype=np.float32).transpose(1, 2, 3, 0)[None])
-        (probabilities,) = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
-        return np.asarray(probabilities, dtype=np.float32)
+            slices = session_run({names[0]: volume[0].permute(3, 0, 1, 2).numpy()})  # (S, K, h, w)
+            return np.ascontiguousarray(slices.transpose(1, 2, 3, 0)[None])
+        return session_run({n: t.numpy() for n, t in zip(names, inputs)})
 
     return Runner(prep, thresholds, str(meta.get("model_id", "")), str(meta.get("checkpoint_sha256", "")), str(path),
                   run)

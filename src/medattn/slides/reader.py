@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,9 +147,23 @@ def read_patch(slide, x: int, y: int, geometry: PatchGeometry) -> np.ndarray:
     return np.array(rgb)  # writable, so torch.from_numpy can share it
 
 
+def memory_bytes() -> int:
+    """Physical memory of this machine in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def thumbnail(slide, max_px: int) -> tuple[np.ndarray, tuple[float, float]]:
     """-> (RGB thumbnail (h, w, 3) uint8 whose longer side is at most ``max_px``, level-0 px per thumbnail
-    px along (x, y))."""
-    image = slide.get_thumbnail((max_px, max_px)).convert("RGB")
+    px along (x, y)). OpenSlide reads the whole level nearest the thumbnail's scale first: a header declaring
+    a level larger than half this machine's memory is refused (UserError) before anything is allocated."""
     width, height = slide.dimensions
+    level = slide.get_best_level_for_downsample(max(width, height) / max_px)
+    level_width, level_height = slide.level_dimensions[level]
+    need = 4 * level_width * level_height  # RGBA as OpenSlide reads it
+    if need > memory_bytes() // 2:
+        raise UserError(f"the slide declares {width} x {height} px, and its smallest level {level_width} x "
+                        f"{level_height} px would take {need / 2**30:.1f} GiB to read for a thumbnail, more than half "
+                        f"this machine's memory ({memory_bytes() / 2**30:.1f} GiB); it holds no pyramid, or its "
+                        f"header is wrong")
+    image = slide.get_thumbnail((max_px, max_px)).convert("RGB")
     return np.asarray(image), (width / image.width, height / image.height)
