@@ -225,3 +225,51 @@ def test_a_model_trained_on_patches_predicts_by_sliding_windows(tmp_path, capsys
     evaluated = json.loads((tmp_path / "eval/eval.json").read_text())
     trained = json.loads((tmp_path / "run/results.json").read_text())["test"]
     assert evaluated["dice"] == pytest.approx(trained["dice"], abs=1e-9)
+
+
+def _edited_onnx(source, target, edit) -> str:
+    """A copy of the ONNX file ``source`` whose medattn metadata went through ``edit`` (JSON text -> JSON text)."""
+    import onnx
+
+    model = onnx.load(str(source))
+    for prop in model.metadata_props:
+        if prop.key == "medattn":
+            prop.value = edit(prop.value)
+    onnx.save(model, str(target))
+    return str(target)
+
+
+def test_onnx_files_with_foreign_or_edited_metadata_are_one_line(image_run, capsys):
+    """Metadata of the wrong type, a preprocessing that describes another graph, an input shape the graph refuses,
+    a task that contradicts itself: each one error line, never a traceback or a silent number."""
+    pytest.importorskip("onnxruntime")
+    source = image_run / "m.onnx"
+    if not source.exists():
+        assert main(["export", str(image_run / "run"), "--format", "onnx", "--out", str(source)]) == 0
+    files = [str(image_run / "0.png")]
+
+    def prep(**changes):
+        def edit(text):
+            meta = json.loads(text)
+            meta["preprocessing"].update(changes)
+            return json.dumps(meta)
+        return edit
+
+    cases = {
+        "a list": (lambda text: "[1, 2]", "must be a JSON object"),
+        "a bag": (prep(input_kind="bag", input_shape=[16], mean=[], std=[]), "are not those of a bag model"),
+        "larger images": (prep(input_shape=[1, 40, 40]), "the graph refuses inputs"),
+        "multiclass of one output": (prep(task_type="multiclass"), "contradicts itself"),
+        "a threshold text": (lambda text: json.dumps({**json.loads(text), "threshold": "high"}), "threshold must"),
+    }
+    capsys.readouterr()
+    for name, (edit, message) in cases.items():
+        path = _edited_onnx(source, image_run / f"edited_{name.replace(' ', '_')}.onnx", edit)
+        assert main(["predict", path, *files, "--out", str(image_run / f"{name}.csv")]) == 2, name
+        assert message in _one_line(capsys), name
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("medattn: error: ") and "\n" not in err, err
+    return err

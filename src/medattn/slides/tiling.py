@@ -222,9 +222,19 @@ def read_tiles(tiles_dir: Path, slide: Path) -> tuple[np.ndarray, dict]:
             raise UserError(f"{path}: tiles not found (run medattn wsi tile first)")
     try:
         meta = json.loads(meta_path.read_text())
-        with open(csv_path, newline="") as f:
-            rows = [(int(r["x"]), int(r["y"])) for r in csv.DictReader(f) if r["status"] == "kept"]
         PatchGeometry(**meta["geometry"])
-    except (ValueError, KeyError, TypeError) as error:
+        counts = {status: int(meta["counts"][status]) for status in STATUSES}
+        rows = []
+        with open(csv_path, newline="") as f:
+            for number, row in enumerate(csv.DictReader(f), start=2):  # every row checked: none silently dropped
+                if row.get("status") not in STATUSES:
+                    raise ValueError(f"row {number}: status {row.get('status')!r} is not one of {', '.join(STATUSES)}")
+                x, y = int(row["x"]), int(row["y"])
+                if row["status"] == "kept":
+                    rows.append((x, y))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise UserError(f"{csv_path}: malformed tiles ({type(error).__name__}: {error})") from None
+    if len(rows) != counts["kept"]:
+        raise UserError(f"{csv_path}: {len(rows)} kept tile(s), but {meta_path.name} counts {counts['kept']}: the "
+                        f"table was edited or cut short; tile the slide again (medattn wsi tile --overwrite)")
     return np.array(rows, dtype=np.int64).reshape(-1, 2), meta
