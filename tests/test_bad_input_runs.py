@@ -15,7 +15,9 @@ import shutil
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from medattn.cli import main
@@ -247,3 +249,43 @@ def test_bad_input_is_one_line_and_loses_nothing(case, tmp_path, finished_run, m
     assert len(err) == 1 and err[0].startswith("medattn: error: ") and "Traceback" not in err[0], err[-5:]
     assert CASES[case][1] in err[0]
     assert _snapshot(tmp_path / "run") == found, "the run in the folder lost or changed files"
+
+
+def _png_with_a_broken_data_stream(path) -> None:
+    """A PNG whose chunks and CRCs are valid (the header check passes) but whose image data do not inflate."""
+    import struct
+    import zlib
+
+    Image.fromarray(np.full((16, 16), 90, np.uint8)).save(path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"IDAT") + 4
+    length = struct.unpack(">I", data[start - 8:start - 4])[0]
+    data[start:start + length] = bytes((b ^ 0x5A) for b in data[start:start + length])
+    data[start + length:start + length + 4] = struct.pack(">I", zlib.crc32(data[start - 4:start + length]))
+    path.write_bytes(bytes(data))
+
+
+def test_a_test_image_broken_past_its_header_is_found_before_training(tmp_path, capsys):
+    """Every file of every split is decoded before the first epoch: the broken test image is named at once, nothing
+    is trained, and an overwritten run is untouched."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        rows.append(f"{i}.png,{i % 2},{['train', 'val', 'test'][i % 3]}\n")
+    (tmp_path / "t.csv").write_text("path,label,split\n" + "".join(rows))
+    (tmp_path / "c.yaml").write_text(
+        f"data: {{kind: image_table, csv: {tmp_path / 't.csv'}, label_columns: [label], split_column: split, "
+        "image_size: 16, in_chans: 1}\nmodel: {name: vit2d_tiny, kwargs: {img_size: 16}}\n")
+    config = [str(tmp_path / "c.yaml"), "train.epochs=1", "eval.bootstrap=0"]
+    assert main(["train", *config, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    _png_with_a_broken_data_stream(tmp_path / "2.png")  # a test image
+    capsys.readouterr()
+    for extra in ([], ["--overwrite"]):
+        out = tmp_path / ("run" if extra else "fresh")
+        assert main(["train", *config, "--out", str(out), "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "2.png" in err and "\n" not in err and "epoch" not in err
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "fresh" / "checkpoints").exists()

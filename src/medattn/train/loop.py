@@ -38,6 +38,7 @@ from tqdm import tqdm
 from medattn.config import save_config, validate
 from medattn.data.base import DataBundle, TaskInfo, collate
 from medattn.data.patches import RandomPatches
+from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.runtime import checkpoint, distributed, sliding
@@ -53,9 +54,13 @@ from .defaults import resolve_training
 from .model_notes import model_defaults, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
-from .rundir import config_diff, run_folder
+from .rundir import RUN_FILES, config_diff, run_folder
 from .sampling import ClassBalancedSampler, class_keys, dataset_labels, drop_instances, positive_weight
 from .standardize import fit_feature_norm
+
+
+class LateDataError(UserError):
+    """A bad test file found after training (it changed since :func:`decode_all` read it)."""
 
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
@@ -82,12 +87,21 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
                             f"an all-test cohort use medattn eval")
     config, chosen = resolve_training(config)
     check_model_config(config["model"])
+    if not config["train"]["skip_bad"]:  # with skip_bad the builders decoded every file already
+        decode_all(bundle, progress and distributed.is_main())
     if device is None:
         device = open_device(config["train"]["device"])  # joins the process group: ranks known from here
     run_dir = Path(run_dir)
+    replacing = overwrite and any((run_dir / name).exists() for name in RUN_FILES)
     with run_folder(run_dir, resume, overwrite):
-        return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                    device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen)
+        try:
+            return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
+                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen)
+        except LateDataError as error:  # the test split failed after training; the weights are kept
+            if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
+                raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
+            raise UserError(f"{error}; training finished and its best weights are kept in {run_dir}: score them "
+                            f"with: medattn eval {run_dir} {run_dir / 'config.yaml'} --skip-bad") from None
 
 
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
@@ -281,7 +295,10 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
     eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
     test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
-    test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
+    try:
+        test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
+    except UserError as error:  # a file that changed since the check before training
+        raise LateDataError(str(error)) from None
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
