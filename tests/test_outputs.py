@@ -74,3 +74,16 @@ def test_explain_into_the_image_folder_keeps_the_image_and_same_named_inputs_get
     assert main(["explain", str(ck), str(a), "--out", str(tmp_path / "maps")]) == 2  # its own earlier output
     assert "--overwrite" in capsys.readouterr().err
     assert main(["explain", str(ck), str(a), "--out", str(tmp_path / "maps"), "--overwrite"]) == 0
+
+
+def test_export_replaces_an_existing_file_only_with_overwrite_and_never_the_checkpoint(tmp_path, capsys):
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=vit2d_tiny"],
+                         TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True),
+                         mean=[0.5], std=[0.5])
+    (tmp_path / "m.pt2").write_text("the user's file")
+    assert main(["export", str(ck), "--format", "pt2", "--out", str(tmp_path / "m.pt2")]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "m.pt2").read_text() == "the user's file"
+    weights = (ck / "model.safetensors").read_bytes()
+    assert main(["export", str(ck), "--format", "pt2", "--out", str(ck / "model.safetensors"), "--overwrite"]) == 2
+    assert "is an input" in capsys.readouterr().err and (ck / "model.safetensors").read_bytes() == weights
+    assert main(["export", str(ck), "--format", "pt2", "--out", str(tmp_path / "m.pt2"), "--overwrite"]) == 0

@@ -15,12 +15,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("onnx", "pt2"), required=True)
     parser.add_argument("--out", required=True, help="file to write (.onnx or .pt2)")
     parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of an ONNX export")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
 
 def run(args: argparse.Namespace) -> int:
     from medattn.deploy.export import check_onnx, export_checkpoint
 
-    meta = export_checkpoint(args.checkpoint, args.format, args.out)
+    meta = export_checkpoint(args.checkpoint, args.format, args.out, args.overwrite)
     print(f"wrote {args.out} ({args.format}; model {meta['model_id']}, checkpoint sha256 "
           f"{meta['checkpoint_sha256'][:12]}...)")
     if args.format == "onnx" and not args.no_check:

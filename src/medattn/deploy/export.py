@@ -43,8 +43,9 @@ from torch import nn
 
 from medattn import __version__
 from medattn.data.preprocessing import Preprocessing
-from medattn.errors import UserError, writing
+from medattn.errors import UserError
 from medattn.extras import require
+from medattn.runtime.outputs import OutputFolder
 from medattn.runtime.predictor import forward, probabilities
 
 FORMATS = ("onnx", "pt2")
@@ -138,13 +139,18 @@ def export_refusal(model: nn.Module) -> str | None:
                  if getattr(m, "export_refusal", None)), None)
 
 
-def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Path, meta: dict) -> Path:
+def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Path, meta: dict,
+                 overwrite: bool = False, inputs: tuple[Path, ...] = ()) -> Path:
     """Export ``model`` (eval mode, float32, CPU) wrapped in :class:`Deployable` to ``out`` in ``fmt``
     (onnx or pt2) with ``meta`` embedded; -> the written path. A model the exporter cannot capture is a
-    one-line UserError naming the first reason."""
+    one-line UserError naming the first reason. ``out`` follows :class:`~medattn.runtime.outputs.OutputFolder`
+    (checked before the export; never one of ``inputs``; an existing file only with ``overwrite``; written
+    atomically)."""
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = Path(out)
+    folder = OutputFolder(out.parent, inputs, overwrite)
+    folder.path(out.name)
     refusal = export_refusal(model)
     if refusal:
         raise UserError(f"cannot export this model to {fmt}: {refusal}")
@@ -164,12 +170,11 @@ def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Pat
                 program = torch.export.export(wrapper, args, dynamic_shapes=dynamic)
     except Exception as error:  # the exporters raise many types; one line of their message says why
         raise UserError(f"cannot export this model to {fmt}: {_reason(error)}") from None
-    with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
+    with folder.write(out.name) as tmp:
         if fmt == "onnx":
-            program.save(str(out))
+            program.save(str(tmp))
         else:
-            torch.export.save(program, str(out), extra_files={PT2_EXTRA: text})
+            torch.export.save(program, str(tmp), extra_files={PT2_EXTRA: text})
     return out
 
 
@@ -182,8 +187,9 @@ def _reason(error: Exception) -> str:
     return (reason or type(error).__name__)[:300]
 
 
-def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict:
-    """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata."""
+def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path, overwrite: bool = False) -> dict:
+    """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata.
+    ``out`` is never one of the checkpoint's files; an existing one is replaced only with ``overwrite``."""
     from medattn.runtime.sliding import inference_window
     from medattn.runtime.trained import load_checkpoint
 
@@ -193,7 +199,8 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path) -> dict
         raise UserError(f"{checkpoint}: this model was trained on patches and predicts whole volumes by sliding "
                         f"windows, which an exported graph does not hold yet; predict from the checkpoint")
     meta = metadata(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
-    export_model(trained.model, prep, fmt, out, meta)
+    checkpoint_files = tuple(trained.folder.iterdir())
+    export_model(trained.model, prep, fmt, out, meta, overwrite, checkpoint_files)
     return read_metadata(out)
 
 
