@@ -206,3 +206,16 @@ def test_output_into_a_reader_that_stops_early_ends_quietly():
     finally:
         os.close(write_end)
     assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_progress_bars_are_drawn_on_a_terminal_only(tmp_path):
+    """Output into a log file gets no bar redraws (``make demo > log`` wrote about 200 KB of them)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "medattn", "train", "synthetic_cxr", "model.name=vit2d_tiny", "data.image_size=32",
+               "data.num_samples=[16,8,8]", "train.epochs=1", "eval.bootstrap=0", "--out", str(tmp_path / "run")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "MEDATTN_MALLOC": "default"})
+    assert done.returncode == 0, done.stderr
+    assert "it/s" not in done.stderr and "\r" not in done.stderr

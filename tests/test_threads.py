@@ -19,6 +19,7 @@ def machine(monkeypatch):
     def set_up(cores: int, load: float, local_world_size: int | None = None) -> None:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
         monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         if local_world_size is None:
             monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
         else:
@@ -55,6 +56,17 @@ def test_explicit_count_wins_and_is_applied(machine):
         assert len(notes) == 1 and "oversubscribe" in notes[0]
     finally:
         torch.set_num_threads(before)
+
+
+def test_omp_num_threads_is_the_user_s_setting(machine, monkeypatch):
+    """docs use ``OMP_NUM_THREADS=1`` to pin one thread: it holds on a quiet machine too (explicit counts still win)."""
+    machine(2, 0.0)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads.default_threads.cache_clear()
+    assert threads.default_threads() == (1, None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "garbage")
+    threads.default_threads.cache_clear()
+    assert threads.default_threads()[0] == 2
 
 
 def test_decided_once_per_process(machine, monkeypatch):

@@ -1,4 +1,5 @@
-"""Plain-text tables: for the terminal (benchmarks, cross-validation and comparison summaries) and as CSV files."""
+"""Plain text for people: tables for the terminal (benchmarks, cross-validation and comparison summaries), CSV
+files, and when progress bars are drawn."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import csv
 from pathlib import Path
 
 from medattn.errors import writing
+
+
+def bars_off(wanted: bool) -> bool | None:
+    """tqdm's ``disable`` for progress bars that are ``wanted``: None draws them only when the output is a terminal
+    (a log file gets no redraws), True never."""
+    return None if wanted else True
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:

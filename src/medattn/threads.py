@@ -6,7 +6,7 @@ may run on (``os.sched_getaffinity``), shares them among the processes torchrun 
 (``LOCAL_WORLD_SIZE``), and leaves out the cores that other processes keep busy, read from the
 1-minute load average (rounded; at least one thread stays). The choice is made once per process, at
 its first use, before this process's own work enters the load average, and a note says when it
-left cores out. An explicit count (``train.threads``, ``--threads``) always wins.
+left cores out. An explicit count (``train.threads``, ``--threads``) always wins, then ``OMP_NUM_THREADS``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ def available_cores() -> int:
 
 @functools.cache
 def default_threads() -> tuple[int, str | None]:
-    """(threads, a note when busy cores were left out, else None); decided once per process."""
+    """(threads, a note when busy cores were left out, else None); decided once per process. A positive
+    ``OMP_NUM_THREADS`` in the environment is the user's setting and wins over the automatic count."""
+    user = os.environ.get("OMP_NUM_THREADS", "")
+    if user.isdigit() and int(user) > 0:
+        return int(user), None
     cores = max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         load = os.getloadavg()[0]

@@ -17,6 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from medattn.errors import UserError
+from medattn.text import bars_off
 
 
 def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +107,8 @@ def run_tile(args: argparse.Namespace) -> int:
     settings = _settings(args)
     rank, world = rank_and_world()
     started, results = time.perf_counter(), []
-    for path in tqdm(shard(list_slides(args.slides), rank, world), desc="slides", disable=args.no_progress):
+    slides = shard(list_slides(args.slides), rank, world)
+    for path in tqdm(slides, desc="slides", disable=bars_off(not args.no_progress)):
         if (args.out / f"{path.stem}.json").exists() and not args.overwrite:
             results.append(SlideResult(path, "skipped"))
             continue

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..text import bars_off
 from .base import DataBundle
 from .tables import RecordDataset
 
@@ -79,7 +80,8 @@ def decode_all(bundle: DataBundle, progress: bool = True) -> int:
     todo = [(dataset, index, sample_key(dataset, index)) for _, dataset in splits for index in range(len(dataset))]
     todo = [item for item in todo if item[2] is None or item[2] not in known]
     try:
-        for dataset, index, key in tqdm(todo, desc="checking files", leave=False, disable=not progress or not todo):
+        bar = tqdm(todo, desc="checking files", leave=False, disable=bars_off(progress and bool(todo)))
+        for dataset, index, key in bar:
             dataset[index]  # decodes: a bad file raises its one-line error naming file and row
             if key is not None:
                 known.add(key)

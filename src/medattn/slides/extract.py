@@ -27,6 +27,7 @@ import torch
 
 from ..data.bags import slide_shape
 from ..errors import UserError, writing
+from ..text import bars_off
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
 from .stain import MacenkoNormalizer
@@ -204,7 +205,7 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
     mine = shard(sorted(slides), rank, world)
     results = []
     label = f"rank {rank}: " if world > 1 else ""
-    for path in tqdm(mine, desc=f"{label}slides", unit="slide", disable=not progress, position=0):
+    for path in tqdm(mine, desc=f"{label}slides", unit="slide", disable=bars_off(progress), position=0):
         out_path = out_dir / f"{path.stem}.h5"
         expected = {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px),
                     "extractor": extractor.name, "stain_norm": stain, "layout": layout}
@@ -214,7 +215,8 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
         start = time.perf_counter()
 
         def bar(batches, path=path):
-            return tqdm(batches, desc=f"{label}{path.stem}", unit="batch", leave=False, position=1)
+            return tqdm(batches, desc=f"{label}{path.stem}", unit="batch", leave=False, position=1,
+                        disable=bars_off(progress))
 
         try:
             kept, dropped = extract_slide(path, out_path, extractor, settings, tiles_dir, stain, batch_size,

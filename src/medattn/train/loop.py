@@ -46,6 +46,7 @@ from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import autocast, open_device
 from medattn.runtime.predictor import Predictor, forward
 from medattn.runtime.threshold import threshold_meta
+from medattn.text import bars_off
 from medattn.threads import set_threads
 
 from . import report, verdict
@@ -243,7 +244,7 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
     accum, n_batches = train_cfg["grad_accum"], len(loader)
     loss_sum, seen = 0.0, 0
     batches = tqdm(loader, desc=f"epoch {epoch}/{train_cfg['epochs']} train", leave=False,
-                   disable=not (progress and distributed.is_main()))
+                   disable=bars_off(progress and distributed.is_main()))
     for i, batch in enumerate(batches):
         group_start = (i // accum) * accum
         group_size = min(accum, n_batches - group_start)
@@ -393,7 +394,7 @@ def predict(predictor: Predictor, loader: DataLoader, objective, desc: str = "ev
     every rank its share, and gather all predictions in dataset order; ``objective`` gives the per-sample loss
     and outputs (:func:`objective_for`)."""
     indices, outputs, labels, losses, ids, patients, statistics = [], [], [], [], [], [], []
-    for batch in tqdm(loader, desc=desc, leave=False, disable=not (progress and distributed.is_main())):
+    for batch in tqdm(loader, desc=desc, leave=False, disable=bars_off(progress and distributed.is_main())):
         batch = predictor.to_device(batch)
         logits = predictor.logits(batch)
         losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
