@@ -116,3 +116,21 @@ def test_yaml_alias_bomb_recursion_and_huge_files_are_refused(tmp_path):
     with pytest.raises(UserError, match="refused: the document's aliases expand"):
         load_config(None, ["data.kind=x", "data.x=" + _alias_bomb(8).replace("\n  ", ", ").replace(
             "data:, kind: x, ", "{").rstrip() + "}"])
+
+
+def test_relative_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, monkeypatch):
+    """Wherever the command runs; overrides on the command line stay relative to the current folder, and a table
+    that is not found names the folder it was looked for in."""
+    from medattn.data import build_datasets
+    from medattn.errors import UserError
+
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "c.yaml").write_text("data: {kind: image_table, csv: tables/labels.csv, "
+                                               "label_columns: [y]}\n")
+    monkeypatch.chdir(tmp_path)
+    config = load_config("study/c.yaml")
+    assert config["data"]["csv"] == str(tmp_path / "study" / "tables" / "labels.csv")
+    assert load_config("study/c.yaml", ["data.csv=other.csv"])["data"]["csv"] == "other.csv"
+    with pytest.raises(UserError, match=r"other.csv: file not found \(looked at .*/other.csv\)"):
+        build_datasets({**config["data"], "csv": "other.csv"})
+    assert load_config("synthetic_slides")["data"]["feature_dir"] == "demo/features"  # packaged: unchanged

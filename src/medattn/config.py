@@ -8,7 +8,10 @@ sections ``data`` (read by :func:`medattn.data.build_datasets`) and ``model.kwar
 arguments for :func:`medattn.models.create_model`). The resolved config is saved with every run and checkpoint.
 
 A config is named either by a path or by the name of a config shipped in ``medattn/configs``
-(e.g. ``synthetic_cxr``); :func:`packaged_configs` lists those.
+(e.g. ``synthetic_cxr``); :func:`packaged_configs` lists those. Relative paths in a config file (the data's
+``csv``, ``data_root``, ``feature_dir``, ``slide_table``, ``clinical_table``, ``path``; diffusion's checkpoints:
+:data:`PATH_KEYS`) are relative to the file's folder, wherever the command runs; on the command line they are
+relative to the current folder.
 """
 
 from __future__ import annotations
@@ -100,6 +103,27 @@ def config_path(name_or_path: str) -> Path:
     raise UserError(f"config file not found: {name_or_path} (packaged configs: {', '.join(packaged_configs())})")
 
 
+#: Keys whose values are paths to the user's files: relative ones in a config file are relative to the file's
+#: folder (command-line overrides stay relative to the current folder).
+PATH_KEYS = {("data", "csv"), ("data", "data_root"), ("data", "feature_dir"), ("data", "slide_table"),
+             ("data", "clinical_table"), ("data", "path"), ("diffusion", "vqae_checkpoint"),
+             ("diffusion", "perceptual_net")}
+
+
+def is_packaged(path: Path) -> bool:
+    """Whether ``path`` is one of the configs shipped with medattn (its paths are placeholders or cwd-relative)."""
+    return Path(path).resolve().parent == Path(str(resources.files("medattn") / "configs")).resolve()
+
+
+def anchor_paths(config: dict, folder: Path) -> None:
+    """Make the relative paths of :data:`PATH_KEYS` in a config file's mapping relative to ``folder`` (in place)."""
+    for section, key in PATH_KEYS:
+        part = config.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), str) and part[key] and \
+                not Path(part[key]).expanduser().is_absolute():
+            part[key] = str(Path(folder) / part[key])
+
+
 def read_config_file(path: Path) -> dict:
     """The mapping in a YAML config file; one-line UserErrors for a file too large, unreadable or not a mapping."""
     try:
@@ -127,7 +151,10 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
     config = copy.deepcopy(DEFAULTS)
     if name_or_path is not None:
         path = config_path(name_or_path)
-        _merge(config, read_config_file(path), (), str(path))
+        loaded = read_config_file(path)
+        if not is_packaged(path):  # a user's file: its relative paths are relative to the file
+            anchor_paths(loaded, path.absolute().parent)
+        _merge(config, loaded, (), str(path))
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:

@@ -59,7 +59,8 @@ def read_csv(path: str | Path, what: str = "table") -> tuple[list[str], list[tup
     try:
         check_regular(path)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{what} {path}: {exc}") from None
+        looked = "" if path.is_absolute() else f" (looked at {path.absolute()})"
+        raise UserError(f"{what} {path}: {exc}{looked}") from None
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
