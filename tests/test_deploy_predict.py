@@ -273,3 +273,14 @@ def _one_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.startswith("medattn: error: ") and "\n" not in err, err
     return err
+
+
+def test_a_pt2_program_predicts_as_the_checkpoint(image_run, capsys):
+    """``predict model.pt2`` runs the torch.export program (it said "no checkpoint found")."""
+    run, files = image_run / "run", [str(image_run / f"{i}.png") for i in range(4)]
+    program = image_run / "p2.pt2"
+    if not program.exists():
+        assert main(["export", str(run), "--format", "pt2", "--out", str(program)]) == 0
+    assert main(["predict", str(run), *files, "--out", str(image_run / "ck.csv")]) == 0
+    assert main(["predict", str(program), *files, "--out", str(image_run / "pt2.csv")]) == 0
+    _same(_rows(image_run / "ck.csv"), _rows(image_run / "pt2.csv"))

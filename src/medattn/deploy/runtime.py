@@ -1,7 +1,8 @@
-"""Running a deployed model: a checkpoint in PyTorch or an exported ONNX file in onnxruntime, one interface.
+"""Running a deployed model: a checkpoint in PyTorch or an exported file (ONNX in onnxruntime, a ``torch.export``
+``.pt2`` program in torch), one interface.
 
 :func:`open_model` takes a checkpoint (run folder, checkpoint folder, ``model.safetensors``) or an
-``.onnx`` file and gives a :class:`Runner` whose :meth:`Runner.probabilities` maps a collated batch to
+``.onnx`` / ``.pt2`` file and gives a :class:`Runner` whose :meth:`Runner.probabilities` maps a collated batch to
 probabilities: a checkpoint through :class:`medattn.runtime.predictor.Predictor` (as eval predicts), an ONNX
 file through the exported graph (:class:`~medattn.deploy.export.Deployable`, the same function), so both
 give the same numbers (checked to 1e-4 relative in the tests). onnxruntime is optional (the ``onnx``
@@ -75,15 +76,38 @@ def _torch_runner(path: str | Path) -> Runner:
 GRAPH_INPUTS = {"bag": ["features", "mask", "coords"], "image2d": ["x"], "volume3d": ["x"]}
 
 
-def _onnx_runner(path: Path) -> Runner:
-    """Nothing in the file is trusted: its metadata is checked (types, thresholds, the graph's inputs against the
-    input kind), and a graph that refuses the prepared inputs is a one-line UserError, not a traceback."""
+def _graph_session(path: Path, expected: list[str]) -> tuple[list[str], object]:
+    """(input names, feed dict -> first output) of an exported graph: onnxruntime for ``.onnx``, the
+    ``torch.export`` program for ``.pt2`` (whose inputs are positional: named ``expected`` when their count fits)."""
+    if path.suffix.lower() == ".onnx":
+        session = onnx_session(path)
+        return [i.name for i in session.get_inputs()], lambda feed: session.run(None, feed)[0]
+    try:
+        program = torch.export.load(str(path))
+    except Exception as error:  # torch.export raises many types for foreign or damaged archives
+        raise UserError(f"{path}: not a torch.export program torch can load ({type(error).__name__})") from None
+    names = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
+    names = expected if len(names) == len(expected) else names
+    module = program.module()
+
+    def run(feed: dict):
+        with torch.no_grad():
+            return module(*[torch.from_numpy(feed[name]) for name in names]).numpy()
+
+    return names, run
+
+
+def _exported_runner(path: Path) -> Runner:
+    """An exported ``.onnx`` or ``.pt2`` file. Nothing in it is trusted: its metadata is checked (types,
+    thresholds, the graph's inputs against the input kind), and a graph that refuses the prepared inputs is a
+    one-line UserError, not a traceback."""
     meta = read_metadata(path)
     source = f"{path} metadata"
     if not isinstance(meta, dict):
         raise UserError(f"{source}: must be a JSON object, got {type(meta).__name__}")
     prep = from_dict(meta.get("preprocessing"), source)
     thresholds = meta.get("threshold")
+
     def threshold(t) -> bool:
         return t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)
 
@@ -91,18 +115,19 @@ def _onnx_runner(path: Path) -> Runner:
                                    or not all(map(threshold, thresholds))):
         raise UserError(f"{source}: threshold must list {prep.num_outputs} number(s) in [0, 1] or null, got "
                         f"{thresholds!r}")
-    session = onnx_session(path)
-    names = [i.name for i in session.get_inputs()]
+    if prep.unpredictable:
+        raise UserError(f"{source}: {prep.unpredictable}")
+    names, graph = _graph_session(path, GRAPH_INPUTS[prep.input_kind])
     if names != GRAPH_INPUTS[prep.input_kind]:
         raise UserError(f"{path}: the graph's inputs {names} are not those of a {prep.input_kind} model "
                         f"{GRAPH_INPUTS[prep.input_kind]}: the metadata does not describe this graph")
 
     def session_run(feed: dict) -> np.ndarray:
         try:
-            (out,) = session.run(None, feed)
-        except Exception as error:  # onnxruntime's own exception types: the graph refuses these inputs
+            out = graph(feed)
+        except Exception as error:  # the runtimes' own exception types: the graph refuses these inputs
             shapes = {name: list(value.shape) for name, value in feed.items()}
-            reason = str(error).strip().splitlines()[0][:200]
+            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
             raise UserError(f"{path}: the graph refuses inputs {shapes} prepared as its metadata says ({reason})") \
                 from None
         return np.asarray(out, dtype=np.float32)
@@ -120,10 +145,10 @@ def _onnx_runner(path: Path) -> Runner:
 
 
 def open_model(path: str | Path) -> Runner:
-    """A :class:`Runner` for a checkpoint or an exported ``.onnx`` file."""
+    """A :class:`Runner` for a checkpoint or an exported ``.onnx`` / ``.pt2`` file."""
     path = Path(path)
-    if path.suffix.lower() == ".onnx":
+    if path.suffix.lower() in (".onnx", ".pt2"):
         if not path.is_file():
             raise UserError(f"{path}: no such file")
-        return _onnx_runner(path)
+        return _exported_runner(path)
     return _torch_runner(path)
