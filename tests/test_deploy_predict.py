@@ -4,7 +4,9 @@ ONNX against the checkpoint (1e-4 relative), segmentation label maps on the inpu
 import csv
 import hashlib
 import json
+import shutil
 import sys
+from pathlib import Path
 
 import h5py
 import nibabel as nib
@@ -284,3 +286,19 @@ def test_a_pt2_program_predicts_as_the_checkpoint(image_run, capsys):
     assert main(["predict", str(run), *files, "--out", str(image_run / "ck.csv")]) == 0
     assert main(["predict", str(program), *files, "--out", str(image_run / "pt2.csv")]) == 0
     _same(_rows(image_run / "ck.csv"), _rows(image_run / "pt2.csv"))
+
+
+def test_predict_takes_a_folder_and_names_skip_bad_on_a_bad_file(image_run, tmp_path, capsys):
+    run = image_run / "run"
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    for i in range(3):
+        shutil.copy(image_run / f"{i}.png", folder / f"{i}.png")
+    (folder / "notes.txt").write_text("not an image: left out of the folder's files")
+    assert main(["predict", str(run), str(folder), "--out", str(tmp_path / "p.csv")]) == 0
+    assert [Path(r["file"]).name for r in _rows(tmp_path / "p.csv")] == ["0.png", "1.png", "2.png"]
+    (folder / "3.png").write_bytes(b"\x89PNG cut")
+    capsys.readouterr()
+    assert main(["predict", str(run), str(folder), "--out", str(tmp_path / "q.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "3.png" in err and "--skip-bad leaves out" in err

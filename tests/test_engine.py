@@ -184,3 +184,12 @@ def test_the_size_warning_reaches_the_summary_and_results(tmp_path):
     results = _run(tmp_path, bundle, "model.name=vit2d_tiny", "model.kwargs.patch_size=4")
     assert any("tokens" in w for w in results["warnings"])
     assert json.loads((tmp_path / "run/results.json").read_text())["warnings"] == results["warnings"]
+
+
+def test_a_log_line_shows_a_few_tensor_names_and_counts_the_rest():
+    """--init-from printed about 250 tensor names on one line."""
+    from medattn.train.loop import SHOWN_NAMES, _some
+
+    names = [f"encoder.blocks.{i}.attn.q_norm.weight" for i in range(40)]
+    assert _some(names).count("encoder") == SHOWN_NAMES and _some(names).endswith(f"and {40 - SHOWN_NAMES} more")
+    assert _some(names[:2]) == ", ".join(names[:2])

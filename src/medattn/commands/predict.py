@@ -26,7 +26,8 @@ from .evaluate import positive_int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoint folder, model.safetensors or an exported .onnx")
-    parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files")
+    parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files; a "
+                                                  "folder of images or HDF5 files gives its files")
     parser.add_argument("--out", required=True, help="CSV to write")
     parser.add_argument("--subtract", nargs="+", metavar="FILE", default=None,
                         help="for subtraction models: the volume subtracted from each file, in the same order")
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from medattn.data.preprocessing import sample_paths
+    from medattn.data.preprocessing import BadInputFile, sample_paths
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
     from medattn.runtime.outputs import OutputFolder
@@ -63,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
     skipped = f"{out.stem}_skipped.csv"
     for name in (out.name, *([skipped] if args.skip_bad else [])):  # before any prediction
         folder.path(name)
-    table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir, args.overwrite)
+    try:
+        table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
+                              args.overwrite)
+    except BadInputFile as error:
+        raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
     with folder.write(out.name) as tmp:
         write_csv(tmp, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""

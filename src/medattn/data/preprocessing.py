@@ -197,6 +197,7 @@ def file_loader(prep: Preprocessing):
 def sample_paths(prep: Preprocessing, files: list, subtract: list | None = None) -> list[tuple[Path, ...]]:
     """Files (and the ``--subtract`` files, one per file) -> one tuple of paths per sample, as ``prep`` takes them
     (two for subtraction models); a UserError when the files do not fit its need."""
+    files = expand_folders(prep, files)
     if prep.inputs_per_sample == 2:
         if subtract is None or len(subtract) != len(files):
             raise UserError(f"this model was trained on subtraction volumes: give --subtract with one volume per "
@@ -205,6 +206,33 @@ def sample_paths(prep: Preprocessing, files: list, subtract: list | None = None)
     if subtract is not None:
         raise UserError("--subtract is for models trained on subtraction volumes; this one takes one file per sample")
     return [(Path(f),) for f in files]
+
+
+class BadInputFile(UserError):
+    """An input file that cannot be read or prepared (``--skip-bad`` leaves such files out)."""
+
+
+#: File suffixes a folder given to predict or explain is searched for, by input kind (a volume model takes a
+#: folder as one DICOM series instead).
+FOLDER_SUFFIXES = {"image2d": (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".dcm"), "bag": (".h5", ".hdf5")}
+
+
+def expand_folders(prep: Preprocessing, files: list) -> list[Path]:
+    """``files`` with each folder replaced by its files of the model's kind (:data:`FOLDER_SUFFIXES`, sorted, not
+    recursive); a volume model's folder stays (a DICOM series), as does a slice model's. An empty folder is a
+    UserError."""
+    out = []
+    for name in files:
+        path = Path(name)
+        if not path.is_dir() or prep.input_kind == "volume3d" or prep.slice_axis is not None:
+            out.append(path)
+            continue
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(
+            FOLDER_SUFFIXES[prep.input_kind]))
+        if not found:
+            raise UserError(f"{path}: a folder with no {' / '.join(FOLDER_SUFFIXES[prep.input_kind])} file")
+        out += found
+    return out
 
 
 @dataclass(frozen=True)
@@ -255,17 +283,18 @@ class InferenceDataset(Dataset):
             try:
                 self._check(path, folders=self.prep.input_kind == "volume3d" or self.prep.slice_axis is not None)
             except FileNotFoundError:
-                raise UserError(f"{path}: no such file") from None
+                raise BadInputFile(f"{path}: no such file") from None
             except ValueError as error:
-                raise UserError(f"{path}: {error}") from None
+                raise BadInputFile(f"{path}: {error}") from None
         record = self._record(id=item.id, patient=item.id, where=item.id, paths=item.paths,
                               extra={"side": item.side} if item.side else {})
         try:
             return self.load(record)
-        except UserError:
-            raise
+        except UserError as error:
+            raise BadInputFile(str(error)) from None
         except Exception as error:  # readers raise many types for corrupt files
-            raise UserError(f"{item.id}: cannot read ({type(error).__name__}: {error})".replace("\n", " ")) from None
+            raise BadInputFile(f"{item.id}: cannot read ({type(error).__name__}: {error})".replace("\n", " ")) \
+                from None
 
     def placeholder(self) -> dict:
         if self.prep.input_kind == "bag":

@@ -72,7 +72,8 @@ def format_summary(summary: dict) -> str:
     folds = [f"fold_{k}" for k in range(summary["folds"])]
     table = [{"structure": row["structure"], **dict(zip(folds, row["per_fold"])),
               "summary": mean_std_text(row)} for row in summary["rows"]]
-    columns = [("structure", "structure", ""), *[(f, f, ".3f") for f in folds], ("summary", "mean (std)", "")]
+    first = "structure" if summary["metric"] == "dice" else "metric"
+    columns = [("structure", first, ""), *[(f, f, ".3f") for f in folds], ("summary", "mean (std)", "")]
     return "\n".join([f"{summary['folds']}-fold cross-validation of {summary['model']}{mechanism} on "
                       f"{summary['data']}{tag}: test {label} per fold, mean (std) over folds",
                       format_table(table, columns),

@@ -223,9 +223,20 @@ def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], Non
         log(f"initialised from {init_from}: {describe(loaded)}")
         return {"from": str(init_from), **loaded}
     new, unused = checkpoint.init_from(model, checkpoint.resolve(init_from))
-    log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {', '.join(new)}" if new else "")
-        + (f"; {len(unused)} checkpoint tensor(s) unused: {', '.join(unused)}" if unused else ""))
+    log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {_some(new)}" if new else "")
+        + (f"; {len(unused)} checkpoint tensor(s) unused: {_some(unused)}" if unused else "")
+        + ("; every name is in results.json (init_from)" if len(new) + len(unused) > 2 * SHOWN_NAMES else ""))
     return {"from": str(init_from), "new_tensors": new, "unused_tensors": unused}
+
+
+#: Tensor names a log line shows before it counts the rest.
+SHOWN_NAMES = 6
+
+
+def _some(names: list[str]) -> str:
+    """The first :data:`SHOWN_NAMES` names, and how many more."""
+    more = len(names) - SHOWN_NAMES
+    return ", ".join(names[:SHOWN_NAMES]) + (f" and {more} more" if more > 0 else "")
 
 
 def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
