@@ -87,3 +87,16 @@ def test_export_replaces_an_existing_file_only_with_overwrite_and_never_the_chec
     assert main(["export", str(ck), "--format", "pt2", "--out", str(ck / "model.safetensors"), "--overwrite"]) == 2
     assert "is an input" in capsys.readouterr().err and (ck / "model.safetensors").read_bytes() == weights
     assert main(["export", str(ck), "--format", "pt2", "--out", str(tmp_path / "m.pt2"), "--overwrite"]) == 0
+
+
+def test_eval_keeps_an_earlier_evaluation_unless_overwrite(tmp_path, capsys):
+    from test_cli import TINY
+
+    run = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    out = tmp_path / "eval"
+    assert main(["eval", str(run), "synthetic_cxr", *TINY, "--out", str(out), "--no-progress"]) == 0
+    first = (out / "eval.json").read_bytes()
+    assert main(["eval", str(run), "synthetic_cxr", *TINY, "--out", str(out), "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (out / "eval.json").read_bytes() == first
+    assert main(["eval", str(run), "synthetic_cxr", *TINY, "--out", str(out), "--no-progress", "--overwrite"]) == 0

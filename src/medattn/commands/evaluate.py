@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-patient", choices=("mean", "max"), default=None,
                         help="also score per patient: the mean or max of each patient's probabilities")
     parser.add_argument("--out", help="output folder (default: eval_<name>_<split> in the checkpoint's run folder)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the files of an earlier evaluation in --out")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="default: the run's eval batch size")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
     parser.add_argument("--no-progress", action="store_true")
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from medattn.train.evaluate import evaluate, format_result
 
     result = evaluate(args.checkpoint, config, split=args.split, out=args.out, per_patient=args.per_patient,
-                      batch_size=args.batch_size, skip_bad=args.skip_bad, progress=not args.no_progress)
+                      batch_size=args.batch_size, skip_bad=args.skip_bad, progress=not args.no_progress,
+                      overwrite=args.overwrite)
     if result:
         if result["skipped_samples"]:
             print(f"skipped {result['skipped_samples']} bad sample(s) (--skip-bad)")

@@ -31,14 +31,16 @@ from .report import score_split
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
              per_patient: str | None = None, batch_size: int | None = None, skip_bad: bool = False,
-             progress: bool = True) -> dict:
+             progress: bool = True, overwrite: bool = False) -> dict:
     """Evaluate ``checkpoint`` (a run folder, checkpoint folder or model.safetensors) on split ``split`` of the
     data of ``config`` (a resolved run config; its ``data``, ``seed`` and ``eval`` sections are used);
     returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
-    ``eval_<config name>_<split>`` in the checkpoint's run folder."""
+    ``eval_<config name>_<split>`` in the checkpoint's run folder; files already there that this call did not
+    write are replaced only with ``overwrite``, checked before any prediction."""
     from medattn.data import build_datasets
     from medattn.data.preprocessing import differences
     from medattn.runtime.device import open_device
+    from medattn.runtime.outputs import OutputFolder
     from medattn.runtime.predictor import Predictor
     from medattn.runtime.trained import load_checkpoint
 
@@ -69,8 +71,14 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
                         f"'test' (or data.test_fraction=1 data.val_fraction=0), or choose --split")
     default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     out = Path(out or default_root / f"eval_{config['name']}_{split}")
-    with writing(out):
-        out.mkdir(parents=True, exist_ok=True)
+    tables = [Path(config["data"][k]) for k in ("csv", "slide_table", "clinical_table", "path")
+              if isinstance(config["data"].get(k), str)]
+    folder = OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
+    names = [split, *([f"{split}_patients"] if per_patient else [])]
+    for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
+        for kind in ("predictions", "roc", "reliability"):
+            folder.path(f"{kind}_{name}.{'csv' if kind == 'predictions' else 'png'}")
+    folder.path("eval.json")
     device = open_device(run_config["train"]["device"])
     batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(dataset, batch_size, False, config["seed"])
