@@ -39,7 +39,9 @@ def rows(path):
 
 
 @pytest.mark.parametrize("method", ["auto", "rollout", "gradxinput"])
-def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
+def test_explain_images_writes_readable_heatmaps(tmp_path, method):
+    """Image and map side by side at a readable size (a 48 x 40 image was a 48 x 40 PNG), with a colour bar and a
+    title; the SYNTHETIC note lies below the panels, not over the data."""
     ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=vit2d_tiny"],
                          TaskInfo("binary", "image2d", 1, (1, 32, 32), ["cardiomegaly"], synthetic=True),
                          mean=[0.5], std=[0.5])
@@ -49,8 +51,10 @@ def test_explain_images_writes_overlays_at_the_image_size(tmp_path, method):
         Image.fromarray(np.random.default_rng(i).integers(0, 255, size[::-1], dtype=np.uint8)).save(path)
         files.append(str(path))
     assert main(["explain", str(ck), *files, "--out", str(tmp_path / "out"), "--method", method]) == 0
-    assert Image.open(tmp_path / "out" / "img0.png").size == (48, 40)
-    assert Image.open(tmp_path / "out" / "img1.png").mode == "RGB"
+    figure = Image.open(tmp_path / "out" / "img0.png")
+    assert figure.mode == "RGB" and figure.size[0] >= 2 * 400 and figure.size[1] >= 300
+    pixels = np.asarray(figure)
+    assert (pixels[-12:, :, 0] > 150).any() and (pixels[-12:, :, 1] < 80).any()  # the red SYNTHETIC note, at the foot
     summary = rows(tmp_path / "out" / "summary.csv")
     assert [r["outputs"] for r in summary] == ["img0.png", "img1.png"]
     assert 0 < float(summary[0]["prob_cardiomegaly"]) < 1
@@ -70,6 +74,9 @@ def test_explain_volume_writes_nifti_on_the_input_grid(tmp_path):
     assert out.shape == (20, 9, 30)
     np.testing.assert_allclose(out.affine, affine)
     assert np.isfinite(out.get_fdata()).all() and np.ptp(out.get_fdata()) > 0
+    preview = Image.open(tmp_path / "out" / "vol_preview.png")  # three orthogonal slices beside every 3D map
+    assert preview.size[0] >= 1000 and rows(tmp_path / "out" / "summary.csv")[0]["outputs"] == \
+        "vol.nii.gz vol_preview.png"
 
 
 def test_volume_map_returns_each_voxel_to_where_it_came_from(tmp_path):

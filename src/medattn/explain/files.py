@@ -4,9 +4,11 @@ Each file is prepared exactly as ``medattn predict`` prepares it, with the prepr
 checkpoint (:mod:`medattn.data.preprocessing`; subtraction models take the subtracted volume of each pair),
 and its probabilities come from the same :class:`~medattn.runtime.predictor.Predictor` (training precision,
 sliding windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``: 2D images
-``<stem>.png`` (overlay on the image at its own size); 3D volumes ``<stem>.nii.gz`` (the map on the input
-file's grid and affine); whole-slide bags (HDF5) ``<stem>_tiles.csv`` and ``<stem>_tiles.h5`` (a score per
-tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag
+``<stem>.png`` (the image beside the map over it, at a readable size, with a colour bar saying what the colours
+mean, a title naming model, method and file, the SYNTHETIC note below the panels); 3D volumes ``<stem>.nii.gz``
+(the map on the input file's grid and affine) and ``<stem>_preview.png`` (three orthogonal slices through the
+voxel of largest relevance, with the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``
+and ``<stem>_tiles.h5`` (a score per tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag
 longer than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in
 bounded memory (the gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with
 the method used, the explained output and its probabilities.
@@ -117,7 +119,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                     from None
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
     stems = [out.stem_for(item.paths[0]) for item in dataset.items]
-    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", ".png"), "image2d": (".png",), "volume3d": (".nii.gz",)}
+    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", ".png"), "image2d": (".png",),
+                "volume3d": (".nii.gz", "_preview.png")}
     for stem in stems:  # every name this call may write, before any compute
         for suffix in suffixes[prep.input_kind]:
             out.path(stem + suffix)
@@ -146,7 +149,9 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
                                        bag_header(path)[1], label)
             elif prep.input_kind == "image2d":
-                image = outputs.overlay(read_image(path).numpy(), result.relevance[0].numpy(), label=label)
+                title = f"{trained.model_id} | {used} | {path.name}"
+                image = outputs.readable_overlay(read_image(path).numpy(), result.relevance[0].numpy(), title, used,
+                                                 prep.synthetic)
                 with out.write(f"{stem}.png") as tmp:
                     image.save(tmp, format="PNG")
                 written = [f"{stem}.png"]
@@ -154,13 +159,23 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 array, affine = to_native_grid(result.relevance[0].float(), path, prep.spacing)
                 with out.write(f"{stem}.nii.gz") as tmp:
                     write_nifti(tmp, array, affine)
-                written = [f"{stem}.nii.gz"]
+                title = f"{trained.model_id} | {used} | {path.name}"
+                preview = outputs.volume_preview(sample_volume(dataset[index]), result.relevance[0].numpy(), title,
+                                                 used, prep.synthetic)
+                with out.write(f"{stem}_preview.png") as tmp:
+                    preview.save(tmp, format="PNG")
+                written = [f"{stem}.nii.gz", f"{stem}_preview.png"]
         report.rows.append({"file": item.id, "method": used, "target": explained,
                             **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
                             "outputs": " ".join(written)})
     with out.write("summary.csv") as tmp:
         outputs.write_summary(tmp, report.rows)
     return report
+
+
+def sample_volume(sample: dict) -> np.ndarray:
+    """The prepared volume (H, W, D) of a sample (its one channel), on the grid of its relevance map."""
+    return sample["input"][0].numpy()
 
 
 def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,

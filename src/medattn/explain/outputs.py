@@ -57,6 +57,96 @@ def overlay(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5, label: str 
     return _label(out, label)
 
 
+#: Side of each panel of a readable heatmap figure, in pixels (small images are enlarged, pixels kept square).
+PANEL_PX = 420
+SYNTHETIC_NOTE = "model trained on SYNTHETIC data (not a clinical result)"
+
+
+def _meaning(heat: np.ndarray, method: str) -> str:
+    """The colour bar's label: what the colours mean for this map."""
+    if float(np.min(heat)) < 0:
+        return f"{method} relevance: red adds to the prediction, blue takes away"
+    return f"{method} relevance (>= 0: brighter matters more)"
+
+
+def _figure_image(fig) -> Image.Image:
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")
+
+
+def readable_overlay(image: np.ndarray, heat: np.ndarray, title: str, method: str, synthetic: bool = False,
+                     alpha: float = 0.45) -> Image.Image:
+    """A figure a person can read: the image (C, H, W) in [0, 1] beside the map ``heat`` (h, w, any grid,
+    resized by nearest neighbour) over it, each panel about :data:`PANEL_PX` px, a colour bar saying what the
+    colours mean, ``title`` above (model, method, file) and the SYNTHETIC note below the panels, not over them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plain = np.asarray(overlay(image, heat, alpha=0.0))  # the image as RGB at its size (checked there)
+    size = (plain.shape[1], plain.shape[0])
+    heat = np.asarray(Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F").resize(size, Image.NEAREST))
+    cmap, low, high = colour_range(heat)
+    scale = PANEL_PX / max(size)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size[0] * scale / 100 + 1.6, size[1] * scale / 100 + 1.1))
+    axes[0].imshow(plain, interpolation="nearest")
+    axes[0].set_title("image", fontsize=9)
+    axes[1].imshow(plain, interpolation="nearest")
+    shown = axes[1].imshow(heat, cmap=cmap, vmin=low, vmax=high, alpha=alpha, interpolation="nearest")
+    axes[1].set_title("relevance over the image", fontsize=9)
+    for axis in axes:
+        axis.set_axis_off()
+    bar = fig.colorbar(shown, ax=axes, fraction=0.035, pad=0.02)
+    bar.set_label(_meaning(heat, method), fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    if synthetic:
+        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
+    image_out = _figure_image(fig)
+    plt.close(fig)
+    return image_out
+
+
+def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str, synthetic: bool = False,
+                   alpha: float = 0.45) -> Image.Image:
+    """Three orthogonal slices of ``volume`` (H, W, D) with ``heat`` (same grid) over them, through the voxel of
+    the largest |relevance|, with a colour bar, ``title`` and the SYNTHETIC note below the panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    volume, heat = np.asarray(volume, dtype=np.float32), np.asarray(heat, dtype=np.float32)
+    if volume.shape != heat.shape or volume.ndim != 3:
+        raise UserError(f"preview: volume {volume.shape} and map {heat.shape} must be one 3D grid")
+    centre = np.unravel_index(int(np.argmax(np.abs(heat))), heat.shape)
+    low_v, high_v = np.percentile(volume, [1, 99])
+    cmap, low, high = colour_range(heat)
+    cuts = [(volume[centre[0]], heat[centre[0]], f"axis 0 = {centre[0]}"),
+            (volume[:, centre[1]], heat[:, centre[1]], f"axis 1 = {centre[1]}"),
+            (volume[:, :, centre[2]], heat[:, :, centre[2]], f"axis 2 = {centre[2]}")]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 4.2))
+    for axis, (image, relevance, name) in zip(axes, cuts):
+        axis.imshow(image.T, cmap="gray", vmin=low_v, vmax=max(high_v, low_v + 1e-6), origin="lower",
+                    interpolation="nearest")
+        shown = axis.imshow(relevance.T, cmap=cmap, vmin=low, vmax=high, alpha=alpha, origin="lower",
+                            interpolation="nearest")
+        axis.set_title(f"slice {name}", fontsize=9)
+        axis.set_axis_off()
+    bar = fig.colorbar(shown, ax=axes, fraction=0.025, pad=0.02)
+    bar.set_label(_meaning(heat, method), fontsize=8)
+    fig.suptitle(title + " (through the voxel of largest |relevance|)", fontsize=9)
+    if synthetic:
+        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
+    image_out = _figure_image(fig)
+    plt.close(fig)
+    return image_out
+
+
 def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
     """Side of a tile in the coords' unit: the HDF5 attributes ``patch_size_level0`` (CLAM layout, level-0
     px) or ``tile_size_um`` (STAMP layout, microns), else the smallest step between distinct coordinates."""
