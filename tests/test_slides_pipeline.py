@@ -135,3 +135,16 @@ def test_stamp_layout_loads_through_the_wsi_bags_loader(tmp_path, capsys):
     assert "exists with other settings (layout=stamp)" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "stamp"), "--layout", "stamp"]) == 0  # resumes: already done
     assert "2 already done" in capsys.readouterr().out
+
+
+def test_skip_bad_says_in_the_last_line_that_slides_failed(tmp_path, capsys):
+    """``wsi tile --skip-bad`` exits 0 with a broken slide left out; its last line says so."""
+    from medattn.cli import main
+
+    assert main(["wsi", "synthetic", "--out", str(tmp_path / "slides"), "--count", "2"]) == 0
+    (tmp_path / "slides" / "broken.tif").write_bytes(b"II*\x00 not a slide")
+    capsys.readouterr()
+    assert main(["wsi", "tile", str(tmp_path / "slides"), "--out", str(tmp_path / "tiles"), "--skip-bad",
+                 "--no-progress"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("WARNING: 1 of 3 slide(s) failed") and "--skip-bad" in last

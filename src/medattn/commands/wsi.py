@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
     extract.set_defaults(wsi_run=run_extract)
     synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)")
-    synthetic.add_argument("out", type=Path, help="output folder")
+    synthetic.add_argument("out", type=Path, nargs="?", help="output folder (or --out, as the other commands)")
+    synthetic.add_argument("--out", type=Path, dest="out_option", help="output folder")
     synthetic.add_argument("--count", type=int, default=8, help="number of slides, every other with a tumour")
     synthetic.add_argument("--seed", type=int, default=0)
     synthetic.set_defaults(wsi_run=run_synthetic)
@@ -87,14 +88,19 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
-def _summary(results: list, started: float) -> str:
+def _summary(results: list, started: float, tail: str = "") -> str:
+    """The run's last line(s): counts and speed, and, when slides failed (``--skip-bad``), a last line that says so."""
     done = [r for r in results if r.status == "done"]
     kept = sum(r.kept for r in done)
     seconds = time.perf_counter() - started
-    return (f"{len(done)} done, {sum(r.status == 'skipped' for r in results)} already done, "
-            f"{sum(r.status == 'failed' for r in results)} failed; {kept} patches kept, "
-            f"{sum(r.dropped.get('white', 0) for r in done)} white and {sum(r.dropped.get('blurry', 0) for r in done)} "
-            f"blurry dropped; {kept / max(seconds, 1e-9):.1f} patches/s")
+    failed = sum(r.status == "failed" for r in results)
+    line = (f"{len(done)} done, {sum(r.status == 'skipped' for r in results)} already done, {failed} failed; "
+            f"{kept} patches kept, {sum(r.dropped.get('white', 0) for r in done)} white and "
+            f"{sum(r.dropped.get('blurry', 0) for r in done)} blurry dropped; "
+            f"{kept / max(seconds, 1e-9):.1f} patches/s{tail}")
+    if failed:
+        line += f"\nWARNING: {failed} of {len(results)} slide(s) failed and were left out (--skip-bad): see above"
+    return line
 
 
 def run_tile(args: argparse.Namespace) -> int:
@@ -145,7 +151,7 @@ def run_extract(args: argparse.Namespace) -> int:
     for result in results:
         if result.status == "failed":
             print(f"skipped {result.message}")
-    print(f"{_summary(results, started)} ({extractor.name} on {extractor.device})")
+    print(_summary(results, started, f" ({extractor.name} on {extractor.device})"))
     return 0
 
 
@@ -154,8 +160,11 @@ def run_synthetic(args: argparse.Namespace) -> int:
 
     if args.count < 1:
         raise UserError(f"--count must be >= 1, got {args.count}")
-    paths = write_synthetic_cohort(args.out, args.count, args.seed)
-    print(f"wrote {len(paths)} SYNTHETIC slides, slide_table.csv and clinical_table.csv to {args.out}")
+    if (args.out is None) == (args.out_option is None):
+        raise UserError("give the output folder once: medattn wsi synthetic DIR, or --out DIR")
+    out = args.out or args.out_option
+    paths = write_synthetic_cohort(out, args.count, args.seed)
+    print(f"wrote {len(paths)} SYNTHETIC slides, slide_table.csv and clinical_table.csv to {out}")
     return 0
 
 

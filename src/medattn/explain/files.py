@@ -1,17 +1,17 @@
 """``explain_files``: heatmaps of a checkpoint's predictions on files, written beside a summary table.
 
-Each file is prepared exactly as ``medattn predict`` prepares it, with the preprocessing stored in the
-checkpoint (:mod:`medattn.data.preprocessing`; subtraction models take the subtracted volume of each pair),
-and its probabilities come from the same :class:`~medattn.runtime.predictor.Predictor` (training precision,
-sliding windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``: 2D images
-``<stem>.png`` (the image beside the map over it, at a readable size, with a colour bar saying what the colours
-mean, a title naming model, method and file, the SYNTHETIC note below the panels); 3D volumes ``<stem>.nii.gz``
-(the map on the input file's grid and affine) and ``<stem>_preview.png`` (three orthogonal slices through the
-voxel of largest relevance, with the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``
-and ``<stem>_tiles.h5`` (a score per tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag
-longer than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in
-bounded memory (the gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with
-the method used, the explained output and its probabilities.
+Each file is prepared exactly as ``medattn predict`` prepares it, with the preprocessing stored in the checkpoint
+(:mod:`medattn.data.preprocessing`; subtraction models take the subtracted volume of each pair), and its
+probabilities come from the same :class:`~medattn.runtime.predictor.Predictor` (training precision, sliding
+windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``: 2D images ``<stem>.png`` (the image
+beside the map over it, at a readable size, with a colour bar saying what the colours mean, a title naming model,
+method and file, the SYNTHETIC note below the panels); 3D volumes ``<stem>.nii.gz`` (the map on the input file's
+grid and affine) and ``<stem>_preview.png`` (three orthogonal slices through the voxel of largest relevance, with
+the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv`` and ``<stem>_tiles.h5`` (a score per
+tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag longer
+than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in bounded memory (the
+gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with the method used, the
+explained output and its probabilities.
 """
 
 from __future__ import annotations
