@@ -11,6 +11,8 @@ Multi-process data parallel: torchrun --nproc_per_node N -m medattn train CONFIG
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from pathlib import Path
 
 from medattn.config import load_config
@@ -53,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     """Check everything that is cheap to check (config, model section, device, output folder) before any
     data is read; :func:`medattn.train.fit` holds the output folder while it trains. Config errors
     answer before torch is imported."""
+    started = time.time()
     config = load_config(args.config, args.overrides)
+    if not os.environ.get("RANK", "0").strip("0"):  # the first line within a second, before torch loads
+        print(f"medattn train: {config['model']['name']} on {config['data'].get('kind')} -> "
+              f"{run_dir_of(config, args.out)} (loading torch, checking data and model)", flush=True)
     if config["task"] != "supervised":  # the 3D VQ diffusion stages (medattn.diffusion, docs/diffusion.md)
         from medattn.diffusion.train import train_diffusion
 
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if bundle.skipped and distributed.is_main():
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
         fit(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
-            progress=not args.no_progress)
+            progress=not args.no_progress, started=started)
     finally:
         distributed.cleanup()
     return 0

@@ -66,7 +66,8 @@ class LateDataError(UserError):
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
         init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
-        on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print) -> dict:
+        on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print,
+        started: float | None = None) -> dict:
     """Train, select the best epoch by the validation score (AUROC, or Dice for segmentation), test it;
     returns the results (also results.json).
 
@@ -78,8 +79,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     DINO, MAE or MONAI ViT (:func:`medattn.models.pretrained.load_pretrained`).
 
     ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
-    the run saves and reports the resolved config.
+    the run saves and reports the resolved config. ``started`` (``time.time()`` when the command began; default:
+    now) makes the summary's elapsed time the whole command's, not only training's.
     """
+    started = time.time() if started is None else started
     validate(config)
     for split in ("train", "val"):
         if len(getattr(bundle, split)) == 0:
@@ -96,8 +99,9 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     replacing = overwrite and any((run_dir / name).exists() for name in RUN_FILES)
     with run_folder(run_dir, resume, overwrite):
         try:
-            return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen)
+            results = _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
+                           device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
+            return results
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -107,7 +111,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
-         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict) -> dict:
+         on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict,
+         started: float) -> dict:
     """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
     ``chosen``: the training values defaults chose (recorded with the data's and the model's)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
@@ -162,7 +167,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     meta = {"config": config, "task": checkpoint.task_to_dict(task)}
     if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
         meta["preprocessing"] = bundle.preprocessing.to_dict()
-    started = time.time()
+    training_started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
         train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, train_objective, task, train_cfg,
@@ -197,11 +202,11 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "metric": objective.metric,
         score_key: state["best_score"],
-        "skipped_samples": bundle.skipped, "train_seconds": time.time() - started,
+        "skipped_samples": bundle.skipped, "train_seconds": time.time() - training_started,
         "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report, "warnings": setup_warnings,
         "defaults": defaults, "feature_standardization": standardized,
     }
-    return test_best(model, config, bundle, run_dir, results, device, progress, log)
+    return test_best(model, config, bundle, run_dir, results, device, progress, log, started)
 
 
 def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.Tensor | None:
@@ -299,7 +304,7 @@ def improves(state: dict, score: float, loss: float) -> bool:
 
 
 def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path, results: dict,
-              device: torch.device, progress: bool, log: Callable[[str], None]) -> dict:
+              device: torch.device, progress: bool, log: Callable[[str], None], started: float) -> dict:
     """Load the best checkpoint, score the test split, write the report files (predictions, ROC, curves,
     results.json, the learned-nothing warnings) and print the summary; returns ``results`` completed."""
     train_cfg, task = config["train"], bundle.task
@@ -325,6 +330,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""))
+            results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))
         log(report.summary(results, objective))
     distributed.barrier()

@@ -140,7 +140,9 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
         f"best epoch     {results['best_epoch']} of {results['epochs']}  "
         f"(val {objective.metric_label} {results[f'val_{objective.metric}']:.4f})",
         objective.test_line(test),
-        f"time           {results['train_seconds']:.1f} s",
+        f"time           {results['elapsed_seconds']:.1f} s in all ({results['train_seconds']:.1f} s training and "
+        f"validation; the rest reading data, building the model, testing)" if "elapsed_seconds" in results else
+        f"time           {results['train_seconds']:.1f} s training and validation",
         *(["defaults       " + ", ".join(f"{k}={v}" for k, v in results["defaults"].items())]
           if results.get("defaults") else []),
         f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json",
