@@ -66,6 +66,11 @@ def test_two_stages_and_inpainting_end_to_end(tmp_path, capsys):
     assert main(["inpaint", str(stage1), str(tmp_path / "case.nii.gz"), "--mask", str(tmp_path / "mask.nii.gz"),
                  "--method", "random", "--out", str(out), "--overwrite"]) == 0  # ... unless asked
     assert list(csv.DictReader(open(out / "scores.csv")))[0]["masked_tokens"] == "1"
+    assert "WARNING" not in capsys.readouterr().out
+    nib.save(nib.Nifti1Image(volume * 1000 - 50, affine), tmp_path / "raw.nii.gz")  # scanner units, not [0, 1]
+    assert main(["inpaint", str(stage1), str(tmp_path / "raw.nii.gz"), "--method", "random", "--out",
+                 str(tmp_path / "raw_out")]) == 0
+    assert "WARNING: raw.nii.gz: values" in capsys.readouterr().out  # PSNR was -54 dB without a word
 
     # bad input: wrong size, missing checkpoint, a stage-1 checkpoint for diffusion, stage 2 without stage 1
     _nifti(tmp_path / "odd.nii.gz", (16, 12, 32), affine)

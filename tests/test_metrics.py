@@ -127,3 +127,14 @@ def test_engine_scores_with_patient_clusters(tmp_path):
     result = Segmentation(TaskInfo("segmentation", "volume3d", 2, (1, 4, 4, 4), ["bg", "fg"])).score(
         seg, "test", eval_cfg, seed=1)
     assert (result["ci_low"], result["ci_high"]) == metrics.dice_bootstrap_ci(dice, 100, 0.95, 1, groups=patients)
+
+
+def test_training_curves_mark_the_kept_epoch(tmp_path):
+    from medattn.train.report import plot_curves
+
+    rows = [{"epoch": e, "train_loss": 1 / e, "val_loss": 1 / e + 0.1, "val_auroc": 0.5 + e / 10} for e in (1, 2, 3)]
+    loss, score = plot_curves(rows, "val_auroc", tmp_path / "c.png", "t", best_epoch=2)
+    for axis in (loss, score):
+        marks = [line for line in axis.get_lines() if list(line.get_xdata()) == [2, 2]]
+        assert len(marks) == 1 and marks[0].get_linestyle() == "--"
+    assert (tmp_path / "c.png").stat().st_size > 0

@@ -9,6 +9,7 @@ keeps its affine), normalised as the checkpoint's training data were (``nifti_vo
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from medattn.diffusion.vqae import patch_grid
 from medattn.errors import UserError
 from medattn.runtime.outputs import OutputFolder
 
+#: How far outside [0, 1] a normalised volume may reach before inpainting warns that its scale is not the model's.
+UNIT_SLACK = 0.05
 SCORE_FIELDS = ("case", "method", "masked_tokens", "psnr", "ssim", "psnr_masked", "psnr_recon", "ssim_recon")
 
 
@@ -68,7 +71,8 @@ def read_nifti(path: Path):
 
 def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Path, *, mask: str = "centre",
                   method: str = "diffusion", mask_fraction: float | None = None, steps: int | None = None,
-                  temperature: float | None = None, seed: int = 0, overwrite: bool = False) -> list[dict]:
+                  temperature: float | None = None, seed: int = 0, overwrite: bool = False,
+                  log: Callable[[str], None] = print) -> list[dict]:
     """Inpaint every file of ``volumes`` into ``out_dir`` (see ``medattn inpaint --help``); -> score rows.
 
     Every volume and the mask are read, and every output name planned, before the first sampling step; outputs
@@ -103,6 +107,11 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
     for index, (path, stem) in enumerate(zip(volumes, stems)):
         array, image = read_nifti(path)
         volume = normalise(torch.from_numpy(array), method_norm)
+        low, high = float(volume.min()), float(volume.max())
+        if low < -UNIT_SLACK or high > 1 + UNIT_SLACK:  # the model and the scores work in [0, 1]
+            log(f"WARNING: {path.name}: values {low:.3g} to {high:.3g} after the training data's normalisation "
+                f"({method_norm}); the model was trained on [0, 1], so the output and its PSNR/SSIM mean nothing: "
+                f"scale the volume to [0, 1] as the training data were")
         grid = tuple(n // cell for n in array.shape)
         if mask_voxels is not None:
             voxels = mask_voxels

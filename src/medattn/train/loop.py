@@ -329,7 +329,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         with writing(run_dir):
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
-                               label + (" (SYNTHETIC data)" if task.synthetic else ""))
+                               label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))
         log(report.summary(results, objective))

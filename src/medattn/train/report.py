@@ -181,8 +181,9 @@ def read_metrics(path: Path) -> list[dict]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def plot_curves(rows: list[dict], score_key: str, path: Path, title: str) -> None:
-    """training_curves.png: train and validation loss (left) and the validation score (right) per epoch."""
+def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_epoch: int | None = None):
+    """training_curves.png: train and validation loss (left) and the validation score (right) per epoch, the kept
+    (best validation) epoch marked by a dashed line in both; -> the figure's axes (closed), for tests."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,8 +197,13 @@ def plot_curves(rows: list[dict], score_key: str, path: Path, title: str) -> Non
     ax_loss.legend()
     ax_score.plot(epochs, [row[score_key] for row in rows], "o-", color="C2")
     ax_score.set(xlabel="epoch", ylabel=score_key.replace("_", " "))
+    if best_epoch is not None:
+        for axis in (ax_loss, ax_score):
+            axis.axvline(best_epoch, color="0.4", linestyle="--", linewidth=1, label=f"kept: epoch {best_epoch}")
+        ax_score.legend()
     fig.suptitle(title)
     fig.tight_layout()
     with writing(path):
         fig.savefig(path, dpi=100)
     plt.close(fig)
+    return ax_loss, ax_score
