@@ -234,3 +234,17 @@ def test_train_speaks_at_once_and_its_time_is_the_whole_command(tmp_path, capsys
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["train_seconds"] < results["elapsed_seconds"] <= wall
     assert any(line.startswith("time ") and "in all" in line for line in out)
+
+
+def test_models_lists_everything_a_config_can_name(capsys):
+    """Every preset, mechanism, data kind, packaged config, and the diffusion models and data kinds."""
+    from medattn.attention import available_attentions
+    from medattn.data import available_data_kinds
+    from medattn.diffusion.data import KINDS
+    from medattn.diffusion.model import STAGES
+    from medattn.models.presets import PRESETS
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in [*PRESETS, *available_attentions(), *available_data_kinds(), *KINDS, *STAGES.values()]:
+        assert name in out, name

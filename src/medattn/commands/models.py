@@ -16,6 +16,8 @@ def run(args: argparse.Namespace) -> int:
     from medattn.attention import available_attentions
     from medattn.config import packaged_configs
     from medattn.data import available_data_kinds
+    from medattn.diffusion.data import KINDS
+    from medattn.diffusion.model import STAGES
     from medattn.models.presets import PRESETS
 
     if args.configs:
@@ -28,5 +30,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:<14} {cls.__name__:<18} {values}")
     print(f"attention mechanisms: {', '.join(available_attentions())}")
     print(f"data kinds: {', '.join(available_data_kinds())}")
+    print(f"diffusion (task: {', '.join(STAGES)}; docs/diffusion.md): models "
+          f"{', '.join(f'{model} ({task})' for task, model in STAGES.items())}, data kinds {', '.join(KINDS)}")
     print(f"packaged configs: {', '.join(packaged_configs())}")
     return 0
