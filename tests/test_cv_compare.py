@@ -207,3 +207,16 @@ def test_command_lines(capsys):
     assert "--seeds takes non-negative ints" in capsys.readouterr().err
     assert main(["cv", "synthetic_cxr", "--folds", "1"]) == 2
     assert "--folds must be an int >= 2" in capsys.readouterr().err
+
+
+def test_compare_draws_each_arm_per_seed_and_marks_arms_that_did_not_learn(tmp_path):
+    from medattn.train.compare import plot_arms
+
+    summary = {"metric": "auroc", "data": "d", "synthetic": True, "seeds": [0, 1], "arms": [
+        {"arm": "softmax", "per_seed": [0.8, 0.9], "mean": 0.85, "status": "learned"},
+        {"arm": "seqnorm", "per_seed": [0.5, 0.52], "mean": 0.51, "status": "DID NOT LEARN (seed 0, 1)"}]}
+    axis = plot_arms(summary, tmp_path / "compare.png")
+    labels = [tick.get_text() for tick in axis.get_xticklabels()]
+    assert labels == ["softmax", "seqnorm\n(did not learn)"] and (tmp_path / "compare.png").stat().st_size > 0
+    assert [round(bar.get_height(), 2) for bar in axis.patches] == [0.85, 0.51]
+    assert axis.patches[1].get_hatch() == "//" and not axis.patches[0].get_hatch()

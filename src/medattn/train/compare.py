@@ -20,7 +20,8 @@ tested against the reference arm (the first, or ``reference``), difference = arm
   set, both arms together, ``eval.bootstrap`` resamples); its percentile interval at ``eval.ci`` and a
   two-sided p-value. This one uses every test case, so it is the sharper of the two.
 
-Written to DIR: ``compare.json``, ``compare.csv`` (arms) and ``compare_tests.csv`` (tests); the table is
+Written to DIR: ``compare.json``, ``compare.csv`` (arms), ``compare_tests.csv`` (tests) and ``compare.png`` (each
+arm's metric per seed and its mean; arms that did not learn hatched); the table is
 printed.
 """
 
@@ -211,6 +212,37 @@ def format_summary(summary: dict) -> str:
     ])
 
 
+def plot_arms(summary: dict, path: Path):
+    """``compare.png``: each arm's test metric per seed (points) and its mean (bar), arms that did not learn
+    hatched and named so; -> the axes (closed), for tests."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    arms = summary["arms"]
+    fig, axis = plt.subplots(figsize=(1.2 + 1.1 * len(arms), 3.6))
+    for i, arm in enumerate(arms):
+        values = [v for v in arm["per_seed"] if v is not None]
+        learned = arm["status"] == "learned"
+        axis.bar(i, arm["mean"] if arm["mean"] is not None else 0, color="C0" if learned else "0.8",
+                 hatch="" if learned else "//", edgecolor="0.3", width=0.6)
+        axis.plot([i] * len(values), values, "o", color="black", markersize=4)
+    axis.set_xticks(range(len(arms)), [a["arm"] + ("" if a["status"] == "learned" else "\n(did not learn)")
+                                       for a in arms], fontsize=8)
+    axis.set_ylabel(f"test {label}")
+    if summary["metric"] == "auroc":
+        axis.axhline(0.5, color="0.5", linestyle=":", linewidth=1)
+    axis.set_title(f"{summary['data']}: mean over seeds {summary['seeds']} (points: seeds)"
+                   + (" [SYNTHETIC data]" if summary["synthetic"] else ""), fontsize=9)
+    fig.tight_layout()
+    with writing(path):
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return axis
+
+
 def compare(config: dict, attentions: list[str], models: list[str], seeds: list[int], root: str | Path, *,
             reference: str | None = None, progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) every (arm, seed) under ``root``, write compare.json, compare.csv and
@@ -232,5 +264,6 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]
         write_csv(root / "compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
+        plot_arms(summary, root / "compare.png")
     log(format_summary(summary))
     return summary
