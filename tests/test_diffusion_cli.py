@@ -144,3 +144,14 @@ def test_perceptual_term_from_a_local_export_and_the_gradient_term(tmp_path):
     (tmp_path / "junk.pt2").write_bytes(b"not a program")
     with pytest.raises(UserError, match="not a torch.export program"):
         load_perceptual_net(tmp_path / "junk.pt2")
+
+
+def test_the_diffusion_summary_is_boxed_like_a_supervised_run(tmp_path):
+    from medattn.diffusion.train import diffusion_summary
+
+    text = diffusion_summary({"task": "diffusion_transformer", "synthetic": True, "volume_shape": [16, 16, 32],
+                              "best_epoch": 2, "test": {"diffusion": {"psnr": 21.5, "ssim": 0.7},
+                                                        "random": {"psnr": 14.0, "ssim": 0.2}}}, tmp_path)
+    lines = text.splitlines()
+    assert lines[0] == lines[-1] == "=" * 72 and "{" not in text and "SYNTHETIC" in lines[1]
+    assert "test diffusion psnr" in text and "21.5000" in text and "test random ssim" in text

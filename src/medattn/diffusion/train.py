@@ -130,9 +130,28 @@ def _finish(run_dir: Path, config: dict, sets: VolumeSets, results: dict, log: C
     results = {"task": config["task"], "synthetic": sets.synthetic, "volume_shape": list(sets.shape), **results}
     with writing(run_dir / "results.json"):
         (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    label = " (SYNTHETIC data)" if sets.synthetic else ""
-    log(f"{config['task']}{label}: test {json.dumps(results['test'])}; run folder {run_dir}")
+    log(diffusion_summary(results, run_dir))
     return results
+
+
+def diffusion_summary(results: dict, run_dir: Path) -> str:
+    """The boxed summary of a diffusion stage, as a supervised run prints it: run, task, best epoch and every
+    test figure on its own line (nested figures, such as diffusion vs random per metric, flattened)."""
+    def lines(values: dict, prefix: str = "") -> list[str]:
+        out = []
+        for key, value in values.items():
+            if isinstance(value, dict):
+                out += lines(value, f"{prefix}{key} ")
+            else:
+                shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+                out.append(f"test {prefix}{key}".ljust(15) + f"{shown}")
+        return out
+
+    tag = "  [SYNTHETIC data]" if results["synthetic"] else ""
+    return "\n".join(["=" * 72, f"run            {run_dir}{tag}", f"task           {results['task']}",
+                      f"volume shape   {'x'.join(map(str, results['volume_shape']))}",
+                      f"best epoch     {results.get('best_epoch')}", *lines(results["test"]),
+                      "files          config.yaml metrics.csv checkpoints/best results.json", "=" * 72])
 
 
 def _meta(config: dict, sets: VolumeSets, epoch: int, extra: dict | None = None) -> dict:
