@@ -89,6 +89,9 @@ def test_demo_quick(tmp_path, capsys):
     with Image.open(tmp_path / "demo/roc_synthetic_wsi_seqnorm.png") as png:  # a real image, not just a file
         assert png.format == "PNG" and min(png.size) >= 200
         assert len(np.unique(np.asarray(png.convert("L")))) > 2  # axes and a curve, not a blank canvas
+    scaling = list(csv.DictReader(open(tmp_path / "demo/scaling.csv")))  # why one would pick linear attention
+    assert {(r["mechanism"], r["status"]) for r in scaling} == {("softmax", "ok"), ("seqnorm", "ok")}
+    assert "why linear attention" in out and Image.open(tmp_path / "demo/scaling.png").size[0] >= 600
 
 
 def _image_table(folder, n: int = 40) -> str:

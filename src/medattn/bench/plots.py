@@ -48,3 +48,40 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Path | None:
+    """Two panels, time and peak memory of one attention layer (forward + backward) versus the token count N, one
+    line per mechanism, log-log; skipped configurations are named in the legend. None without matplotlib."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for mechanism in dict.fromkeys(row["mechanism"] for row in rows):
+        mine = [row for row in rows if row["mechanism"] == mechanism]
+        done = [row for row in mine if row["status"] == "ok"]
+        skipped = [str(row["n"]) for row in mine if row["status"] != "ok"]
+        label = mechanism + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+        ax_time.plot([r["n"] for r in done], [r["median_s"] * 1000 for r in done], marker="o", label=label)
+        ax_mem.plot([r["n"] for r in done], [r["peak_mem_mb"] for r in done], marker="o", label=label)
+    ticks = sorted({row["n"] for row in rows})
+    for ax, ylabel in ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+        ax.set_xlabel("tokens N (image patches or bag instances)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

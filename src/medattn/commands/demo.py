@@ -9,7 +9,9 @@ drawn afresh on every access; each run is a full `medattn train` run (best valid
 bootstrap CI) at CPU-sized settings with the same budget (the baselines with their own optimiser settings,
 :mod:`medattn.train.defaults`). A run that did not learn (:mod:`medattn.train.verdict`) shows as such, not
 as a number.
-The report folder (--out) gets table.csv, table.json, roc_<task>_<mechanism>.png and the runs.
+The report folder (--out) gets table.csv, table.json, roc_<task>_<mechanism>.png and the runs, and, to show
+why one would pick linear attention, scaling.csv/json/png: the time and peak memory of one SeqNorm and one
+softmax attention layer as the token count grows, measured in the same run.
 --quick is a seconds-long smoke version (tiny models and data; its numbers mean nothing).
 """
 
@@ -48,6 +50,9 @@ TASKS = {
 }
 QUICK = ["data.num_samples={train: 24, val: 16, test: 16}", "train.epochs=1", "train.batch_size=8",
          "eval.bootstrap=100"]
+#: Why one would pick SeqNorm: one attention layer (dim 512, 8 heads of 64, forward + backward, batch 1) as the
+#: token count grows, measured in this run (--quick: small N, numbers mean little).
+SCALING = {"mechanisms": ["softmax", "seqnorm"], "seq_lens": (1024, 4096), "quick_seq_lens": (256, 512)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = time.time() - started
     table = format_table(rows, args.tasks, args.quick)
     print(table)
-    print(f"total runtime {runtime:.0f} s; report in {out}")
+    print(f"AUROC runs {runtime:.0f} s; report in {out}")
     with open(out / "table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -120,7 +125,37 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed, "runtime_seconds": round(runtime, 1), "environment": environment(),
         "rows": rows, "table": table}, indent=1))
     (out / "table.txt").write_text(table + "\n")
+    print(scaling_section(out, args.quick, args.threads))
+    print(f"total runtime {time.time() - started:.0f} s")
     return 0
+
+
+def scaling_section(out: Path, quick: bool, threads: int) -> str:
+    """Time and memory of one SeqNorm and one softmax attention layer as N grows (:data:`SCALING`), measured now,
+    each (mechanism, N) in a fresh process for its memory; writes scaling.csv, scaling.json and scaling.png."""
+    from medattn.bench.attention import run_attention_bench
+    from medattn.bench.plots import plot_attention_scaling
+    from medattn.bench.roofline import measure_rates
+    from medattn.text import format_table, write_csv
+
+    seq_lens = SCALING["quick_seq_lens"] if quick else SCALING["seq_lens"]
+    rows = run_attention_bench(SCALING["mechanisms"], seq_lens, parts=("layer",), passes=("fwd+bwd",), repeats=2,
+                               budget_s=20.0, memory_budget_gb=4.0, include_peers=False, threads=threads,
+                               rates=measure_rates(("fp32",), matmul_size=1024, bandwidth_megabytes=64, repeats=3))
+    keys = ["mechanism", "n", "status", "median_s", "peak_mem_mb"]
+    write_csv(out / "scaling.csv", keys, [[row.get(k) for k in keys] for row in rows])
+    (out / "scaling.json").write_text(json.dumps(rows, indent=1, default=str))
+    title = (f"one attention layer (dim 512, 8 heads), forward+backward, batch 1, {threads} thread(s)"
+             + (" [--quick: small N]" if quick else ""))
+    plot_attention_scaling(rows, out / "scaling.png", title)
+    by = {(r["mechanism"], r["n"]): r for r in rows}
+    table = [{"n": n, **{f"{m}_ms": by[m, n].get("median_s", 0) * 1000 if by[m, n]["status"] == "ok" else None
+                         for m in SCALING["mechanisms"]},
+              **{f"{m}_mb": by[m, n].get("peak_mem_mb") if by[m, n]["status"] == "ok" else None
+                 for m in SCALING["mechanisms"]}} for n in seq_lens]
+    columns = [("n", "tokens N", "")] + [(f"{m}_ms", f"{m} ms", ".1f") for m in SCALING["mechanisms"]] + \
+        [(f"{m}_mb", f"{m} MiB", ".0f") for m in SCALING["mechanisms"]]
+    return "\n".join(["", f"why linear attention: {title} (scaling.png, scaling.csv)", format_table(table, columns)])
 
 
 def format_table(rows: list[dict], tasks: list[str], quick: bool = False) -> str:
