@@ -55,6 +55,7 @@ from .defaults import resolve_training
 from .model_notes import model_defaults, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
+from .page import run_page
 from .rundir import RUN_FILES, config_diff, run_folder
 from .sampling import ClassBalancedSampler, class_keys, dataset_labels, drop_instances, positive_weight
 from .standardize import fit_feature_norm
@@ -332,6 +333,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
             (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+            run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
         log(report.summary(results, objective))
     distributed.barrier()
     return results

@@ -145,7 +145,8 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
         f"time           {results['train_seconds']:.1f} s training and validation",
         *(["defaults       " + ", ".join(f"{k}={v}" for k, v in results["defaults"].items())]
           if results.get("defaults") else []),
-        f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json",
+        f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json "
+        f"report.html",
         *([f"VERDICT        did not learn: this run is not a result ({len(results['learning']['reasons'])} "
            f"reason(s) below)"] if not results.get("learning", {}).get("learned", True) else []),
         *(f"WARNING        {warning}" for warning in results.get("warnings", [])),

@@ -9,6 +9,7 @@ Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
     predictions_test.csv    per-sample test results (see medattn.train.report)
     roc_test.png            ROC curve(s) on the test split (classification only)
     results.json            the summary (also printed)
+    report.html             one self-contained page: summary, warnings, ROC and curves (medattn.train.page)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
-             "results.json")
+             "results.json", "report.html")
 LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
 PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run is complete
 

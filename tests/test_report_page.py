@@ -1,0 +1,62 @@
+"""report.html: one self-contained page per run, cross-validation and comparison, rendered by headless Chromium
+where it is installed (Debian's ``chromium``)."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import shutil
+import subprocess
+
+import pytest
+from test_cli import TINY
+
+from medattn.cli import main
+
+
+class _Page(html.parser.HTMLParser):
+    """Images (their src) and the visible text of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _read(path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def _render(path) -> str | None:
+    """The DOM Chromium renders from ``path`` (None where Chromium is absent)."""
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        return None
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_run_writes_one_page_with_its_summary_warnings_and_pictures(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    page = _read(run / "report.html")
+    text = " ".join(page.text)
+    results = json.loads((run / "results.json").read_text())
+    assert "SYNTHETIC data" in text and "vit2d_tiny" in text and "best epoch" in text
+    assert all(warning in text for warning in results["warnings"])
+    assert len(page.images) == 2 and all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert "http" not in (run / "report.html").read_text()  # self-contained: nothing fetched
+    rendered = _render(run / "report.html")
+    if rendered is None:
+        pytest.skip("Chromium is not installed here (apt install chromium renders the page in CI)")
+    assert "best epoch" in rendered and rendered.count("<img") == 2
