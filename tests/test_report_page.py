@@ -9,9 +9,9 @@ import shutil
 import subprocess
 
 import pytest
-from test_cli import TINY
 
 from medattn.cli import main
+from test_cli import TINY
 
 
 class _Page(html.parser.HTMLParser):
