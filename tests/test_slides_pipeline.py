@@ -44,6 +44,16 @@ def test_slides_to_tiles_to_features_to_a_trained_model(tmp_path, capsys):
     assert 0.0 <= results["test"]["auroc"] <= 1.0  # one tumour and one normal slide held out
     assert (run / "predictions_test.csv").is_file()
 
+    # the tile map on the slide itself, not on a blank canvas (explain --slides)
+    from PIL import Image
+
+    assert main(["explain", str(run), str(features / "slide_000.h5"), "--slides", str(slides),
+                 "--out", str(tmp_path / "maps")]) == 0
+    drawn = np.asarray(Image.open(tmp_path / "maps" / "slide_000.png").convert("RGB"))
+    assert drawn.shape[:2] == (384, 512)  # the slide's thumbnail (its whole size here)
+    background = (drawn.min(axis=2) > 235).mean()  # the slide's bright glass around the tissue shows through
+    assert 0.05 < background < 0.95
+
 
 def test_extract_tiles_by_itself_without_tiles(tmp_path, capsys):
     slides = tmp_path / "slides"

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gradrollout/gradxinput: the output explained (default: the predicted class)")
     parser.add_argument("--subtract", nargs="+", metavar="FILE", default=None,
                         help="for subtraction models: the volume subtracted from each file, in the same order")
+    parser.add_argument("--slides", default=None, metavar="DIR",
+                        help="folder of the scanner files: bag maps are drawn on their slide's thumbnail")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace outputs already in --out (inputs are never written over)")
     parser.add_argument("--chunk-size", type=positive_int, default=32_768,
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.explain.files import explain_files
 
     report = explain_files(args.checkpoint, args.files, args.out, args.method, args.target, args.chunk_size,
-                           args.subtract, args.overwrite)
+                           args.subtract, args.overwrite, args.slides)
     tag = " [SYNTHETIC model]" if report.synthetic else ""
     used = "/".join(sorted({row["method"] for row in report.rows}))
     print(f"explained {len(report.rows)} file(s) with {used}{tag} -> {args.out} (checkpoint {report.checkpoint})")

@@ -87,12 +87,13 @@ def streamed_bag(model, path: Path, chunk_size: int):
 
 def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
                   target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None,
-                  overwrite: bool = False) -> ExplainedFiles:
+                  overwrite: bool = False, slides: str | Path | None = None) -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
     subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
     planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
     over an input, never over a file this call did not write unless ``overwrite``; inputs of one name get
-    ``<name>``, ``<name>_2``, ...)."""
+    ``<name>``, ``<name>_2``, ...). ``slides``: the folder of the scanner files; a bag whose HDF5 names its slide
+    (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail."""
     from ..data.base import collate
     from ..data.files import check_regular
     from ..data.images import read_image
@@ -137,7 +138,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
             used, explained, report.streamed = "rollout", "", report.streamed + 1
             probs = probabilities(logits.detach().float(), prep.task_type)[0]
-            written = _write_tiles(out, stem, coords, scores, used, attrs, label)
+            written = _write_tiles(out, stem, coords, scores, used, attrs, label, slides)
         else:
             sample = dataset[index]
             kwargs = {"coords": sample["coords"][None]} if prep.input_kind == "bag" else {}
@@ -147,7 +148,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 probs = predictor.probabilities(collate([sample]))[0]
             if prep.input_kind == "bag":
                 written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
-                                       bag_header(path)[1], label)
+                                       bag_header(path)[1], label, slides)
             elif prep.input_kind == "image2d":
                 title = f"{trained.model_id} | {used} | {path.name}"
                 image = outputs.readable_overlay(read_image(path).numpy(), result.relevance[0].numpy(), title, used,
@@ -178,12 +179,30 @@ def sample_volume(sample: dict) -> np.ndarray:
     return sample["input"][0].numpy()
 
 
+def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:
+    """The scanner file a bag was extracted from (its ``slide`` attribute) in the folder ``slides``, if there."""
+    name = attrs.get("slide")
+    if slides is None or not isinstance(name, str) or not name or Path(name).name != name:
+        return None
+    path = Path(slides) / name
+    return path if path.is_file() else None
+
+
 def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
-                 label: str | None) -> list[str]:
-    """A bag's tile table and HDF5, and its map where the tiles have coordinates; -> the names written."""
+                 label: str | None, slides: str | Path | None = None) -> list[str]:
+    """A bag's tile table and HDF5, and its map where the tiles have coordinates (on the slide's thumbnail when
+    the slide is found in ``slides``); -> the names written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
         outputs.write_tile_scores(table, h5, coords, scores, method)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
+    slide = slide_of(attrs, slides)
+    if slide is not None and "patch_size_level0" in attrs:
+        from ..slides.heatmap import slide_heatmap
+
+        level0 = coords / float(attrs["mpp"]) if str(attrs.get("unit", "")) == "um" else coords  # STAMP: microns
+        with out.write(f"{stem}.png") as tmp:
+            slide_heatmap(slide, level0, scores, int(attrs["patch_size_level0"]), tmp)
+        return [*written, f"{stem}.png"]
     if np.ptp(coords, axis=0).any():
         image = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), label)
         with out.write(f"{stem}.png") as tmp:
