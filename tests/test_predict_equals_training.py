@@ -31,7 +31,8 @@ from medattn.models.presets import PRESETS
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
 from medattn.runtime.predictor import Predictor
-from medattn.train.loop import make_loader, predict
+from medattn.train.loaders import make_loader
+from medattn.train.loop import predict
 from medattn.train.objectives import objective_for
 from test_data_writers import write_csv, write_h5, write_nifti, write_pillow
 

@@ -52,7 +52,7 @@ from medattn.runtime import distributed
 from medattn.runtime.device import check_device
 from medattn.threads import set_threads
 from medattn.train.defaults import resolve_training
-from medattn.train.loop import seed_everything
+from medattn.train.loaders import seed_everything
 from medattn.train.optim import lr_at, make_optimizer
 from medattn.train.report import append_metrics
 from medattn.train.rundir import run_folder

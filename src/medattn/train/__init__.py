@@ -1,6 +1,7 @@
 """Training and evaluation: the loop, objectives, reports, run folders, safe atomic checkpoints and DDP helpers."""
 
-from .loop import fit, make_loader, predict
+from .loaders import make_loader
+from .loop import fit, predict
 from .objectives import Predictions
 from .report import score_split
 

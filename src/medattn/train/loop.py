@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,11 +31,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from medattn.config import save_config, validate
-from medattn.data.base import DataBundle, TaskInfo, collate
+from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.patches import RandomPatches
 from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
@@ -52,12 +50,13 @@ from medattn.threads import set_threads
 from . import report, verdict
 from .acceleration import training_module
 from .defaults import resolve_training
+from .loaders import make_loader, seed_everything
 from .model_notes import model_defaults, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
 from .page import run_page
 from .rundir import RUN_FILES, config_diff, run_folder
-from .sampling import ClassBalancedSampler, class_keys, dataset_labels, drop_instances, positive_weight
+from .sampling import class_keys, dataset_labels, drop_instances, positive_weight
 from .standardize import fit_feature_norm
 
 
@@ -357,53 +356,6 @@ def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_k
     return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch,
                          constant=verdict.constant_loss(objective, labels, weights),
                          val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _seed_worker(worker_id: int) -> None:
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
-
-
-class _Indexed(Dataset):
-    """Adds each sample's position, so predictions gathered from several ranks can be put in order."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict:
-        return {**self.dataset[index], "index": index}
-
-
-def _collate_indexed(samples: list[dict]) -> dict:
-    return {**collate(samples), "index": torch.tensor([s["index"] for s in samples])}
-
-
-def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
-                balance: torch.Tensor | None = None) -> DataLoader:
-    """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``).
-    With ``balance`` (the dataset's labels) samples are drawn class-balanced with replacement
-    (:class:`medattn.train.sampling.ClassBalancedSampler`, ``train.class_balance``)."""
-    if len(dataset) == 0:
-        raise UserError("a data split is empty")
-    indexed = _Indexed(dataset)
-    if balance is not None:
-        sampler = ClassBalancedSampler(balance, seed, distributed.world_size(), distributed.rank())
-    else:
-        sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),
-                                     shuffle=shuffle, seed=seed)
-    return DataLoader(indexed, batch_size=batch_size, sampler=sampler, collate_fn=_collate_indexed,
-                      num_workers=num_workers, worker_init_fn=_seed_worker,
-                      generator=torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()
