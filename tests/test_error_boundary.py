@@ -88,3 +88,30 @@ def test_a_malformed_tiles_row_is_refused_not_dropped(tmp_path):
         _tiles(tmp_path, rows, kept)
         with pytest.raises(UserError, match=message):
             read_tiles(tmp_path, tmp_path / "s.svs")
+
+
+def test_a_full_disk_during_training_is_one_line_and_the_previous_run_stays(tmp_path):
+    """A full disk simulated by a file-size limit in a subprocess (CI has no root to fill a real one): the overwrite
+    that cannot write its checkpoint ends in one error line, and the previous run is back byte for byte."""
+    import os
+    import subprocess
+    import sys
+
+    from test_cli import TINY
+
+    run = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))\n"
+              "from medattn.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", script, "train", "synthetic_cxr", *TINY, "seed=3", "--out", str(run),
+                           "--overwrite", "--no-progress"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MEDATTN_MALLOC": "default"})
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and err and err[-1].startswith("medattn: error: "), done.stderr
+    assert "Traceback" not in done.stderr and "File too large" in err[-1]
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before

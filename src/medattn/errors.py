@@ -22,10 +22,10 @@ class UserError(ValueError):
     """
 
 
-#: OS errors a user's machine causes (not medattn): disk full or over quota, read-only, no permission, no space
-#: for a file name.
-MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
-                  errno.EMFILE}
+#: OS errors a user's machine causes (not medattn): disk full, over quota or past a file-size limit, read-only, no
+#: permission, a file name too long, too many open files.
+MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                  errno.ENAMETOOLONG, errno.EMFILE}
 
 
 def machine_problem(error: BaseException) -> str | None:

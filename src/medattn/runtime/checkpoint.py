@@ -108,13 +108,26 @@ def save(path: Path, model: nn.Module, meta: dict, optimizer: torch.optim.Optimi
     ``extra_tensors`` (e.g. the EMA weights, ``ema.*``) join the training state (:func:`load_extra_tensors`).
     An OSError (disk full, read-only) becomes a UserError naming ``path``; the previous checkpoint stays."""
     with writing(path), atomic_dir(path) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
+        _save_tensors({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE,
+                      path)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if optimizer is not None:
             tensors, extra = _training_state(optimizer)
             tensors.update({k: v.detach().contiguous().cpu() for k, v in (extra_tensors or {}).items()})
-            save_file(tensors, tmp / STATE_TENSORS)
+            _save_tensors(tensors, tmp / STATE_TENSORS, path)
             (tmp / STATE_JSON).write_text(json.dumps({**extra, **(state or {})}))
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], file: Path, checkpoint_path: Path) -> None:
+    """``save_file``, whose I/O failures (a full disk, a file-size limit) arrive as safetensors' own error type:
+    one-line UserError naming the checkpoint (the temporary folder is removed by :func:`atomic_dir`)."""
+    try:
+        save_file(tensors, file)
+    except OSError:
+        raise
+    except Exception as error:  # safetensors.SafetensorError: "Error while serializing: I/O error: ..."
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"cannot write {checkpoint_path}: {reason.split('I/O error: ')[-1]}") from None
 
 
 def clean_stale(folder: Path) -> None:
