@@ -53,6 +53,8 @@ OPSET = 18
 METADATA_KEY = "medattn"
 PT2_EXTRA = "medattn.json"
 MAX_DIM = 1 << 20
+#: The graph's input names by input kind (``predict`` on an exported file checks the graph against them).
+INPUT_NAMES = {"bag": ["features", "mask", "coords"], "image2d": ["x"], "volume3d": ["x"]}
 
 
 class Deployable(nn.Module):
@@ -88,13 +90,13 @@ def example_inputs(prep: Preprocessing, model: nn.Module, batch: int = 2, tokens
         mask = torch.ones(batch, tokens, dtype=torch.bool)
         mask[-1, tokens // 2:] = False  # a padded bag, as batches of unequal bags are
         coords = torch.rand(batch, tokens, 2, generator=generator) * 1000
-        return (features, mask, coords), ({0: b, 1: n}, {0: b, 1: n}, {0: b, 1: n}), ["features", "mask", "coords"]
+        return (features, mask, coords), ({0: b, 1: n}, {0: b, 1: n}, {0: b, 1: n}), INPUT_NAMES["bag"]
     shape = list(prep.input_shape)
     axes = {0: b}
     if prep.input_kind == "image2d" and any_input_size(model):
         shape[1:] = [6, 9]
         axes.update({2: dim("height", min=1, max=MAX_DIM), 3: dim("width", min=1, max=MAX_DIM)})
-    return (torch.randn(batch, *shape, generator=generator),), (axes,), ["x"]
+    return (torch.randn(batch, *shape, generator=generator),), (axes,), INPUT_NAMES[prep.input_kind]
 
 
 def metadata(prep: Preprocessing, thresholds: list[float | None] | None, model_id: str, checkpoint_sha256: str,

@@ -20,8 +20,9 @@ import torch
 from medattn.data.preprocessing import Preprocessing, from_dict
 from medattn.errors import UserError
 from medattn.extras import require
+from medattn.runtime.threshold import checked_thresholds
 
-from .export import read_metadata
+from .export import INPUT_NAMES, read_metadata
 
 
 def onnx_session(path: str | Path):
@@ -72,10 +73,6 @@ def _torch_runner(path: str | Path) -> Runner:
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
 
 
-#: The graph inputs an exported file has, by input kind (:func:`medattn.deploy.export.example_inputs`).
-GRAPH_INPUTS = {"bag": ["features", "mask", "coords"], "image2d": ["x"], "volume3d": ["x"]}
-
-
 def _graph_session(path: Path, expected: list[str]) -> tuple[list[str], object]:
     """(input names, feed dict -> first output) of an exported graph: onnxruntime for ``.onnx``, the
     ``torch.export`` program for ``.pt2`` (whose inputs are positional: named ``expected`` when their count fits)."""
@@ -107,20 +104,14 @@ def _exported_runner(path: Path) -> Runner:
         raise UserError(f"{source}: must be a JSON object, got {type(meta).__name__}")
     prep = from_dict(meta.get("preprocessing"), source)
     thresholds = meta.get("threshold")
-
-    def threshold(t) -> bool:
-        return t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)
-
-    if thresholds is not None and (not isinstance(thresholds, list) or len(thresholds) != prep.num_outputs
-                                   or not all(map(threshold, thresholds))):
-        raise UserError(f"{source}: threshold must list {prep.num_outputs} number(s) in [0, 1] or null, got "
-                        f"{thresholds!r}")
+    if thresholds is not None:
+        thresholds = checked_thresholds(thresholds, prep.num_outputs, f"{source}: threshold")
     if prep.unpredictable:
         raise UserError(f"{source}: {prep.unpredictable}")
-    names, graph = _graph_session(path, GRAPH_INPUTS[prep.input_kind])
-    if names != GRAPH_INPUTS[prep.input_kind]:
+    names, graph = _graph_session(path, INPUT_NAMES[prep.input_kind])
+    if names != INPUT_NAMES[prep.input_kind]:
         raise UserError(f"{path}: the graph's inputs {names} are not those of a {prep.input_kind} model "
-                        f"{GRAPH_INPUTS[prep.input_kind]}: the metadata does not describe this graph")
+                        f"{INPUT_NAMES[prep.input_kind]}: the metadata does not describe this graph")
 
     def session_run(feed: dict) -> np.ndarray:
         try:

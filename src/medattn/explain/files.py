@@ -133,8 +133,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
         used = method
-        if prep.input_kind == "bag" and requested in ("auto", "rollout") and bag_header(path)[0] > chunk_size \
-                and streams(model):
+        tiles, attrs = bag_header(path) if prep.input_kind == "bag" else (0, {})  # the header read once
+        if tiles > chunk_size and requested in ("auto", "rollout") and streams(model):
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
             used, explained, report.streamed = "rollout", "", report.streamed + 1
             probs = probabilities(logits.detach().float(), prep.task_type)[0]
@@ -148,7 +148,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 probs = predictor.probabilities(collate([sample]))[0]
             if prep.input_kind == "bag":
                 written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
-                                       bag_header(path)[1], label, slides)
+                                       attrs, label, slides)
             elif prep.input_kind == "image2d":
                 title = f"{trained.model_id} | {used} | {path.name}"
                 image = outputs.readable_overlay(read_image(path).numpy(), result.relevance[0].numpy(), title, used,

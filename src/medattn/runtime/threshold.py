@@ -66,11 +66,16 @@ def stored_thresholds(meta: dict, num_outputs: int, source: str) -> list[float |
     stored = meta.get("threshold")
     if stored is None:
         return None
-    values = stored.get("values") if isinstance(stored, dict) else None
+    return checked_thresholds(stored.get("values") if isinstance(stored, dict) else None, num_outputs,
+                              f"{source}: threshold.values")
+
+
+def checked_thresholds(values, num_outputs: int, where: str) -> list[float | None]:
+    """``values`` (from a file: a checkpoint, an exported model's metadata) as one number in [0, 1] or null per
+    output; a one-line UserError naming ``where`` otherwise."""
     if not isinstance(values, list) or len(values) != num_outputs or not all(
             v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1) for v in values):
-        raise UserError(f"{source}: threshold.values must list {num_outputs} number(s) in [0, 1] or null, got "
-                        f"{values!r}")
+        raise UserError(f"{where} must list {num_outputs} number(s) in [0, 1] or null, got {values!r}")
     return [None if v is None else float(v) for v in values]
 
 

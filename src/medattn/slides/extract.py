@@ -134,10 +134,7 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
             raise UserError(f"{path}: the tiles in {tiles_dir} keep no patch")
         if stain == "macenko":
             with reading(path):
-                try:
-                    thumb, downsample = thumbnail(slide, settings.thumbnail_px)
-                except UserError as error:
-                    raise UserError(f"{path}: {error}") from None
+                thumb, downsample = thumbnail(slide, settings.thumbnail_px)
             mask = tissue_mask(thumb, 0, settings.min_saturation)
     normalizer = None
     if stain == "macenko":

@@ -46,12 +46,14 @@ def open_slide(path: Path):
 @contextlib.contextmanager
 def reading(path: Path):
     """Turn an OpenSlide error raised while reading ``path`` (a corrupt or truncated tile) into a one-line
-    :class:`UserError` naming the file."""
+    :class:`UserError` naming the file; a UserError raised inside (a level too large to read) gets the name too."""
     openslide = _openslide()
     try:
         yield
     except openslide.OpenSlideError as error:
         raise UserError(f"{path}: cannot read the slide ({str(error).strip().splitlines()[-1]})") from None
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
 
 
 def _tiff_mpp(properties, axis: str) -> float | None:

@@ -109,10 +109,7 @@ def tissue_candidates(slide, path: Path, settings: TileSettings):
     except UserError as error:
         raise UserError(f"{path}: {error}") from None
     with reading(path):
-        try:
-            thumb, downsample = thumbnail(slide, settings.thumbnail_px)
-        except UserError as error:
-            raise UserError(f"{path}: {error}") from None
+        thumb, downsample = thumbnail(slide, settings.thumbnail_px)
     min_area = settings.min_tissue_area_um2 / (mpp**2 * downsample[0] * downsample[1])
     mask = tissue_mask(thumb, min_area, settings.min_saturation)
     coords, fraction = candidate_grid(mask, downsample, slide.dimensions, geometry.size0,
