@@ -251,3 +251,24 @@ def test_models_lists_everything_a_config_can_name(capsys):
     out = capsys.readouterr().out
     for name in [*PRESETS, *available_attentions(), *available_data_kinds(), *KINDS, *STAGES.values()]:
         assert name in out, name
+
+
+def test_models_lists_without_importing_torch():
+    """The catalogue answers ``medattn models`` in a fraction of a second: nothing in it loads torch."""
+    code = ("import sys; from medattn.cli import main; main(['models']); "
+            "assert 'torch' not in sys.modules, 'medattn models imported torch'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "binary-hamming" in done.stdout and "vit_s8_seg" in done.stdout
+
+
+def test_catalogue_names_resolve_to_the_registered_classes():
+    """Each name in the catalogue builds the class it names; the registries hold nothing the catalogue lacks."""
+    from medattn import catalogue
+    from medattn.attention import available_attentions, get_attention_class
+    from medattn.models.presets import PRESETS
+
+    assert set(available_attentions()) == set(catalogue.ATTENTIONS)
+    for name, where in catalogue.ATTENTIONS.items():
+        assert get_attention_class(name).__name__ == where.split(":")[1]
+    assert {name: (cls.__name__, kwargs) for name, (cls, kwargs) in PRESETS.items()} == catalogue.PRESETS

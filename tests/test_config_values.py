@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medattn.catalogue import DATA_KINDS
 from medattn.data import build_datasets
-from medattn.data.build import BUILDERS
 from medattn.errors import UserError
 
 #: Kinds that need no files: their settings are the whole input. Small defaults keep each example fast.
@@ -30,7 +30,7 @@ values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.te
 
 
 def test_every_generated_kind_is_covered():
-    assert {k for k in BUILDERS if k.startswith("synthetic_")} == set(SMALL)
+    assert {k for k in DATA_KINDS if k.startswith("synthetic_")} == set(SMALL)
 
 
 @pytest.mark.parametrize("kind", sorted(SMALL))
@@ -50,7 +50,7 @@ def test_any_value_full_sweep(kind, data):
 
 
 def _accepted_and_works_or_refused(kind: str, data) -> None:
-    module = importlib.import_module(f"medattn.data.{BUILDERS[kind][0]}")
+    module = importlib.import_module(f"medattn.data.{DATA_KINDS[kind][0]}")
     key = data.draw(st.sampled_from(sorted(module.KEYS)), label="key")
     value = data.draw(values, label="value")
     cfg = {"kind": kind, **SMALL[kind], key: value}

@@ -4,17 +4,17 @@
 >>> attn = build_attention("seqnorm", dim=64, num_heads=4)
 
 Every mechanism subclasses :class:`medattn.attention.base.Attention` (timm's ``qkv``/``proj``
-layout, ``forward(x, mask=None)``). Registering a mechanism is one file and one line below.
+layout, ``forward(x, mask=None)``). Registering a mechanism is one file and one line in
+:data:`medattn.catalogue.ATTENTIONS`; :func:`register` adds one at run time.
 """
 
 from __future__ import annotations
 
+import importlib
+
+from medattn.catalogue import ATTENTIONS
+
 from .base import Attention
-from .binary import BinaryBernoulliAttention, BinaryHammingAttention, BinarySGAttention, BinarySTEAttention
-from .linear import LinearAttention
-from .seqnorm import SeqNormAttention
-from .sima import SimAAttention
-from .softmax import SoftmaxAttention
 
 _REGISTRY: dict[str, type[Attention]] = {}
 
@@ -48,13 +48,8 @@ def build_attention(name: str, dim: int, num_heads: int = 8, inner_dim: int | No
     return get_attention_class(name)(dim, num_heads=num_heads, inner_dim=inner_dim, qkv_bias=qkv_bias, **kwargs)
 
 
-register("softmax", SoftmaxAttention)
-register("seqnorm", SeqNormAttention)
-register("sima", SimAAttention)
-register("linear", LinearAttention)
-register("binary-ste", BinarySTEAttention)
-register("binary-sg", BinarySGAttention)
-register("binary-hamming", BinaryHammingAttention)
-register("binary-bernoulli", BinaryBernoulliAttention)
+for _name, _where in ATTENTIONS.items():
+    _module, _class = _where.split(":")
+    register(_name, getattr(importlib.import_module(_module), _class))
 
 __all__ = ["Attention", "available_attentions", "build_attention", "get_attention_class", "register"]

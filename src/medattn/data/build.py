@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import importlib
 
+from ..catalogue import DATA_KINDS
 from ..errors import UserError
 from .base import DataBundle
-
-# kind -> (module in medattn.data, builder function); modules are imported on use, so optional
-# readers (Pillow, pydicom, nibabel, h5py) load only for the kinds that need them.
-BUILDERS: dict[str, tuple[str, str]] = {
-    "synthetic_cxr": ("synthetic_cxr", "build_synthetic_cxr"),
-    "synthetic_breast_mri": ("synthetic_breast_mri", "build_synthetic_breast_mri"),
-    "synthetic_wsi": ("synthetic_wsi", "build_synthetic_wsi"),
-    "synthetic_vertebrae": ("synthetic_vertebrae", "build_synthetic_vertebrae"),
-    "image_table": ("images", "build_image_table"),
-    "volume_table": ("volumes", "build_volume_table"),
-    "wsi_bags": ("bags", "build_wsi_bags"),
-    "medmnist": ("medmnist", "build_medmnist"),
-    "nifti_segmentation": ("segmentation", "build_nifti_segmentation"),
-    "nifti_slices": ("slices", "build_nifti_slices"),
-    "synthetic_mri_slices": ("synthetic_mri_slices", "build_synthetic_mri_slices"),
-}
 
 
 def available_data_kinds() -> list[str]:
     """The values ``data_cfg["kind"]`` may take, sorted."""
-    return sorted(BUILDERS)
+    return sorted(DATA_KINDS)
 
 
 def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
@@ -41,9 +26,9 @@ def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     if not isinstance(data_cfg, dict):
         raise UserError(f"the data config must be a mapping with a 'kind' key, got {type(data_cfg).__name__}")
     kind = data_cfg.get("kind")
-    if kind not in BUILDERS:
+    if kind not in DATA_KINDS:
         raise UserError(f"unknown data kind {kind!r}; available: {', '.join(available_data_kinds())}")
-    module_name, function = BUILDERS[kind]
+    module_name, function = DATA_KINDS[kind]
     module = importlib.import_module(f".{module_name}", __package__)
     builder = getattr(module, function)
     if data_cfg.get("folds") is not None and "folds" not in getattr(module, "KEYS", ()):

@@ -27,13 +27,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from medattn.catalogue import DIFFUSION_KINDS
 from medattn.data.options import check_keys, require, split_sizes
 from medattn.data.splits import SPLIT_KEYS, parse_split, split_records
 from medattn.data.tables import Record, RecordDataset, read_csv, require_columns, resolve_path
 from medattn.data.volumes import VolumeLoader, volume_options
 from medattn.errors import UserError
 
-KINDS = ("synthetic_brain", "nifti_volumes")
+KINDS = DIFFUSION_KINDS
 SYNTHETIC_KEYS = frozenset({"size", "num_samples", "seed", "noise"})
 NIFTI_KEYS = frozenset({"csv", "data_root", "path_column", "patient_column", "split_column", "target_size",
                         "target_spacing", "normalize"}) | SPLIT_KEYS

@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from medattn.catalogue import DIFFUSION_STAGES
 from medattn.config import validate
 from medattn.diffusion.transformer import AbsorbingTransformer
 from medattn.diffusion.vqae import VQAutoencoder3d, patch_grid
 from medattn.errors import UserError
 from medattn.runtime import checkpoint
 
-STAGES = {"diffusion_vqae": "vqae3d", "diffusion_transformer": "absorbing_transformer"}
+STAGES = DIFFUSION_STAGES
 TRANSFORMER_KEYS = ("dim", "depth", "num_heads", "mlp_ratio", "attention_kwargs", "drop_rate")
 
 
