@@ -20,6 +20,7 @@ from medattn.data.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
+from pictures import colour_bar_span
 
 
 def save_checkpoint(folder, config_name, overrides, task, **steps):
@@ -116,7 +117,8 @@ def test_explain_bag_writes_tile_tables_and_a_map(tmp_path, attention, chunk, us
         assert f["scores"].shape == (len(coords),) and f["coords"].shape == (len(coords), 2)
         assert f.attrs["method"] == used
         scores = f["scores"][:]
-    assert Image.open(tmp_path / "out" / "slide.png").size[0] > 0
+    signed = scores.min() < 0  # a signed map is drawn red/blue around 0, a non-negative one dark to bright
+    assert colour_bar_span(tmp_path / "out" / "slide.png", "RdBu_r" if signed else "inferno") > 0.8
     np.testing.assert_allclose([float(r["score"]) for r in table], scores, rtol=1e-6)
     assert rows(tmp_path / "out" / "summary.csv")[0]["method"] == used
 

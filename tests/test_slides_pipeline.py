@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 pytest.importorskip("openslide")
 pytest.importorskip("tifffile")
@@ -15,6 +16,7 @@ pytest.importorskip("tifffile")
 from medattn.cli import build_parser, main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 from medattn.slides import load_truth, read_tiles, write_synthetic_cohort  # noqa: E402
+from pictures import colour_bar_span, glass_fraction  # noqa: E402
 
 SMALL = ["--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]
 
@@ -44,15 +46,15 @@ def test_slides_to_tiles_to_features_to_a_trained_model(tmp_path, capsys):
     assert 0.0 <= results["test"]["auroc"] <= 1.0  # one tumour and one normal slide held out
     assert (run / "predictions_test.csv").is_file()
 
-    # the tile map on the slide itself, not on a blank canvas (explain --slides)
-    from PIL import Image
-
-    assert main(["explain", str(run), str(features / "slide_000.h5"), "--slides", str(slides),
-                 "--out", str(tmp_path / "maps")]) == 0
-    drawn = np.asarray(Image.open(tmp_path / "maps" / "slide_000.png").convert("RGB"))
-    assert drawn.shape[:2] == (384, 512)  # the slide's thumbnail (its whole size here)
-    background = (drawn.min(axis=2) > 235).mean()  # the slide's bright glass around the tissue shows through
-    assert 0.05 < background < 0.95
+    # the tile map on the slide itself, not on a blank canvas (explain --slides), with a colour bar
+    for slides_given in (["--slides", str(slides)], []):
+        out = tmp_path / f"maps{len(slides_given)}"
+        assert main(["explain", str(run), str(features / "slide_000.h5"), *slides_given, "--out", str(out)]) == 0
+    on_slide, blank = tmp_path / "maps2" / "slide_000.png", tmp_path / "maps0" / "slide_000.png"
+    assert glass_fraction(on_slide) > 0.1 and glass_fraction(blank) < 0.01
+    for figure in (on_slide, blank):
+        assert Image.open(figure).size[0] >= 900
+        assert colour_bar_span(figure, "RdBu_r") > 0.8  # gradxinput: signed, red adds, blue takes away
 
 
 def test_extract_tiles_by_itself_without_tiles(tmp_path, capsys):

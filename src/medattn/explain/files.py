@@ -127,18 +127,19 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             out.path(stem + suffix)
     out.path("summary.csv")
     predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
-    label = "SYNTHETIC" if prep.synthetic else None
     requested, method = method, default_method(model) if method == "auto" else method
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder))
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
-        used = method
         tiles, attrs = bag_header(path) if prep.input_kind == "bag" else (0, {})  # the header read once
-        if tiles > chunk_size and requested in ("auto", "rollout") and streams(model):
+        streamed = tiles > chunk_size and requested in ("auto", "rollout") and streams(model)
+        used = "rollout" if streamed else method
+        title = f"{trained.model_id} | {used} | {path.name}"
+        if streamed:
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
-            used, explained, report.streamed = "rollout", "", report.streamed + 1
+            explained, report.streamed = "", report.streamed + 1
             probs = probabilities(logits.detach().float(), prep.task_type)[0]
-            written = _write_tiles(out, stem, coords, scores, used, attrs, label, slides)
+            written = _write_tiles(out, stem, coords, scores, used, attrs, title, prep.synthetic, slides)
         else:
             sample = dataset[index]
             kwargs = {"coords": sample["coords"][None]} if prep.input_kind == "bag" else {}
@@ -148,9 +149,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 probs = predictor.probabilities(collate([sample]))[0]
             if prep.input_kind == "bag":
                 written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
-                                       attrs, label, slides)
+                                       attrs, title, prep.synthetic, slides)
             elif prep.input_kind == "image2d":
-                title = f"{trained.model_id} | {used} | {path.name}"
                 image = outputs.readable_overlay(read_image(path).numpy(), result.relevance[0].numpy(), title, used,
                                                  prep.synthetic)
                 with out.write(f"{stem}.png") as tmp:
@@ -160,7 +160,6 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                 array, affine = to_native_grid(result.relevance[0].float(), path, prep.spacing)
                 with out.write(f"{stem}.nii.gz") as tmp:
                     write_nifti(tmp, array, affine)
-                title = f"{trained.model_id} | {used} | {path.name}"
                 preview = outputs.volume_preview(sample_volume(dataset[index]), result.relevance[0].numpy(), title,
                                                  used, prep.synthetic)
                 with out.write(f"{stem}_preview.png") as tmp:
@@ -189,23 +188,27 @@ def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:
 
 
 def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
-                 label: str | None, slides: str | Path | None = None) -> list[str]:
-    """A bag's tile table and HDF5, and its map where the tiles have coordinates (on the slide's thumbnail when
-    the slide is found in ``slides``); -> the names written."""
+                 title: str, synthetic: bool, slides: str | Path | None = None) -> list[str]:
+    """A bag's tile table and HDF5, and its map where the tiles have coordinates: on the slide's thumbnail when
+    the slide is found in ``slides``, else on a blank canvas, with a colour bar and ``title``; -> the names
+    written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
         outputs.write_tile_scores(table, h5, coords, scores, method)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
     slide = slide_of(attrs, slides)
     if slide is not None and "patch_size_level0" in attrs:
-        from ..slides.heatmap import slide_heatmap
+        from ..slides.heatmap import slide_overlay
 
         level0 = coords / float(attrs["mpp"]) if str(attrs.get("unit", "")) == "um" else coords  # STAMP: microns
-        with out.write(f"{stem}.png") as tmp:
-            slide_heatmap(slide, level0, scores, int(attrs["patch_size_level0"]), tmp)
-        return [*written, f"{stem}.png"]
-    if np.ptp(coords, axis=0).any():
-        image = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), label)
-        with out.write(f"{stem}.png") as tmp:
-            image.save(tmp, format="PNG")
-        written.append(f"{stem}.png")
-    return written
+        cmap, low, high = outputs.colour_range(scores)
+        picture = slide_overlay(slide, level0, scores, int(attrs["patch_size_level0"]), cmap=cmap, vmin=low,
+                                vmax=high)
+        title += f" | on {slide.name}"
+    elif np.ptp(coords, axis=0).any():
+        picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs))
+        title += " | tiles at their coordinates (slide not given: --slides DIR draws them on it)"
+    else:
+        return written
+    with out.write(f"{stem}.png") as tmp:
+        outputs.slide_map_figure(picture, scores, title, method, synthetic).save(tmp, format="PNG")
+    return [*written, f"{stem}.png"]

@@ -160,9 +160,10 @@ def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
     return float(steps.min()) if len(steps) else 1.0
 
 
-def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, label: str | None = None) -> Image.Image:
+def tile_map(coords: np.ndarray, scores: np.ndarray, size: float) -> Image.Image:
     """Scores drawn on the tile coordinates (top-left (x, y), squares of side ``size``) on a white canvas
-    whose longest side is :data:`TILE_MAP_PX`, by :func:`medattn.slides.heatmap.draw_heatmap`."""
+    whose longest side is :data:`TILE_MAP_PX`, by :func:`medattn.slides.heatmap.draw_heatmap`, coloured as
+    :func:`colour_range` says."""
     from ..slides.heatmap import draw_heatmap
 
     coords = np.asarray(coords, dtype=np.float64)
@@ -172,9 +173,35 @@ def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, label: str | N
     canvas = np.full((max(1, int(np.ceil(extent[1] / step))), max(1, int(np.ceil(extent[0] / step))), 3), 255,
                      np.uint8)
     cmap, low, high = colour_range(scores)
-    image = draw_heatmap(canvas, (step, step), coords - origin, scores, size, alpha=0.85, cmap=cmap, vmin=low,
-                         vmax=high)
-    return _label(image, label)
+    return draw_heatmap(canvas, (step, step), coords - origin, scores, size, alpha=0.85, cmap=cmap, vmin=low,
+                        vmax=high)
+
+
+def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, method: str,
+                     synthetic: bool = False) -> Image.Image:
+    """A tile map a person can read: ``picture`` (the scores drawn over the slide's thumbnail, or on a blank
+    canvas, coloured by :func:`colour_range` of ``scores``) shown at its aspect, a colour bar saying what the
+    colours mean, ``title`` above (model, method, file) and the SYNTHETIC note below, not over the tissue."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cmap, low, high = colour_range(scores)
+    width, height = picture.size
+    scale = 900 / max(width, height)
+    fig, axis = plt.subplots(figsize=(width * scale / 100 + 1.8, height * scale / 100 + 1.0))
+    axis.imshow(np.asarray(picture), interpolation="nearest")
+    axis.set_axis_off()
+    colours = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(low, high), cmap=cmap)
+    bar = fig.colorbar(colours, ax=axis, fraction=0.035, pad=0.02)
+    bar.set_label(_meaning(np.asarray(scores), method) + " per tile", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    if synthetic:
+        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
+    image_out = _figure_image(fig)
+    plt.close(fig)
+    return image_out
 
 
 def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:

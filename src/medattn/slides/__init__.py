@@ -41,6 +41,7 @@ _WHERE = {
     "shard": "extract",
     "sharpness": "tissue",
     "slide_heatmap": "heatmap",
+    "slide_overlay": "heatmap",
     "slide_mpp": "reader",
     "thumbnail": "reader",
     "tile_overlap": "heatmap",

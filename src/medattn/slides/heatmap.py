@@ -49,12 +49,18 @@ def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.
     return Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
 
 
-def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
-                  thumbnail_px: int = 2048, **options) -> Path:
-    """:func:`draw_heatmap` on the slide's own thumbnail, written to ``out_png``; ``options`` go to it."""
+def slide_overlay(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, thumbnail_px: int = 2048,
+                  **options) -> Image.Image:
+    """:func:`draw_heatmap` on the slide's own thumbnail (longest side ``thumbnail_px``); ``options`` go to it."""
     with reading(slide_path):
         thumb, downsample = thumbnail(open_slide(slide_path), thumbnail_px)
-    draw_heatmap(thumb, downsample, coords, scores, size0, **options).save(out_png, format="PNG")
+    return draw_heatmap(thumb, downsample, coords, scores, size0, **options)
+
+
+def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
+                  thumbnail_px: int = 2048, **options) -> Path:
+    """:func:`slide_overlay` written to ``out_png``."""
+    slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options).save(out_png, format="PNG")
     return Path(out_png)
 
 
