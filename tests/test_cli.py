@@ -79,8 +79,18 @@ def test_skip_bad_reports_the_count(tmp_path, capsys):
 
 
 def test_demo_quick(tmp_path, capsys):
-    assert main(["demo", "--quick", "--tasks", "synthetic_wsi", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
+    """The demo's files; with --jobs 2 each run trains in a worker process of its own, to the numbers it gets
+    when trained here, one after the other."""
+    from medattn.commands.demo import demo_jobs, train_job
+
+    jobs = demo_jobs(["synthetic_wsi"], quick=True, seed=0, threads=1)
+    serial = [train_job(job, tmp_path / "serial" / job["mechanism"], progress=False) for job in jobs[:2]]
+    assert main(["demo", "--quick", "--tasks", "synthetic_wsi", "--jobs", "2", "--out", str(tmp_path / "demo"),
+                 "--no-progress"]) == 0
     out = capsys.readouterr().out
+    assert "4 runs, 2 at a time" in out and json.loads((tmp_path / "demo/table.json").read_text())["jobs"] == 2
+    parallel = {r["mechanism"]: r["auroc"] for r in csv.DictReader(open(tmp_path / "demo/table.csv"))}
+    assert [parallel[row["mechanism"]] for row in serial] == [str(row["auroc"]) for row in serial]
     assert "SYNTHETIC DATA" in out and "SeqNorm (ours)" in out and "Baseline (CNN / MIL)" in out
     rows = list(csv.DictReader(open(tmp_path / "demo/table.csv")))
     assert [r["mechanism"] for r in rows] == ["baseline", "softmax", "sima", "seqnorm"]

@@ -2,11 +2,14 @@
 
 import csv
 import json
+import shutil
 
 import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from medattn.cli import main
 from medattn.config import load_config
@@ -57,6 +60,19 @@ def test_two_stages_and_inpainting_end_to_end(tmp_path, capsys):
     rows = list(csv.DictReader(open(out / "scores.csv")))
     assert rows[0]["case"] == "case" and rows[0]["method"] == "diffusion" and float(rows[0]["ssim"]) <= 1
     assert int(rows[0]["masked_tokens"]) == 2 * 2 * 4  # half of each axis of the 4 x 4 x 8 token grid
+    assert isinstance(results["warnings"], list)  # diffusion against random codes, judged at training's test
+
+    # a first stage whose codes all decode alike: diffusion's output is random codes' output, and it says so
+    collapsed = tmp_path / "collapsed"
+    shutil.copytree(stage2, collapsed)
+    weights = collapsed / "checkpoints/best/model.safetensors"
+    tensors = load_file(weights)
+    tensors["vqae.codebook.codes"] = torch.zeros_like(tensors["vqae.codebook.codes"])
+    with safe_open(str(weights), "pt") as original:
+        metadata = original.metadata()
+    save_file(tensors, weights, metadata=metadata)
+    assert main(["inpaint", str(collapsed), str(tmp_path / "case.nii.gz"), "--out", str(tmp_path / "out2")]) == 0
+    assert "WARNING: case.nii.gz: diffusion and random codes decode to the same volume" in capsys.readouterr().out
     mask = np.zeros(volume.shape, np.uint8)
     mask[0, 0, 0] = 1
     nib.save(nib.Nifti1Image(mask, affine), tmp_path / "mask.nii.gz")
@@ -144,6 +160,16 @@ def test_perceptual_term_from_a_local_export_and_the_gradient_term(tmp_path):
     (tmp_path / "junk.pt2").write_bytes(b"not a program")
     with pytest.raises(UserError, match="not a torch.export program"):
         load_perceptual_net(tmp_path / "junk.pt2")
+
+
+def test_diffusion_no_better_than_random_codes_is_said():
+    from medattn.diffusion.inpaint import versus_random
+
+    better, worse = {"psnr_masked": 18.0}, {"psnr_masked": 12.0}
+    assert versus_random(better, worse, identical=False) is None
+    assert "no better than random codes inside the mask (PSNR 12.00 vs 18.00 dB)" in versus_random(worse, better, False)
+    assert "no better" in versus_random(worse, worse, False)  # a tie is no better
+    assert "decode to the same volume" in versus_random(better, worse, identical=True)
 
 
 def test_the_diffusion_summary_is_boxed_like_a_supervised_run(tmp_path):

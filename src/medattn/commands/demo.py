@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import shutil
 import time
@@ -40,14 +41,17 @@ TASKS = {
         "train.epochs=4", "train.batch_size=32", "train.lr=1e-3",
     ], ["data.image_size=32", "model.name=vit2d_tiny"]),
     "synthetic_breast_mri": ("breast MRI 32x32x16, lesion", [
-        "data.volume_size=[32, 32, 16]", "data.num_samples={train: 256, val: 96, test: 128}",
-        "model.name=vit3d_small", "train.epochs=4", "train.batch_size=32", "train.lr=1e-3",
+        "data.volume_size=[32, 32, 16]", "data.num_samples={train: 192, val: 96, test: 128}",
+        "model.name=vit3d_small", "train.epochs=5", "train.batch_size=32", "train.lr=1e-3",
     ], ["data.volume_size=[16, 16, 8]", "model.name=vit3d_tiny"]),
-    "synthetic_wsi": ("WSI bags 100-300 x 64, tumour", [
-        "data.num_instances=[100, 300]", "data.num_samples={train: 80, val: 48, test: 64}",
-        "model.name=vitwsi_small", "train.epochs=4", "train.batch_size=1", "train.lr=5e-4",
+    "synthetic_wsi": ("WSI bags 100-300 x 64, tumour 10-30%", [
+        "data.num_instances=[100, 300]", "data.tumour_fraction=[0.1, 0.3]",
+        "data.num_samples={train: 120, val: 48, test: 64}", "model.name=vitwsi_small", "train.epochs=4",
+        "train.batch_size=1", "train.lr=2e-4",
     ], ["data.num_instances=[10, 30]", "data.feature_dim=16", "model.name=vitwsi_tiny"]),
 }
+#: The tasks by their runs' training time, longest first.
+LONGEST_FIRST = ("synthetic_breast_mri", "synthetic_cxr", "synthetic_wsi")
 QUICK = ["data.num_samples={train: 24, val: 16, test: 16}", "train.epochs=1", "train.batch_size=8",
          "eval.bootstrap=100"]
 #: Why one would pick SeqNorm: one attention layer (dim 512, 8 heads of 64, forward + backward, batch 1) as the
@@ -60,58 +64,111 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version (numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: these small models gain little from more, and a busy "
-                             "machine makes more threads much slower)")
+                        help="torch threads per run (default 1: these small models gain little from more, and a "
+                             "busy machine makes more threads much slower)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs trained at once, each in a process of its own with --threads threads (default: "
+                             "the cores free for this process, OMP_NUM_THREADS if set, divided by --threads)")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
     parser.add_argument("--no-progress", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
+def demo_jobs(tasks: list[str], quick: bool, seed: int, threads: int) -> list[dict]:
+    """One job per (task, column): the config a run trains with, longest first (volumes, then images, then
+    bags; the baseline first within a task), so that parallel workers finish together."""
+    from medattn.train.defaults import AUTO_KEYS
+
+    jobs = []
+    for task_name in sorted(tasks, key=LONGEST_FIRST.index):
+        label, overrides, quick_overrides = TASKS[task_name]
+        overrides = [*overrides, *(QUICK + quick_overrides if quick else []), f"seed={seed}",
+                     f"train.threads={threads}"]
+        for mechanism in COLUMNS:
+            config = load_config(task_name, overrides)
+            baseline = mechanism == "baseline"
+            if baseline:
+                config["model"]["name"] = BASELINES[task_name][quick]
+                config["model"]["attention"] = None
+                for key in AUTO_KEYS:  # a baseline trains with its own optimiser settings (medattn.train.defaults)
+                    config["train"][key] = None
+            else:
+                config["model"]["attention"] = mechanism
+            jobs.append({"task": task_name, "label": label, "mechanism": mechanism, "config": config})
+    return jobs
+
+
+@functools.cache
+def _bundle(data: str, seed: int):
+    """A task's data, rendered once per process (the synthetic kinds' cache) and shared by the runs there;
+    training augmentation is drawn afresh on every access."""
+    from medattn.data import build_datasets
+
+    return build_datasets(json.loads(data), seed=seed)
+
+
+def train_job(job: dict, run_dir: Path, progress: bool) -> dict:
+    """Train one demo run (a full `medattn train` run: best validation epoch tested, bootstrap CI) -> its row."""
     import torch
 
-    from medattn.bench.common import environment
-    from medattn.data import build_datasets
     from medattn.train import fit
-    from medattn.train.defaults import AUTO_KEYS
     from medattn.train.runs import learning_of
+
+    config = job["config"]
+    config["out"] = str(run_dir)
+    torch.set_num_threads(config["train"]["threads"])
+    bundle = _bundle(json.dumps(config["data"]), config["seed"])
+    result = fit(config, bundle, run_dir, overwrite=True, progress=progress, log=lambda message: None)
+    test = result["test"]
+    return {"task": job["task"], "task_label": job["label"], "mechanism": job["mechanism"], "auroc": test["auroc"],
+            "ci_low": test["ci_low"], "ci_high": test["ci_high"], "n_test": test["n"],
+            "val_auroc": result["val_auroc"], "best_epoch": result["best_epoch"], "epochs": result["epochs"],
+            "model": result["model"], "parameters": result["parameters"],
+            "train_seconds": round(result["train_seconds"], 1), "note": test.get("note", ""),
+            "did_not_learn": "; ".join(learning_of(result))}
+
+
+def default_jobs(threads: int) -> int:
+    """Runs at once: the threads this process may use (:func:`medattn.threads.default_threads`: free cores, or
+    the user's ``OMP_NUM_THREADS``) divided by each run's threads, at least one."""
+    from medattn.threads import default_threads
+
+    return max(1, default_threads()[0] // max(1, threads))
+
+
+def run(args: argparse.Namespace) -> int:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from medattn.bench.common import environment
 
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out / "runs", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    rows = []
-    for task_name in args.tasks:
-        label, overrides, quick = TASKS[task_name]
-        overrides = [*overrides, *(QUICK + quick if args.quick else []), f"seed={args.seed}",
-                     f"train.threads={args.threads}"]
-        config = load_config(task_name, overrides)
-        torch.set_num_threads(args.threads)
-        # the kinds cache their renders, so the four models share one; training augmentation runs on every access
-        bundle = build_datasets(config["data"], seed=config["seed"])
-        vit, task_train = config["model"]["name"], dict(config["train"])
-        for mechanism in COLUMNS:
-            baseline = mechanism == "baseline"
-            config["model"]["name"] = BASELINES[task_name][args.quick] if baseline else vit
-            config["model"]["attention"] = None if baseline else mechanism
-            for key in AUTO_KEYS:  # a baseline trains with its own optimiser settings (medattn.train.defaults)
-                config["train"][key] = None if baseline else task_train[key]
-            run_dir = out / "runs" / f"{task_name}_{mechanism}"
-            config["out"] = str(run_dir)
-            print(f"[{time.time() - started:6.0f} s] {task_name}: training {mechanism} ({config['model']['name']}) ...",
-                  flush=True)
-            result = fit(config, bundle, run_dir, overwrite=True, progress=not args.no_progress,
-                         log=lambda message: None)
-            test = result["test"]
-            png = run_dir / "roc_test.png"
-            if png.exists():
-                shutil.copyfile(png, out / f"roc_{task_name}_{mechanism}.png")
-            rows.append({"task": task_name, "task_label": label, "mechanism": mechanism, "auroc": test["auroc"],
-                         "ci_low": test["ci_low"], "ci_high": test["ci_high"], "n_test": test["n"],
-                         "val_auroc": result["val_auroc"], "best_epoch": result["best_epoch"],
-                         "epochs": result["epochs"], "model": result["model"], "parameters": result["parameters"],
-                         "train_seconds": round(result["train_seconds"], 1), "note": test.get("note", ""),
-                         "did_not_learn": "; ".join(learning_of(result))})
+    jobs = demo_jobs(args.tasks, args.quick, args.seed, args.threads)
+    workers = min(len(jobs), args.jobs or default_jobs(args.threads))
+    print(f"training {len(jobs)} runs, {workers} at a time with {args.threads} thread(s) each", flush=True)
+    rows = {}
+
+    def done(job: dict, row: dict) -> None:
+        rows[job["task"], job["mechanism"]] = row
+        png = out / "runs" / f"{job['task']}_{job['mechanism']}" / "roc_test.png"
+        if png.exists():
+            shutil.copyfile(png, out / f"roc_{job['task']}_{job['mechanism']}.png")
+        print(f"[{time.time() - started:6.0f} s] {job['task']}: {job['mechanism']} ({job['config']['model']['name']}) "
+              f"trained in {row['train_seconds']:.0f} s", flush=True)
+
+    if workers == 1:
+        for job in jobs:
+            done(job, train_job(job, out / "runs" / f"{job['task']}_{job['mechanism']}", not args.no_progress))
+    else:  # each run in a process of its own; bars would interleave, so none
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(train_job, job, out / "runs" / f"{job['task']}_{job['mechanism']}", False): job
+                       for job in jobs}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    rows = [rows[task, mechanism] for task in args.tasks for mechanism in COLUMNS]
     runtime = time.time() - started
     table = format_table(rows, args.tasks, args.quick)
     print(table)
@@ -122,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         writer.writerows(rows)
     (out / "table.json").write_text(json.dumps({
         "data": "SYNTHETIC (medattn built-in benchmark; not real patients)", "quick": args.quick,
-        "seed": args.seed, "runtime_seconds": round(runtime, 1), "environment": environment(),
-        "rows": rows, "table": table}, indent=1))
+        "seed": args.seed, "runtime_seconds": round(runtime, 1), "jobs": workers, "threads_per_run": args.threads,
+        "environment": environment(), "rows": rows, "table": table}, indent=1))
     (out / "table.txt").write_text(table + "\n")
     print(scaling_section(out, args.quick, args.threads))
     print(f"total runtime {time.time() - started:.0f} s")

@@ -90,3 +90,17 @@ def score_case(output: torch.Tensor, target: torch.Tensor, reconstruction: torch
     return {"psnr": psnr(output, target), "ssim": ssim(output, target),
             "psnr_masked": psnr(output[unknown_voxels], target[unknown_voxels]),
             "psnr_recon": psnr(output, reconstruction), "ssim_recon": ssim(output, reconstruction)}
+
+
+def versus_random(diffusion: dict[str, float], random: dict[str, float], identical: bool) -> str | None:
+    """A warning when diffusion's inpainting means nothing, else None: its output equals the uniformly random
+    codes' (``identical``: the VQ-AE decodes every code alike, so the first stage learned nothing), or its PSNR
+    inside the unknown cells (``psnr_masked`` of :func:`score_case`) is no higher than random codes'."""
+    if identical:
+        return ("diffusion and random codes decode to the same volume: the first stage (VQ-AE) ignores its codes "
+                "(train it longer); the inpainting means nothing")
+    if diffusion["psnr_masked"] <= random["psnr_masked"]:
+        return (f"diffusion is no better than random codes inside the mask (PSNR {diffusion['psnr_masked']:.2f} "
+                f"vs {random['psnr_masked']:.2f} dB): the transformer learned nothing usable (train it longer); "
+                f"the inpainting means nothing")
+    return None

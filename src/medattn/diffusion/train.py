@@ -34,7 +34,7 @@ import torch
 
 from medattn.config import save_config, validate
 from medattn.diffusion.data import VolumeSets, build_volume_sets
-from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels
+from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, versus_random
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.diffusion.metrics import psnr, ssim
 from medattn.diffusion.model import (
@@ -151,6 +151,7 @@ def diffusion_summary(results: dict, run_dir: Path) -> str:
     return "\n".join(["=" * 72, f"run            {run_dir}{tag}", f"task           {results['task']}",
                       f"volume shape   {'x'.join(map(str, results['volume_shape']))}",
                       f"best epoch     {results.get('best_epoch')}", *lines(results["test"]),
+                      *(f"WARNING        {w}" for w in results.get("warnings", [])),
                       "files          config.yaml metrics.csv checkpoints/best results.json", "=" * 72])
 
 
@@ -284,26 +285,31 @@ def train_transformer(config: dict, run_dir: Path, device: torch.device,
         append_metrics(run_dir / "metrics.csv", row, TRANSFORMER_FIELDS)
         log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}")
     best_model, _ = load_stage(run_dir / "checkpoints" / "best")
-    test = inpainting_scores(best_model.to(device), sets.test, diff_cfg, config["seed"])
-    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test}, log)
+    test, warnings = inpainting_scores(best_model.to(device), sets.test, diff_cfg, config["seed"])
+    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test, "warnings": warnings}, log)
 
 
-def inpainting_scores(model: DiffusionModel, dataset, diff_cfg: dict, seed: int) -> dict:
+def inpainting_scores(model: DiffusionModel, dataset, diff_cfg: dict, seed: int) -> tuple[dict, list[str]]:
     """Mean scores (:func:`~medattn.diffusion.inpaint.score_case`) of centre-mask inpainting by the
     transformer (``diffusion``) and by the ``random`` baseline over a dataset's volumes; case ``i`` uses
-    seed ``seed + i`` for both."""
+    seed ``seed + i`` for both. -> (scores, warnings: diffusion no better than random,
+    :func:`~medattn.diffusion.inpaint.versus_random`)."""
     cell = model.vqae.patch_size // model.vqae.latent_size
     unknown = centre_mask(model.transformer.grid, diff_cfg["mask_fraction"])
     voxels = tokens_to_voxels(unknown, cell)
     out: dict[str, dict] = {}
+    outputs: dict[str, list] = {}
     for method in ("diffusion", "random"):
-        rows = []
+        rows, outputs[method] = [], []
         for index in range(len(dataset)):
             volume = dataset[index]["input"].float()
             result = inpaint(model, volume, unknown, method, diff_cfg["sample_steps"], diff_cfg["temperature"],
                              seed + index)
             rows.append(score_case(result["output"], volume[0], result["reconstruction"], voxels))
+            outputs[method].append(result["output"])
         out[method] = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+    identical = all(torch.equal(a, b) for a, b in zip(outputs["diffusion"], outputs["random"]))
+    warning = versus_random(out["diffusion"], out["random"], identical)
     out["masked_tokens"] = int(unknown.sum())
     out["volumes"] = len(dataset)
-    return out
+    return out, [warning] if warning else []

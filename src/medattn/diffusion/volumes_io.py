@@ -17,7 +17,14 @@ import torch
 
 from medattn.data.files import check_regular
 from medattn.data.volumes import check_volume_header, is_nifti, normalise, write_nifti
-from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, voxel_mask_to_tokens
+from medattn.diffusion.inpaint import (
+    centre_mask,
+    inpaint,
+    score_case,
+    tokens_to_voxels,
+    versus_random,
+    voxel_mask_to_tokens,
+)
 from medattn.diffusion.model import load_stage
 from medattn.diffusion.vqae import patch_grid
 from medattn.errors import UserError
@@ -129,6 +136,12 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
                          temperature or diff_cfg["temperature"], seed + index)
         voxel_mask = tokens_to_voxels(unknown, cell)
         scores = score_case(result["output"], volume, result["reconstruction"], voxel_mask)
+        if method == "diffusion":  # the same case with random codes: a model no better than them means nothing
+            codes = inpaint(model, volume[None], unknown, "random", 1, 1.0, seed + index)
+            warning = versus_random(scores, score_case(codes["output"], volume, codes["reconstruction"], voxel_mask),
+                                    torch.equal(codes["output"], result["output"]))
+            if warning:
+                log(f"WARNING: {path.name}: {warning}")
         with out.write(f"{stem}_inpainted.nii.gz") as tmp:
             write_nifti(tmp, result["output"].numpy(), image.affine)
         with out.write(f"{stem}_mask.nii.gz") as tmp:
