@@ -41,6 +41,8 @@ def _commands(root):
         "monai": ["train", "synthetic_cxr", "--out", str(root / "swin"), "model.name=swin2d_tiny",
                   "model.attention=null", "data.num_samples=[8,4,4]", "data.image_size=32", "train.epochs=1"],
         "einops": None,  # MONAI's import of einops: monai's own case
+        "tensorboard": ["train", "synthetic_cxr", "--out", str(root / "tb"), "model.name=vit2d_tiny",
+                        "data.num_samples=[8,4,4]", "data.image_size=32", "train.epochs=1", "train.tensorboard=true"],
     }
 
 

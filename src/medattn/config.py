@@ -278,6 +278,8 @@ KEYS: dict[str, Key] = {
     "train.compile": Key(False, BOOLEAN,
                          "torch.compile(model, fullgraph=True) for the training step (inductor; CPU: a C++ compiler)"),
     "train.num_workers": Key(0, _integer(0, 1024)),
+    "train.tensorboard": Key(False, BOOLEAN, "also write each epoch's metrics.csv row as TensorBoard scalars to "
+                                             "RUN/tensorboard (pip install 'medattn[tensorboard]')"),
     "train.threads": Key(None, _integer(1, 4096, optional=True),
                          "torch intra-op threads; null -> medattn.threads.default_threads (free cores)"),
     "train.device": Key("auto", Rule("auto, cpu, mps, cuda or cuda:N",

@@ -19,6 +19,7 @@ EXTRAS = {
     "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx",
     "nilearn": "realistic", "skimage": "realistic",
     "monai": "swin", "einops": "swin",
+    "tensorboard": "tensorboard",
 }
 
 

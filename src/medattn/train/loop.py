@@ -167,6 +167,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     meta = {"config": config, "task": checkpoint.task_to_dict(task)}
     if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
         meta["preprocessing"] = bundle.preprocessing.to_dict()
+    scalars = report.TensorBoardScalars(run_dir, state["epoch"] + 1) \
+        if train_cfg["tensorboard"] and distributed.is_main() else None
     training_started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
@@ -184,6 +186,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
             state["best_score"], state["best_loss"], state["best_epoch"] = val_score, val.loss, epoch
         if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
             report.append_metrics(run_dir / "metrics.csv", row, fields)
+            if scalars is not None:
+                scalars.add(row)
             epoch_meta = {**meta, "epoch": epoch, score_key: val_score,  # + the validation thresholds (Youden's J)
                           **threshold_meta(val.outputs, val.labels, task.task_type, epoch)}
             if is_best:
@@ -196,6 +200,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
             f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
+    if scalars is not None:
+        scalars.close()
     results = {
         "run_dir": str(run_dir), "synthetic": task.synthetic, "data": config["data"].get("kind"),
         "model": config["model"]["name"], "attention": config["model"]["attention"],

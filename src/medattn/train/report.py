@@ -164,6 +164,29 @@ def append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
         writer.writerow(row)
 
 
+class TensorBoardScalars:
+    """Each epoch's metrics.csv row as TensorBoard scalars (tag = column, step = epoch) in ``run_dir/tensorboard``
+    (``train.tensorboard=true``). A resumed run starts its events at ``first_epoch``: TensorBoard drops the
+    steps a previous attempt wrote after the checkpoint resumed from, as :func:`truncate_metrics` does."""
+
+    def __init__(self, run_dir: Path, first_epoch: int = 1) -> None:
+        from medattn.extras import require
+
+        require("tensorboard", "train.tensorboard=true")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=first_epoch)
+
+    def add(self, row: dict) -> None:
+        for key, value in row.items():
+            if key != "epoch" and isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, row["epoch"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def truncate_metrics(path: Path, last_epoch: int, fields: tuple[str, ...]) -> None:
     """Drop rows written after the checkpoint a run resumes from."""
     if not path.exists() or not distributed.is_main():
