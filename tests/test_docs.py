@@ -75,3 +75,45 @@ def test_command_line_parses(where, line):
         except UserError:
             return  # the user's own file, named for illustration
         load_config(args.config, [*args.overrides, *extra])
+
+
+NUMERIC = re.compile(r"\d\.\d|\d+ ?(s|ms|MiB|GiB|x)\b")
+RECORDED = re.compile(r"recorded at commit `([0-9a-f]{7,40})`")
+
+
+def measured_tables() -> list[tuple[str, str | None]]:
+    """(``file:line``, the commit its marker names or None) of every table of figures in the docs."""
+    found = []
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            if not lines[i].startswith("|"):
+                i += 1
+                continue
+            end = next((j for j in range(i, len(lines)) if not lines[j].startswith("|")), len(lines))
+            if NUMERIC.search("\n".join(lines[i:end])):
+                marker = next((m.group(1) for line in lines[end:end + 3] if (m := RECORDED.search(line))), None)
+                found.append((f"{path.relative_to(ROOT)}:{i + 1}", marker))
+            i = end
+    return found
+
+
+def test_every_table_of_figures_carries_the_commit_it_was_recorded_at():
+    """Figures cannot all be re-run in a test (hours of training, a machine's speed), so each table of them is
+    followed by "*Figures recorded at commit `abc1234` (date).*", a commit of this repository (checked where its
+    history is at hand); a reader sees how old the numbers are, and ``git checkout`` gives the code that made them."""
+    import shutil
+    import subprocess
+
+    tables = measured_tables()
+    assert len(tables) >= 40
+    assert [where for where, commit in tables if commit is None] == []
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists() or subprocess.run(
+            [git, "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True).stdout.strip() \
+            != "false":
+        pytest.skip("no full git history here to look the commits up in")
+    unknown = [(where, commit) for where, commit in tables
+               if subprocess.run([git, "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT).returncode != 0]
+    assert unknown == []

@@ -22,6 +22,7 @@ import argparse
 import csv
 import functools
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "busy machine makes more threads much slower)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs trained at once, each in a process of its own with --threads threads (default: "
-                             "the cores free for this process, OMP_NUM_THREADS if set, divided by --threads)")
+                             "the cores this process may use, OMP_NUM_THREADS if set, divided by --threads)")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
     parser.add_argument("--no-progress", action="store_true")
 
@@ -131,11 +132,14 @@ def train_job(job: dict, run_dir: Path, progress: bool) -> dict:
 
 
 def default_jobs(threads: int) -> int:
-    """Runs at once: the threads this process may use (:func:`medattn.threads.default_threads`: free cores, or
-    the user's ``OMP_NUM_THREADS``) divided by each run's threads, at least one."""
-    from medattn.threads import default_threads
+    """Runs at once: the cores this process may use (or the user's ``OMP_NUM_THREADS``) divided by each run's
+    threads, at least one. Unlike a training run's threads (:func:`medattn.threads.default_threads`) the load
+    average is not consulted: right after ``make demo`` installs the environment it still counts pip's work."""
+    from medattn.threads import available_cores
 
-    return max(1, default_threads()[0] // max(1, threads))
+    user = os.environ.get("OMP_NUM_THREADS", "")
+    budget = int(user) if user.isdigit() and int(user) > 0 else available_cores()
+    return max(1, budget // max(1, threads))
 
 
 def run(args: argparse.Namespace) -> int:
