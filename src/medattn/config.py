@@ -309,6 +309,8 @@ KEYS: dict[str, Key] = {
     "train.instance_dropout": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
                                   "bags: fraction of each training bag's instances dropped per step"),
     "eval.bootstrap": Key(1000, _integer(0, 1_000_000), "resamples for the test AUROC's confidence interval"),
+    "eval.heatmaps": Key(3, _integer(0, 100), "test cases whose heatmaps report.html shows, the highest-scored "
+                                              "first (medattn.explain.cases; 0: none)"),
     "eval.ci": Key(0.95, Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1)),
     "eval.sliding_window": Key(None, Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
                                "segmentation: null -> on when train.patch_size is set (medattn.runtime.sliding)"),

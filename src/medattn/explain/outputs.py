@@ -69,6 +69,15 @@ def _meaning(heat: np.ndarray, method: str) -> str:
     return f"{method} relevance (>= 0: brighter matters more)"
 
 
+def _colour_bar(fig, axes, cmap: str, low: float, high: float, meaning: str, fraction: float) -> None:
+    """An opaque colour bar of ``cmap`` from ``low`` to ``high`` beside ``axes``, labelled with ``meaning`` (the
+    map itself is drawn translucent over the image; its bar is not)."""
+    import matplotlib
+
+    colours = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(low, high), cmap=cmap)
+    fig.colorbar(colours, ax=axes, fraction=fraction, pad=0.02).set_label(meaning, fontsize=8)
+
+
 def _figure_image(fig) -> Image.Image:
     import io
 
@@ -97,12 +106,11 @@ def readable_overlay(image: np.ndarray, heat: np.ndarray, title: str, method: st
     axes[0].imshow(plain, interpolation="nearest")
     axes[0].set_title("image", fontsize=9)
     axes[1].imshow(plain, interpolation="nearest")
-    shown = axes[1].imshow(heat, cmap=cmap, vmin=low, vmax=high, alpha=alpha, interpolation="nearest")
+    axes[1].imshow(heat, cmap=cmap, vmin=low, vmax=high, alpha=alpha, interpolation="nearest")
     axes[1].set_title("relevance over the image", fontsize=9)
     for axis in axes:
         axis.set_axis_off()
-    bar = fig.colorbar(shown, ax=axes, fraction=0.035, pad=0.02)
-    bar.set_label(_meaning(heat, method), fontsize=8)
+    _colour_bar(fig, axes, cmap, low, high, _meaning(heat, method), 0.035)
     fig.suptitle(title, fontsize=9)
     if synthetic:
         fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
@@ -133,12 +141,11 @@ def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str
     for axis, (image, relevance, name) in zip(axes, cuts):
         axis.imshow(image.T, cmap="gray", vmin=low_v, vmax=max(high_v, low_v + 1e-6), origin="lower",
                     interpolation="nearest")
-        shown = axis.imshow(relevance.T, cmap=cmap, vmin=low, vmax=high, alpha=alpha, origin="lower",
-                            interpolation="nearest")
+        axis.imshow(relevance.T, cmap=cmap, vmin=low, vmax=high, alpha=alpha, origin="lower",
+                    interpolation="nearest")
         axis.set_title(f"slice {name}", fontsize=9)
         axis.set_axis_off()
-    bar = fig.colorbar(shown, ax=axes, fraction=0.025, pad=0.02)
-    bar.set_label(_meaning(heat, method), fontsize=8)
+    _colour_bar(fig, axes, cmap, low, high, _meaning(heat, method), 0.025)
     fig.suptitle(title + " (through the voxel of largest |relevance|)", fontsize=9)
     if synthetic:
         fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
@@ -193,9 +200,7 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     fig, axis = plt.subplots(figsize=(width * scale / 100 + 1.8, height * scale / 100 + 1.0))
     axis.imshow(np.asarray(picture), interpolation="nearest")
     axis.set_axis_off()
-    colours = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(low, high), cmap=cmap)
-    bar = fig.colorbar(colours, ax=axis, fraction=0.035, pad=0.02)
-    bar.set_label(_meaning(np.asarray(scores), method) + " per tile", fontsize=8)
+    _colour_bar(fig, axis, cmap, low, high, _meaning(np.asarray(scores), method) + " per tile", 0.035)
     fig.suptitle(title, fontsize=9)
     if synthetic:
         fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")

@@ -38,6 +38,7 @@ from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.patches import RandomPatches
 from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
+from medattn.explain.cases import case_heatmaps
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.runtime import checkpoint, distributed, sliding
 from medattn.runtime.build import build_model, check_model_config
@@ -334,6 +335,9 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             probabilities, test.statistic, "bag size" if task.input_kind == "bag" else "image mean intensity")
         with writing(run_dir):
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
+            if objective.outputs_are_probabilities:  # what the model looks at in its highest-scored test cases
+                results["heatmaps"] = case_heatmaps(model, bundle.test, test.outputs, test.labels, test.ids, task,
+                                                    run_dir, label, config["eval"]["heatmaps"])
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test

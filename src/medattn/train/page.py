@@ -66,4 +66,4 @@ def run_page(run_dir: Path, results: dict) -> Path:
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
-                      ["roc_test.png", "training_curves.png"])
+                      ["roc_test.png", "training_curves.png", *results.get("heatmaps", [])])

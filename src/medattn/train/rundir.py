@@ -25,7 +25,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
-             "results.json", "report.html")
+             "heatmaps", "results.json", "report.html")
 LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
 PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run is complete
 
