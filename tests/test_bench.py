@@ -188,7 +188,9 @@ def test_attention_bench_bf16_runs(precision):
 def test_cli_binary_and_pam_smoke_runs_write_results(tmp_path):
     """The two other benches run end to end from the CLI at tiny sizes and write their CSV/JSON."""
     assert main(["bench", "binary", "--sizes", "64", "--dims", "8", "--repeats", "1", "--skip", "bf16", "memory",
-                 "--out", str(tmp_path / "binary")]) == 0
+                 "--threads", "1", "--out", str(tmp_path / "binary")]) == 0
+    recorded = json.loads(next((tmp_path / "binary").glob("*.json")).read_text())
+    assert recorded["environment"]["torch_threads"] == 1  # --threads honoured and recorded
     assert main(["bench", "pam", "--sizes", "500", "--brute-max", "500", "--repeats", "1",
                  "--out", str(tmp_path / "pam")]) == 0
     for folder in ("binary", "pam"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a case after this long")
     parser.add_argument("--skip", nargs="*", default=[], choices=["scores", "attention", "memory", "bf16"],
                         help="parts to leave out")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch and bit-kernel threads, also in the memory probes (default: the free cores, or "
+                             "OMP_NUM_THREADS)")
     parser.add_argument("--out", default="reports/bench-binary", help="output directory")
 
 
@@ -161,7 +165,8 @@ def bench_memory(d: int, args) -> dict[tuple[str, int], int]:
     for method in ("fp32-sdpa", "bits-sg"):
         code = (f"from medattn.bench.binary import probe_memory; "
                 f"probe_memory({method!r}, {list(args.sizes)!r}, {d}, {dv}, {args.tile_size})")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # this run's count, not the probe's
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
         for n, b in json.loads(done.stdout.strip().splitlines()[-1]).items():
             peaks[(method, int(n))] = b
     return peaks
@@ -190,7 +195,7 @@ def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
 
 def run(args) -> int:
     _check(args)
-    set_threads()
+    set_threads(args.threads)
     no_bf16 = cpu_bf16_support().unsupported_reason()
     if no_bf16 and "bf16" not in args.skip:
         print(no_bf16, flush=True)
