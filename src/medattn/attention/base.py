@@ -174,6 +174,12 @@ def is_traced() -> bool:
             or torch.jit.is_tracing())
 
 
+def is_exporting() -> bool:
+    """True while torch.export, ONNX export or the JIT tracer records the forward (not plain torch.compile):
+    registered medattn operators are left out then, so an exported program runs without medattn."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32 if it is in a lower precision (bf16/fp16), unchanged otherwise (float64 stays)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))

@@ -20,8 +20,9 @@ Choices the paper leaves open (docs/decisions.md):
 * Statistics and the normalization run in float32 even under autocast; the two matmuls follow
   autocast (bf16 under bf16 autocast).
 * A sequence of one token (or of identical tokens) has zero variance: Q' = beta_q etc., finite.
-* Under ``torch.compile``, ``torch.export`` and ONNX export the explicit centred form runs (the same
-  numbers, written without the fused path's data-dependent choice, so graphs have no break).
+* The fused core is a registered operator (``medattn::seqnorm_core``), so ``torch.compile(fullgraph=True)`` keeps
+  it; under ``torch.export`` and ONNX export the explicit centred form runs (the same numbers, written without the
+  fused path's data-dependent choice), so an exported program needs no medattn.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, at_least_float32, is_traced, token_weights
+from .base import Attention, at_least_float32, is_exporting, token_weights
 from .rows import FactorisedRows, masked, row_weights
-from .seqnorm_fused import SeqNormCore, affine_views, centred_seqnorm, scale_shift, sequence_normalize
+from .seqnorm_fused import affine_views, centred_seqnorm, scale_shift, seqnorm_core, sequence_normalize
 
 
 class SequenceNorm(nn.Module):
@@ -126,10 +127,10 @@ class SeqNormAttention(Attention):
         params = [p for norm in self.norms for p in (norm.weight, norm.bias)]
         eps = tuple(norm.eps for norm in self.norms)
         with torch.autocast(q.device.type, enabled=False):
-            if is_traced():  # branch-free explicit form: the fused path chooses its path from the data
+            if is_exporting():  # branch-free explicit form: no medattn operator in an exported program
                 out = centred_seqnorm(q, k, v, affine_views(params, q), weights, count, eps)
             else:
-                out = SeqNormCore.apply(q, k, v, *params, weights, count, eps)
+                out = seqnorm_core(q, k, v, params, weights, eps)
         return out.to(dtype)
 
     # Streaming inference over one very long sequence (B = 1), in chunks of tokens (n_c, dim), in one

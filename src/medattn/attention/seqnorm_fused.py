@@ -14,7 +14,17 @@ gradients of these raw moments back onto q, k, v with three products of the same
 
 Moments about zero lose precision when a channel's mean dwarfs its spread (cancellation in
 ``E[x^2] - mean^2``). Where any channel has ``mean^2 > CONDITION_LIMIT * var``, the forward takes
-the centred path (explicit normalized tensors) and the backward recomputes that path with autograd.
+the centred path (explicit normalized tensors) and the backward differentiates that path.
+
+The core is a registered PyTorch operator, ``medattn::seqnorm_core`` with its backward
+``medattn::seqnorm_core_backward`` (:func:`seqnorm_core`): both choose their path inside the operator, from the
+data, where a graph cannot see it, and say only their output shapes to the compiler (fake implementations), so
+``torch.compile(fullgraph=True)`` keeps the fused path instead of tracing the explicit form. Both gradients are
+written out by hand (:func:`_output_map_backward`, :func:`_normalize_backward`), since autograd does not run inside
+an operator. Where the backward must itself be differentiable (``create_graph=True``: double backward,
+Hessian-vector products) it differentiates the explicit centred form with autograd instead, so higher derivatives
+are those of the explicit form. ``torch.export`` and ONNX export take the explicit form
+(:func:`medattn.attention.base.is_exporting`): an exported program then needs no medattn to run.
 """
 
 from __future__ import annotations
@@ -112,70 +122,83 @@ def affine_views(params, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(p.to(like.dtype).view(1, like.shape[1], 1, -1) for p in params)
 
 
-class SeqNormCore(torch.autograd.Function):
-    """out = W Q' (K'^T V') / n for q, k (B, H, N, d), v (B, H, N, D_v) in float32/float64.
-
-    Inputs: q, k, v, the six affine tensors (H * d_t,), weights (B, 1, N, 1) or None, count (int or
-    (B, 1, 1, 1)), eps = (eps_q, eps_k, eps_v). Output (B, H, N, D_v), zero at padded positions.
-
-    Backward: the raw-moment formulas of the module docstring. Where the backward itself must be
-    differentiable (``create_graph=True``: double backward, Hessian-vector products, gradient
-    penalties), or the forward took the centred path, the backward instead recomputes the explicit
-    centred form with autograd on the saved inputs, so higher derivatives are exact (those of the
-    explicit form) rather than those of a hand-written first derivative.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, gq, bq, gk, bk, gv, bv, weights, count, eps):
-        affines = affine_views((gq, bq, gk, bk, gv, bv), q)
-        moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights))
-        g_kv = k.transpose(-2, -1) @ (v if weights is None else v * weights)  # (B, H, d, D_v)
-        moments = moments + (g_kv,)
-        ctx.centred = _ill_conditioned(moments, count)
-        ctx.save_for_backward(q, k, v, gq, bq, gk, bk, gv, bv, *(() if weights is None else (weights,)))
-        ctx.count, ctx.eps, ctx.has_weights = count, eps, weights is not None
-        if ctx.centred:
-            return centred_seqnorm(q, k, v, affines, weights, count, eps)
-        a_q, b = _output_map(moments, count, affines, eps)
-        ctx.moments = moments
-        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(*q.shape[:3], -1)
-        return out if weights is None else out.mul_(weights)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        saved = ctx.saved_tensors  # read once: checkpointing's recomputed tensors unpack only once
-        q, k, v, *params = saved[:9]
-        weights = saved[9] if ctx.has_weights else None
-        if ctx.centred or torch.is_grad_enabled():
-            return (*_explicit_backward(q, k, v, params, weights, ctx.count, ctx.eps, grad_out), None, None, None)
-        return (*_raw_moment_backward(q, k, v, params, weights, ctx.count, ctx.eps, ctx.moments, grad_out),
-                None, None, None)
+def _norm_backward(total, total_sq, count, gamma, eps, d_scale, d_shift, d_mean=0.0):
+    """Gradients through :func:`scale_shift` (scale ``s = gamma r``, shift ``c = beta - mean s``, ``r =
+    (var + eps)^-1/2``, ``var = Sq / n - mean^2`` clamped at 0, ``mean = S / n``): from those of s, c (and of the
+    mean itself) to -> (dS, dSq, dgamma, dbeta), each (B, H, 1, d)."""
+    mean = total / count
+    var = total_sq / count - mean.square()
+    r = torch.rsqrt(var.clamp_min(0.0) + eps)
+    scale = gamma * r
+    d_mean = d_mean - d_shift * scale
+    d_scale = d_scale - d_shift * mean
+    d_var = (d_scale * gamma) * (-0.5 * r.pow(3)) * (var >= 0)  # clamp_min's gradient: kept where var >= 0
+    d_mean = d_mean - 2 * mean * d_var
+    return d_mean / count, d_var / count, d_scale * r, d_shift
 
 
-def _explicit_backward(q, k, v, params, weights, count, eps, grad_out):
-    """Gradients of :func:`centred_seqnorm` by autograd; differentiable when grad mode is on (create_graph)."""
-    create_graph = torch.is_grad_enabled()
-    inputs = [q, k, v, *params]
-    with torch.enable_grad():
-        if not create_graph:  # a first derivative only: a private graph over detached copies
-            inputs = [t.detach().requires_grad_(True) for t in inputs]
-        wanted = [t for t in inputs if t.requires_grad]
-        out = centred_seqnorm(*inputs[:3], affine_views(inputs[3:], q), weights, count, eps)
-        grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=create_graph, allow_unused=True))
-    return [next(grads) if t.requires_grad else None for t in inputs]
+def _output_map_backward(moments, count, affines, eps, grad_a_q, grad_b):
+    """Gradients of :func:`_output_map` (``a_q = s_q^T * A``, ``b = c_q A``, ``A = K'^T V' / n``) with respect to
+    its seven moments and six affines (per batch element, (B, H, 1, d_t)), from those of a_q and b."""
+    s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv = moments
+    gq, bq, gk, bk, gv, bv = affines
+    scale_q, shift_q, _, _ = scale_shift(s_q, sq_q, count, gq, bq, eps[0])
+    scale_k, shift_k, _, _ = scale_shift(s_k, sq_k, count, gk, bk, eps[1])
+    scale_v, shift_v, mean_v, _ = scale_shift(s_v, sq_v, count, gv, bv, eps[2])
+    k_t, shift_k_t = scale_k.transpose(-2, -1), shift_k.transpose(-2, -1)
+    a = (k_t * g_kv * scale_v + count * (bk.transpose(-2, -1) * shift_v + shift_k_t * (scale_v * mean_v))) / count
+    d_ktv = (scale_q.transpose(-2, -1) * grad_a_q + shift_q.transpose(-2, -1) @ grad_b) / count  # (B, H, d, D_v)
+    d_scale_q = (grad_a_q * a).sum(dim=-1).unsqueeze(-2)
+    d_shift_q = grad_b @ a.transpose(-2, -1)
+    through_shift_k = count * (shift_k @ d_ktv)  # (B, H, 1, D_v): the n c_k^T (s_v mean_v) term
+    d_scale_k = (d_ktv * g_kv * scale_v).sum(dim=-1).unsqueeze(-2)
+    d_shift_k = count * ((scale_v * mean_v) @ d_ktv.transpose(-2, -1))
+    d_scale_v = (d_ktv * g_kv * k_t).sum(dim=-2, keepdim=True) + through_shift_k * mean_v
+    d_shift_v = count * (bk @ d_ktv)
+    d_s_q, d_sq_q, d_gq, d_bq = _norm_backward(s_q, sq_q, count, gq, eps[0], d_scale_q, d_shift_q)
+    d_s_k, d_sq_k, d_gk, d_bk = _norm_backward(s_k, sq_k, count, gk, eps[1], d_scale_k, d_shift_k)
+    d_s_v, d_sq_v, d_gv, d_bv = _norm_backward(s_v, sq_v, count, gv, eps[2], d_scale_v, d_shift_v,
+                                               through_shift_k * scale_v)
+    d_bk = d_bk + count * (shift_v @ d_ktv.transpose(-2, -1))  # the n beta_k^T c_v term
+    return (d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_ktv * k_t * scale_v), (d_gq, d_bq, d_gk, d_bk, d_gv, d_bv)
 
 
-def _raw_moment_backward(q, k, v, params, weights, count, eps, moments, grad_out):
+def _normalize_backward(x, gamma, weights, count, eps, grad):
+    """Gradients of :func:`sequence_normalize` -> (dx, dgamma, dbeta per batch element (B, H, 1, d)):
+    ``dx = w r (g - sum(w g) / n - x_hat sum(w g x_hat) / n)`` with ``g = dy w gamma`` (instance norm's backward
+    over the real tokens)."""
+    xw = x if weights is None else x * weights
+    mean = xw.sum(dim=2, keepdim=True) / count
+    centred = x - mean if weights is None else (x - mean) * weights
+    r = torch.rsqrt(centred.square().sum(dim=2, keepdim=True) / count + eps)
+    x_hat = centred * r
+    dy = grad if weights is None else grad * weights
+    g = dy * gamma
+    dx = r * (g - g.sum(dim=2, keepdim=True) / count - x_hat * (g * x_hat).sum(dim=2, keepdim=True) / count)
+    return (dx if weights is None else dx * weights), (dy * x_hat).sum(dim=2, keepdim=True), dy.sum(dim=2,
+                                                                                                        keepdim=True)
+
+
+def _centred_backward(q, k, v, affines, weights, count, eps, grad_out):
+    """Gradients of :func:`centred_seqnorm` (out = Q' A, A = K'^T V' / n) -> dq, dk, dv and the six affines'."""
+    gq, bq, gk, bk, gv, bv = affines
+    qn = sequence_normalize(q, gq, bq, weights, count, eps[0])
+    kn = sequence_normalize(k, gk, bk, weights, count, eps[1])
+    vn = sequence_normalize(v, gv, bv, weights, count, eps[2])
+    a = kn.transpose(-2, -1) @ vn / count
+    d_a = qn.transpose(-2, -1) @ grad_out / count
+    dq, d_gq, d_bq = _normalize_backward(q, gq, weights, count, eps[0], grad_out @ a.transpose(-2, -1))
+    dk, d_gk, d_bk = _normalize_backward(k, gk, weights, count, eps[1], vn @ d_a.transpose(-2, -1))
+    dv, d_gv, d_bv = _normalize_backward(v, gv, weights, count, eps[2], kn @ d_a)
+    return (dq, dk, dv), (d_gq, d_bq, d_gk, d_bk, d_gv, d_bv)
+
+
+def _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_out):
     """Gradients from the raw moments: three (N x d) @ (d x d)-sized products, no normalized copies."""
     g = grad_out if weights is None else grad_out * weights
-    with torch.enable_grad():
-        small = [t.detach().requires_grad_(True) for t in (*moments, *params)]
-        a_q, b = _output_map(small[:7], count, affine_views(small[7:], q), eps)
-        grad_a_q = q.transpose(-2, -1) @ g  # (B, H, d, D_v)
-        grad_b = g.sum(dim=2, keepdim=True)  # (B, H, 1, D_v)
-        d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv, *d_params = torch.autograd.grad(
-            (a_q, b), small, (grad_a_q, grad_b))
-    a_q = a_q.detach()
+    a_q, _ = _output_map(moments, count, affines, eps)
+    (d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv), d_affines = _output_map_backward(
+        moments, count, affines, eps, q.transpose(-2, -1) @ g, g.sum(dim=2, keepdim=True))
     # out = Q a_q + b, and the raw moments: S = sum w x, Sq = sum w x^2, G_kv = K^T W V.
     grad_q = torch.baddbmm(d_s_q.flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
     grad_q = grad_q.view(q.shape).addcmul_(q, 2 * d_sq_q)
@@ -187,4 +210,96 @@ def _raw_moment_backward(q, k, v, params, weights, count, eps, moments, grad_out
         grad_q.mul_(weights)
         grad_k.mul_(weights)
         grad_v.mul_(weights)
-    return (grad_q, grad_k, grad_v, *d_params)
+    return (grad_q, grad_k, grad_v), d_affines
+
+
+def _count(q: torch.Tensor, weights: torch.Tensor | None):
+    """Real tokens: N, or (B, 1, 1, 1) from the 0/1 ``weights`` (B, 1, N, 1)."""
+    return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True)
+
+
+#: What both operators return (their schema is read from the annotations).
+NINE_TENSORS = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                     torch.Tensor, torch.Tensor]
+
+
+@torch.library.custom_op("medattn::seqnorm_core", mutates_args=())
+def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gq: torch.Tensor, bq: torch.Tensor, gk: torch.Tensor,
+          bk: torch.Tensor, gv: torch.Tensor, bv: torch.Tensor, weights: torch.Tensor | None,
+          eps: list[float]) -> NINE_TENSORS:
+    """-> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred): the output and what its backward needs."""
+    count, affines = _count(q, weights), affine_views((gq, bq, gk, bk, gv, bv), q)
+    moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights),
+               k.transpose(-2, -1) @ (v if weights is None else v * weights))  # the last: G_kv (B, H, d, D_v)
+    centred = _ill_conditioned(moments, count)
+    if centred:
+        out = centred_seqnorm(q, k, v, affines, weights, count, eps)
+    else:
+        a_q, b = _output_map(moments, count, affines, eps)
+        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(*q.shape[:3], -1)
+        out = out if weights is None else out.mul_(weights)
+    return (*(t.contiguous() for t in (out, *moments)), torch.tensor(centred))  # the strides the fake promises
+
+
+@_core.register_fake
+def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
+    (B, H, N, d), dv = q.shape, v.shape[-1]
+    row, row_v = q.new_empty(B, H, 1, d), q.new_empty(B, H, 1, dv)
+    return (q.new_empty(B, H, N, dv), row, row.clone(), row.clone(), row.clone(), row_v, row_v.clone(),
+            q.new_empty(B, H, d, dv), q.new_empty((), dtype=torch.bool))
+
+
+@torch.library.custom_op("medattn::seqnorm_core_backward", mutates_args=())
+def _core_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gq: torch.Tensor,
+                   bq: torch.Tensor, gk: torch.Tensor, bk: torch.Tensor, gv: torch.Tensor, bv: torch.Tensor,
+                   weights: torch.Tensor | None, eps: list[float], s_q: torch.Tensor, sq_q: torch.Tensor,
+                   s_k: torch.Tensor, sq_k: torch.Tensor, s_v: torch.Tensor, sq_v: torch.Tensor, g_kv: torch.Tensor,
+                   centred: torch.Tensor) -> NINE_TENSORS:
+    """-> gradients of q, k, v and of the six affines (H * d_t,), on the path the forward took."""
+    params = (gq, bq, gk, bk, gv, bv)
+    count, affines = _count(q, weights), affine_views(params, q)
+    if bool(centred):
+        grads, d_affines = _centred_backward(q, k, v, affines, weights, count, eps, grad_out)
+    else:
+        moments = (s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv)
+        grads, d_affines = _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_out)
+    return (*(g.contiguous() for g in grads),
+            *(d.sum(dim=0).reshape(p.shape).to(p.dtype) for d, p in zip(d_affines, params)))
+
+
+@_core_backward.register_fake
+def _core_backward_shapes(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, *moments_and_path):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),  # contiguous, as the operator's
+            *(p.new_empty(p.shape) for p in (gq, bq, gk, bk, gv, bv)))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, gq, bq, gk, bk, gv, bv, weights, eps = inputs
+    ctx.eps, ctx.has_weights = eps, weights is not None
+    ctx.save_for_backward(q, k, v, gq, bq, gk, bk, gv, bv, *output[1:], *(() if weights is None else (weights,)))
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward(ctx, grad_out, *unused):
+    saved = ctx.saved_tensors  # read once: checkpointing's recomputed tensors unpack only once
+    (q, k, v, *params), moments_and_path = saved[:9], saved[9:17]
+    weights = saved[17] if ctx.has_weights else None
+    if torch.is_grad_enabled():  # create_graph: a differentiable backward, the explicit form's by autograd
+        inputs = [q, k, v, *params]
+        wanted = [t for t in inputs if t.requires_grad]
+        out = centred_seqnorm(q, k, v, affine_views(params, q), weights, _count(q, weights), ctx.eps)
+        grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True))
+        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
+    return (*_core_backward(grad_out, q, k, v, *params, weights, ctx.eps, *moments_and_path), None, None)
+
+
+_core.register_autograd(_backward, setup_context=_setup)
+
+
+def seqnorm_core(q, k, v, params, weights, eps) -> torch.Tensor:
+    """out = W Q' (K'^T V') / n for q, k (B, H, N, d), v (B, H, N, D_v) in float32/float64 (the operator
+    ``medattn::seqnorm_core``): ``params`` the six affine tensors (H * d_t,) (gamma_q, beta_q, ..., beta_v),
+    ``weights`` (B, 1, N, 1) 0/1 or None, ``eps`` (eps_q, eps_k, eps_v). -> (B, H, N, D_v), zero at padded
+    positions. The raw-moment path, or the centred one where the moments are ill-conditioned (module docstring);
+    backward likewise, differentiable where ``create_graph`` asks for it."""
+    return _core(q, k, v, *params, weights, [float(e) for e in eps])[0]
