@@ -218,16 +218,21 @@ def _count(q: torch.Tensor, weights: torch.Tensor | None):
     return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True)
 
 
-#: What both operators return (their schema is read from the annotations).
-NINE_TENSORS = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                     torch.Tensor, torch.Tensor]
+#: The two operators (``torch.ops.medattn.*``), defined with the library's low-level API: ``torch.library.custom_op``
+#: wraps its functions so that their first call imports torch._dynamo (2 s and 80 MiB in every process).
+_LIBRARY = torch.library.Library("medattn", "DEF")
+_LIBRARY.define("seqnorm_core(Tensor q, Tensor k, Tensor v, Tensor gq, Tensor bq, Tensor gk, Tensor bk, Tensor gv, "
+                "Tensor bv, Tensor? weights, float[] eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+                "Tensor, Tensor, Tensor)")
+_LIBRARY.define("seqnorm_core_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor gq, Tensor bq, "
+                "Tensor gk, Tensor bk, Tensor gv, Tensor bv, Tensor? weights, float[] eps, Tensor s_q, Tensor sq_q, "
+                "Tensor s_k, Tensor sq_k, Tensor s_v, Tensor sq_v, Tensor g_kv, Tensor centred) -> (Tensor, Tensor, "
+                "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
-@torch.library.custom_op("medattn::seqnorm_core", mutates_args=())
-def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gq: torch.Tensor, bq: torch.Tensor, gk: torch.Tensor,
-          bk: torch.Tensor, gv: torch.Tensor, bv: torch.Tensor, weights: torch.Tensor | None,
-          eps: list[float]) -> NINE_TENSORS:
-    """-> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred): the output and what its backward needs."""
+def _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
+    """``medattn::seqnorm_core`` -> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred): the output and what its
+    backward needs."""
     count, affines = _count(q, weights), affine_views((gq, bq, gk, bk, gv, bv), q)
     moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights),
                k.transpose(-2, -1) @ (v if weights is None else v * weights))  # the last: G_kv (B, H, d, D_v)
@@ -241,7 +246,6 @@ def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gq: torch.Tensor, b
     return (*(t.contiguous() for t in (out, *moments)), torch.tensor(centred))  # the strides the fake promises
 
 
-@_core.register_fake
 def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
     (B, H, N, d), dv = q.shape, v.shape[-1]
     row, row_v = q.new_empty(B, H, 1, d), q.new_empty(B, H, 1, dv)
@@ -249,13 +253,10 @@ def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
             q.new_empty(B, H, d, dv), q.new_empty((), dtype=torch.bool))
 
 
-@torch.library.custom_op("medattn::seqnorm_core_backward", mutates_args=())
-def _core_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gq: torch.Tensor,
-                   bq: torch.Tensor, gk: torch.Tensor, bk: torch.Tensor, gv: torch.Tensor, bv: torch.Tensor,
-                   weights: torch.Tensor | None, eps: list[float], s_q: torch.Tensor, sq_q: torch.Tensor,
-                   s_k: torch.Tensor, sq_k: torch.Tensor, s_v: torch.Tensor, sq_v: torch.Tensor, g_kv: torch.Tensor,
-                   centred: torch.Tensor) -> NINE_TENSORS:
-    """-> gradients of q, k, v and of the six affines (H * d_t,), on the path the forward took."""
+def _core_backward(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv,
+                   centred):
+    """``medattn::seqnorm_core_backward`` -> gradients of q, k, v and of the six affines (H * d_t,), on the path
+    the forward took."""
     params = (gq, bq, gk, bk, gv, bv)
     count, affines = _count(q, weights), affine_views(params, q)
     if bool(centred):
@@ -267,7 +268,6 @@ def _core_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
             *(d.sum(dim=0).reshape(p.shape).to(p.dtype) for d, p in zip(d_affines, params)))
 
 
-@_core_backward.register_fake
 def _core_backward_shapes(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, *moments_and_path):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),  # contiguous, as the operator's
             *(p.new_empty(p.shape) for p in (gq, bq, gk, bk, gv, bv)))
@@ -290,10 +290,15 @@ def _backward(ctx, grad_out, *unused):
         out = centred_seqnorm(q, k, v, affine_views(params, q), weights, _count(q, weights), ctx.eps)
         grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
-    return (*_core_backward(grad_out, q, k, v, *params, weights, ctx.eps, *moments_and_path), None, None)
+    return (*torch.ops.medattn.seqnorm_core_backward(grad_out, q, k, v, *params, weights, ctx.eps, *moments_and_path),
+            None, None)
 
 
-_core.register_autograd(_backward, setup_context=_setup)
+for _name, _function, _shapes in (("seqnorm_core", _core, _core_shapes),
+                                  ("seqnorm_core_backward", _core_backward, _core_backward_shapes)):
+    _LIBRARY.impl(_name, _function, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"medattn::{_name}", _shapes, lib=_LIBRARY)
+torch.library.register_autograd("medattn::seqnorm_core", _backward, setup_context=_setup, lib=_LIBRARY)
 
 
 def seqnorm_core(q, k, v, params, weights, eps) -> torch.Tensor:
@@ -302,4 +307,4 @@ def seqnorm_core(q, k, v, params, weights, eps) -> torch.Tensor:
     ``weights`` (B, 1, N, 1) 0/1 or None, ``eps`` (eps_q, eps_k, eps_v). -> (B, H, N, D_v), zero at padded
     positions. The raw-moment path, or the centred one where the moments are ill-conditioned (module docstring);
     backward likewise, differentiable where ``create_graph`` asks for it."""
-    return _core(q, k, v, *params, weights, [float(e) for e in eps])[0]
+    return torch.ops.medattn.seqnorm_core(q, k, v, *params, weights, [float(e) for e in eps])[0]

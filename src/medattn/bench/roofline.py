@@ -33,6 +33,8 @@ from shapes alone (a forward on the meta device), for the training step's matmul
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,25 +78,39 @@ class MachineRates:
         return {"matmul_gflops": dict(self.matmul_gflops), "bandwidth_gbs": self.bandwidth_gbs}
 
 
-def measure_matmul_gflops(precision: str = "fp32", size: int = 2048, repeats: int = 5, device: str = "cpu",
-                          target_s: float = 0.2) -> float:
-    """Median GFLOP/s of a square matmul in ``precision`` (``2 n^3`` FLOPs per ``n x n`` product).
-
-    A 256 x 256 product first estimates the rate; ``n`` is then the size whose product takes about
-    ``target_s`` seconds at that rate, at most ``size``, so a slow path (bf16 without hardware support)
-    is measured in seconds rather than minutes.
-    """
+def matmul_probe(precision: str = "fp32", size: int = 2048, device: str = "cpu",
+                 target_s: float = 0.2) -> Callable[[], float]:
+    """A square matmul in ``precision`` sized to take about ``target_s`` seconds (at most ``size``; a 256 x 256
+    product first estimates the rate, so a slow path such as bf16 without hardware support is measured in
+    seconds rather than minutes) -> a function that runs it once and returns its GFLOP/s (``2 n^3`` FLOPs)."""
     if precision not in DTYPES:
         raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
 
-    def rate(n: int, repeats: int) -> float:
+    def product(n: int) -> Callable[[], float]:
         a, b = (torch.randn(n, n, device=device, dtype=DTYPES[precision]) for _ in range(2))
         out = torch.empty_like(a)
-        return 2 * n**3 / median_time(lambda: torch.matmul(a, b, out=out), repeats=repeats, warmup=1) / 1e9
+        sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
 
-    estimate = rate(256, 3)
-    n = int(min(size, max(256, (target_s * estimate * 1e9 / 2) ** (1 / 3))) // 64 * 64)
-    return rate(n, repeats)
+        def once() -> float:
+            sync()
+            started = time.perf_counter()
+            torch.matmul(a, b, out=out)
+            sync()
+            return 2 * n**3 / (time.perf_counter() - started) / 1e9
+        return once
+
+    small = product(256)
+    small()
+    estimate = statistics.median(small() for _ in range(3))
+    return product(int(min(size, max(256, (target_s * estimate * 1e9 / 2) ** (1 / 3))) // 64 * 64))
+
+
+def measure_matmul_gflops(precision: str = "fp32", size: int = 2048, repeats: int = 5, device: str = "cpu",
+                          target_s: float = 0.2) -> float:
+    """Median GFLOP/s of :func:`matmul_probe` over ``repeats`` products (after one warm-up)."""
+    probe = matmul_probe(precision, size, device, target_s)
+    probe()
+    return statistics.median(probe() for _ in range(repeats))
 
 
 def measure_bandwidth_gbs(megabytes: int = 256, repeats: int = 5, device: str = "cpu") -> float:

@@ -7,9 +7,12 @@ time, the epoch time it implies for ``--images-per-epoch`` images, the peak memo
 matmul floor, i.e. the FLOPs of every ``nn.Linear`` and convolution (qkv and output projections, MLP,
 patch embedding, head) forward and backward at the measured matmul rate, with the ratio
 step time / floor (``floor_ratio``: the rate measured before the runs; ``floor_ratio_after``: the rate
-measured again by the measuring process right after the variant's steps, so a machine whose load
-changed during a long run is compared with itself). The attention cores are not in the floor: a ratio
-near 1 means attention is free.
+measured again by the measuring process right after the variant's steps; ``floor_ratio_interleaved``: the rate
+timed in the same rounds as the steps, one product per round, so a shared machine whose speed moves within a
+minute moves floor and step alike). The attention cores are not in the floor: a ratio near 1 means attention is
+free. Beside the time, the work: ``counted_gflop``, the FLOPs one eager step executes (PyTorch's
+``FlopCounterMode``: every matmul and convolution, attention cores included), and ``achieved_gflops``, that work
+over the step time.
 
 Memory: each configuration runs in a fresh Python process (``--no-isolate``: in this one); the peak
 RSS minus the RSS after imports, so it counts parameters, gradients, AdamW state, activations and
@@ -50,6 +53,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from medattn.attention import get_attention_class
 from medattn.config import DEFAULTS
@@ -74,7 +78,7 @@ from .common import (
     run_isolated,
     write_results,
 )
-from .roofline import DTYPES, MachineRates, matmul_flops, measure_matmul_gflops, measure_rates
+from .roofline import DTYPES, MachineRates, matmul_flops, matmul_probe, measure_matmul_gflops, measure_rates
 
 DEFAULT_MECHANISMS = ("softmax", "sima", "seqnorm")
 DEFAULT_RESOLUTIONS = (224, 512, 1024, 2048)
@@ -108,10 +112,15 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
        built (freed heap trimmed first; variants built earlier stay resident and are not counted).
     2. In rounds, one timed step of every variant per round, ``repeats`` rounds (fewer once they took
        ``budget_s``), so a change of the machine's load falls on all variants alike; the median per variant.
-       Then each precision's matmul rate is measured again (``matmul_gflops_after``).
+       Each round also times one matmul per precision (a product of about 50 ms): the median of these is
+       the rate the steps ran beside (``matmul_gflops_interleaved``), a floor that moves with the machine as the
+       steps do. Then each precision's matmul rate is measured again (``matmul_gflops_after``).
+    3. Before the rounds, one step of each eager variant runs under ``FlopCounterMode``: the FLOPs the step
+       executes (every matmul, attention core included), machine-independent work (``counted_gflop``).
 
     Returns ``{"variants": [{"variant", "status", "step_s", "compile_s", "peak_mem_bytes",
-    "matmul_gflops_after"}, ...], "memory_method"}``; a variant that raises gets a "failed: ..." status and
+    "matmul_gflops_after", "matmul_gflops_interleaved", "counted_gflop" (eager)}, ...], "memory_method"}``; a
+    variant that raises gets a "failed: ..." status and
     the others still run.
     """
     if threads:
@@ -158,7 +167,14 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
             prepared.append((result, step, precision))
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
             result["status"] = failed(error)
+    for result, step, _ in prepared:  # the work a step does, counted once (eager: the counter sees every op)
+        if result["variant"].startswith("eager"):
+            with FlopCounterMode(display=False) as counter:
+                step()
+            result["counted_gflop"] = counter.get_total_flops() / 1e9
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    probes = {precision: matmul_probe(precision, device=device, target_s=0.05) for _, _, precision in prepared}
+    interleaved = {precision: [] for precision in probes}
     started = time.perf_counter()
     for _ in range(repeats):
         for result, step, _ in prepared:
@@ -172,13 +188,16 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                 result["times"].append(time.perf_counter() - t0)
             except Exception as error:
                 result["status"] = failed(error)
+        for precision, probe in probes.items():  # the matmul rate in the same rounds as the steps
+            interleaved[precision].append(probe())
         if budget_s is not None and time.perf_counter() - started > budget_s:
             break
     rates = {precision: measure_matmul_gflops(precision, device=device) for _, _, precision in prepared}
     for result, _, precision in prepared:
         times = result.pop("times")
         if result["status"] == "ok":
-            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision])
+            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision],
+                          matmul_gflops_interleaved=statistics.median(interleaved[precision]))
     prepared.clear()
     if any(compiled for compiled, _, _ in variants):
         torch._dynamo.reset()
@@ -266,6 +285,9 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                              "epoch_s": step * images_per_epoch / batch_size,
                              "epoch_h": step * images_per_epoch / batch_size / 3600, "floor_ratio": step / floor,
                              "floor_ratio_after": step * result["matmul_gflops_after"] * 1e9 / flops,
+                             "floor_ratio_interleaved": step * result["matmul_gflops_interleaved"] * 1e9 / flops,
+                             "counted_gflop": result.get("counted_gflop"),
+                             "achieved_gflops": result["counted_gflop"] / step if "counted_gflop" in result else None,
                              "peak_mem_mb": result["peak_mem_bytes"] / 2**20,
                              "memory_method": measured["memory_method"], **env_fields})
             first = measured["variants"][0]
@@ -315,7 +337,8 @@ def _skip_reason(tokens, times, memories, budget_s, memory_budget) -> str | None
 TABLE = [("mechanism", "mechanism", ""), ("resolution", "px", ""), ("tokens", "N", ""), ("variant", "variant", ""),
          ("step_s", "step s", ".3f"), ("vs_eager", "vs eager", ".2f"), ("compile_s", "compile s", ".1f"),
          ("epoch_h", "epoch h", ".2f"), ("matmul_floor_s", "floor s", ".3f"),
-         ("floor_ratio", "step/floor", ".2f"), ("peak_mem_mb", "peak MiB", ".0f"), ("status", "status", "")]
+         ("floor_ratio", "step/floor", ".2f"), ("floor_ratio_interleaved", "step/floor (rounds)", ".2f"),
+         ("peak_mem_mb", "peak MiB", ".0f"), ("status", "status", "")]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
