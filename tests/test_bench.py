@@ -138,6 +138,10 @@ def test_scaling_bench_rows_in_process():
         assert row["floor_ratio"] == pytest.approx(row["step_s"] / row["matmul_floor_s"])
         assert row["floor_ratio_after"] == pytest.approx(row["step_s"] / (row["matmul_gflop"] / 50.0))
         assert row["matmul_floor_s"] == pytest.approx(row["matmul_gflop"] / 100.0)
+        assert row["floor_ratio_interleaved"] > 0  # the rate timed in the steps' rounds, not the fixed RATES
+        # the work the step executed: every matmul of the floor's layers and the attention cores besides
+        assert row["matmul_gflop"] <= row["counted_gflop"] <= 1.5 * row["matmul_gflop"] + 1e-3
+        assert row["achieved_gflops"] == pytest.approx(row["counted_gflop"] / row["step_s"])
 
 
 def test_scaling_bench_skips_over_time_budget():
