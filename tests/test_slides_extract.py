@@ -2,8 +2,10 @@
 torchvision's names, TorchScript, ONNX), CLAM HDF5 read by the wsi_bags loader, resume, sharding, Macenko,
 heatmaps and the extract command."""
 
+import json
 import os
 import sys
+from dataclasses import asdict, replace
 
 import h5py
 import numpy as np
@@ -270,7 +272,8 @@ def test_features_load_through_the_wsi_bags_loader(cohort, descriptor, tmp_path)
         assert f["features"].shape[1] == 32 and f["coords"].dtype == np.int64
         assert dict(f.attrs) | {"slide": "-"} == {"patch_size_um": 64.0, "patch_size_px": 32, "mpp": 1.0,
                                                   "patch_size_level0": 64, "extractor": "descriptor",
-                                                  "stain_norm": "none", "slide": "-"}
+                                                  "stain_norm": "none", "slide": "-",
+                                                  "tile_settings": json.dumps(asdict(SMALL), sort_keys=True)}
         assert len(f["coords"]) == results[1].kept
     features, coords = read_slide(out / "slide_001.h5")
     assert features.shape == (results[1].kept, 32) and (coords % 64 == 0).all()
@@ -317,6 +320,9 @@ def test_resume_skips_done_slides_and_redoes_a_broken_one(cohort, descriptor, tm
         torch.jit.script(Pooled()).save(str(tmp_path / "pooled.pt"))
         extract_slides(cohort[:1], out, build_extractor(str(tmp_path / "pooled.pt")), SMALL)
     assert [r.status for r in extract_slides(cohort[:1], out, descriptor, SMALL, overwrite=True)] == ["done"]
+    # the filters chose other patches: refused, naming the option (the file records the settings it was made with)
+    with pytest.raises(UserError, match=r"slide_000\.h5: exists with other settings \(--max-white 0\.5 -> 0\.3\)"):
+        extract_slides(cohort[:1], out, descriptor, replace(SMALL, max_white=0.3))
 
 
 def test_a_failed_write_leaves_nothing_under_the_final_name(tmp_path):

@@ -69,6 +69,22 @@ def test_extract_tiles_by_itself_without_tiles(tmp_path, capsys):
             assert np.array_equal(f["coords"][:], kept) and f.attrs["extractor"] == "descriptor"  # the default
 
 
+def test_a_rerun_with_other_settings_is_refused_saying_which_and_overwrite_redoes_it(tmp_path, capsys):
+    """`wsi tile` kept the old tiles and said "already done" when run again with other filters."""
+    slides, tiles = tmp_path / "slides", tmp_path / "tiles"
+    write_synthetic_cohort(slides, count=1, seed=3, shape=(384, 512))
+    assert main(["wsi", "tile", str(slides), "--out", str(tiles), *SMALL]) == 0
+    assert main(["wsi", "tile", str(slides), "--out", str(tiles), *SMALL]) == 0
+    assert "0 done, 1 already done" in capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["wsi", "tile", str(slides), "--out", str(tiles), *SMALL, "--min-sharpness", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "slide_000.json: tiled with other settings (--min-sharpness 20.0 -> 5.0)" in err and "\n" not in err
+    assert main(["wsi", "tile", str(slides), "--out", str(tiles), *SMALL, "--min-sharpness", "5", "--overwrite"]) == 0
+    assert "1 done" in capsys.readouterr().out
+    assert json.loads((tiles / "slide_000.json").read_text())["settings"]["min_sharpness"] == 5.0
+
+
 @pytest.mark.parametrize("command", ["tile", "extract"])
 def test_command_shapes_take_the_documented_options(command):
     argv = ["wsi", command, "SLIDES_DIR", "--out", "OUT", "--mpp", "0.5", "--patch-um", "128", "--patch-px", "224",

@@ -108,14 +108,14 @@ def run_tile(args: argparse.Namespace) -> int:
 
     from medattn.slides.extract import SlideResult, rank_and_world, shard
     from medattn.slides.reader import list_slides
-    from medattn.slides.tiling import tile_slide, write_tiles
+    from medattn.slides.tiling import tile_slide, tiles_done, write_tiles
 
     settings = _settings(args)
     rank, world = rank_and_world()
     started, results = time.perf_counter(), []
     slides = shard(list_slides(args.slides), rank, world)
     for path in tqdm(slides, desc="slides", disable=bars_off(not args.no_progress)):
-        if (args.out / f"{path.stem}.json").exists() and not args.overwrite:
+        if tiles_done(args.out, path, settings, args.overwrite):  # other settings: refused, even with --skip-bad
             results.append(SlideResult(path, "skipped"))
             continue
         try:

@@ -15,10 +15,11 @@ r, r + W, ... of the sorted list and writes only those.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import h5py
@@ -30,6 +31,7 @@ from ..errors import UserError, writing
 from ..text import bars_off
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
+from .settings import settings_changes
 from .stain import MacenkoNormalizer
 from .tiling import (
     DEFAULT_SETTINGS,
@@ -44,7 +46,9 @@ from .tiling import (
 )
 from .tissue import tissue_mask
 
-CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm", "layout")  # layout: from the datasets
+#: What a rerun must match to skip a slide (layout: from the datasets; tile_settings: JSON of the TileSettings that
+#: chose the patches, the tiles' own with --tiles).
+CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm", "layout", "tile_settings")
 LAYOUTS = ("clam", "stamp")
 
 
@@ -100,10 +104,12 @@ def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:
             stored = {k: f.attrs.get(k) for k in CHECKED_ATTRS} | {"layout": "stamp" if "feats" in f else "clam"}
     except (OSError, ValueError):
         return False  # unreadable or incomplete: redo
-    differs = [k for k in CHECKED_ATTRS if str(stored[k]) != str(attrs[k])]
+    differs = [f"{k}={stored[k]}" for k in CHECKED_ATTRS if k != "tile_settings" and str(stored[k]) != str(attrs[k])]
+    if stored["tile_settings"] is not None:  # files written before settings were recorded: judged by the rest
+        differs += settings_changes(json.loads(str(stored["tile_settings"])),
+                                    TileSettings(**json.loads(attrs["tile_settings"])))
     if differs:
-        raise UserError(f"{path}: exists with other settings ({', '.join(f'{k}={stored[k]}' for k in differs)}); "
-                        f"use --overwrite or another --out")
+        raise UserError(f"{path}: exists with other settings ({', '.join(differs)}); use --overwrite or another --out")
     return True
 
 
@@ -172,17 +178,24 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     dropped = {s: int((status == s).sum()) for s in ("white", "blurry")}
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
-    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path)
+    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiles_dir)
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
         write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
     return int(sum(len(f) for f in features)), dropped
 
 
 def attributes(settings: TileSettings, mpp: float, geometry: PatchGeometry, extractor: str, stain: str,
-               slide: Path) -> dict:
+               slide: Path, tiles_dir: Path | None = None) -> dict:
     return {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px), "mpp": float(mpp),
             "patch_size_level0": int(geometry.size0), "extractor": extractor, "stain_norm": stain,
-            "slide": Path(slide).name}
+            "slide": Path(slide).name, "tile_settings": tile_settings(slide, settings, tiles_dir)}
+
+
+def tile_settings(slide: Path, settings: TileSettings, tiles_dir: Path | None) -> str:
+    """JSON of the settings that chose a slide's patches: those ``medattn wsi tile`` recorded in ``tiles_dir``,
+    else ``settings`` (extraction tiles on the fly with them)."""
+    chosen = asdict(settings) if tiles_dir is None else read_tiles(tiles_dir, slide)[1]["settings"]
+    return json.dumps(chosen, sort_keys=True)
 
 
 def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
@@ -206,6 +219,13 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
         out_path = out_dir / f"{path.stem}.h5"
         expected = {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px),
                     "extractor": extractor.name, "stain_norm": stain, "layout": layout}
+        try:
+            expected["tile_settings"] = tile_settings(path, settings, tiles_dir)
+        except UserError as error:  # the slide's tiles are missing or malformed: a bad slide
+            if not skip_bad:
+                raise
+            results.append(SlideResult(path, "failed", message=str(error)))
+            continue
         if done(out_path, expected, overwrite):
             results.append(SlideResult(path, "skipped"))
             continue

@@ -35,3 +35,12 @@ class TileSettings:
 
 
 DEFAULT_SETTINGS = TileSettings()
+
+
+def settings_changes(stored: dict, settings: TileSettings) -> list[str]:
+    """The options in which ``settings`` differ from ``stored`` (a :class:`TileSettings` as a dict, as outputs
+    record it), as ``"--name OLD -> NEW"``; an option the record lacks counts as changed."""
+    from dataclasses import asdict
+
+    return [f"--{name.replace('_', '-')} {stored.get(name, 'unrecorded')} -> {value}"
+            for name, value in asdict(settings).items() if stored.get(name, object()) != value]

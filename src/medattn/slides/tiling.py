@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 
 from ..errors import UserError, writing
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
-from .settings import DEFAULT_SETTINGS, TileSettings
+from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
 
 STATUSES = ("kept", "white", "blurry")
@@ -208,6 +208,27 @@ def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
         atomic_write(paths["png"], lambda p: image.save(p, format="PNG"))
         atomic_write(paths["json"], lambda p: p.write_text(json.dumps(meta, indent=2)))
     return paths
+
+
+def tiles_done(out_dir: Path, slide: Path, settings: TileSettings, overwrite: bool = False) -> bool:
+    """Whether ``out_dir`` already holds ``slide``'s tiles made with ``settings`` (its JSON, written last, reads and
+    records them); UserError when they were made from another file of the same name or with other settings, saying
+    which (``overwrite`` tiles again); an unreadable record is redone."""
+    meta_path = Path(out_dir) / f"{Path(slide).stem}.json"
+    if overwrite or not meta_path.is_file():
+        return False
+    try:
+        meta = json.loads(meta_path.read_text())
+        stored, source = dict(meta["settings"]), Path(meta["slide"]).name
+    except (ValueError, KeyError, TypeError):
+        return False
+    if source != Path(slide).name:
+        raise UserError(f"{meta_path}: holds the tiles of {source}, not of {Path(slide).name}; use another --out")
+    changes = settings_changes(stored, settings)
+    if changes:
+        raise UserError(f"{meta_path}: tiled with other settings ({', '.join(changes)}); use --overwrite to tile "
+                        f"again or another --out")
+    return True
 
 
 def read_tiles(tiles_dir: Path, slide: Path) -> tuple[np.ndarray, dict]:
