@@ -178,7 +178,7 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     dropped = {s: int((status == s).sum()) for s in ("white", "blurry")}
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
-    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiles_dir)
+    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiles_dir) | extractor.record()
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
         write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
     return int(sum(len(f) for f in features)), dropped

@@ -11,9 +11,14 @@
     optional dependency; nothing downloads) with the weights of FILE (safetensors, or a torch file read
     with ``weights_only=True``) loaded strictly; the classifier's tensors in FILE are dropped. Returns
     timm's pooled features (B, F). Tested against a stand-in for timm's API, not against timm itself.
+  * ``uni:FILE``, ``uni2-h:FILE``, ``virchow2:FILE``, ``h-optimus-0:FILE``, ``prov-gigapath:FILE`` (the publishers'
+    pathology ViTs) or ``vit:FILE`` (any timm-layout ViT): medattn's own :class:`~medattn.slides.vit_encoder.TileViT`,
+    no timm, the architecture read from the file, loaded strictly; patches are resized to the encoder's input side
+    and normalised as its publisher did.
 Every extractor takes uint8 RGB patches (B, P, P, 3) and returns float32 (B, F) on the CPU. The CNN
 kinds receive x / 255 normalised with the ImageNet mean and standard deviation (``imagenet=False``
-passes x / 255 unchanged); the descriptor receives x / 255.
+passes x / 255 unchanged); the descriptor receives x / 255. :meth:`Extractor.record` is what the features'
+file keeps about the extractor's input (side, normalisation, the magnification it expects).
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..errors import UserError
 from ..extras import require
 from .descriptor import StainTextureDescriptor
 from .resnet import load_resnet50
+from .vit_encoder import ENCODERS, load_tile_vit
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm")
+KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm", *ENCODERS)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -48,17 +55,34 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Extractor:
-    """uint8 patches (B, P, P, 3) -> float32 features (B, F) on the CPU, through ``forward`` on ``device``."""
+    """uint8 patches (B, P, P, 3) -> float32 features (B, F) on the CPU, through ``forward`` on ``device``.
 
-    def __init__(self, name: str, forward, device: torch.device, imagenet: bool) -> None:
-        self.name, self.forward, self.device, self.imagenet = name, forward, device, imagenet
-        self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+    ``mean``/``std``: the normalisation after x / 255 (``imagenet``: ImageNet's; neither: none); ``input_px``:
+    patches are resized to this side first (bilinear, antialiased; None: as they come); ``mpp``: the microns per
+    pixel the encoder was trained at, if known."""
+
+    def __init__(self, name: str, forward, device: torch.device, imagenet: bool, mean=None, std=None,
+                 input_px: int | None = None, mpp: float | None = None) -> None:
+        self.name, self.forward, self.device, self.input_px, self.mpp = name, forward, device, input_px, mpp
+        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if imagenet and mean is None else (mean, std)
+        self.mean = None if mean is None else torch.tensor(mean, device=device).view(1, 3, 1, 1)
+        self.std = None if std is None else torch.tensor(std, device=device).view(1, 3, 1, 1)
 
     def prepare(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, P, P, 3) uint8 -> (B, 3, P, P) float32 on the device, scaled (and ImageNet-normalised)."""
+        """(B, P, P, 3) uint8 -> (B, 3, P', P') float32 on the device, resized, scaled and normalised."""
         x = pixels.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float() / 255  # (B, 3, P, P)
-        return (x - self.mean) / self.std if self.imagenet else x
+        if self.input_px is not None and x.shape[-1] != self.input_px:
+            x = F.interpolate(x, size=(self.input_px, self.input_px), mode="bilinear", antialias=True,
+                              align_corners=False)
+        return x if self.mean is None else (x - self.mean) / self.std
+
+    def record(self) -> dict:
+        """What the features' file keeps about this extractor's input (attributes ``extractor_*``)."""
+        unset = -1.0  # HDF5 attributes hold no None
+        return {"extractor_input_px": self.input_px or 0,
+                "extractor_mean": [unset] * 3 if self.mean is None else self.mean.flatten().tolist(),
+                "extractor_std": [unset] * 3 if self.std is None else self.std.flatten().tolist(),
+                "extractor_mpp": self.mpp or unset}
 
     @torch.inference_mode()
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -130,10 +154,15 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
     path = Path(file)
     if not path.is_file():
         raise UserError(f"--extractor {spec!r}: no such file (kinds: descriptor, resnet50:FILE, torchscript:FILE, "
-                        f"onnx:FILE, timm:MODEL_NAME:FILE, or a FILE whose kind is detected)")
+                        f"onnx:FILE, timm:MODEL_NAME:FILE, {':FILE, '.join(ENCODERS)}:FILE, or a FILE whose kind "
+                        f"is detected)")
     if not kind:
         kind = "onnx" if path.suffix.lower() == ".onnx" else "torchscript" if _is_torchscript(path) else "resnet50"
     name = f"{kind}:{model_name + ':' if model_name else ''}{path.name}"
+    if kind in ENCODERS:
+        model, encoder = load_tile_vit(path, kind)
+        return Extractor(name, model.to(dev), dev, False, encoder.mean, encoder.std, model.arch.input_px,
+                         encoder.mpp)
     if kind == "timm":
         return Extractor(name, _timm(model_name, path).to(dev), dev, imagenet)
     if kind == "onnx":

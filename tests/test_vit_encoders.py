@@ -1,0 +1,92 @@
+"""The pathology ViT encoders in medattn's own module (medattn.slides.vit_encoder) against timm's VisionTransformer
+built in each publisher's layout with random weights (depth 2; timm is installed --no-deps, torchvision replaced by
+a stand-in): the file saved from timm loads strictly, the architecture is read from it, the embedding is timm's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from medattn.errors import UserError
+from medattn.slides.extractors import build_extractor
+from medattn.slides.vit_encoder import TileViT, infer_architecture, load_tile_vit
+from stand_ins.torchvision import import_timm
+
+vit = import_timm()
+
+
+def swiglu():
+    from timm.layers import SwiGLUPacked
+
+    return {"mlp_layer": SwiGLUPacked, "act_layer": torch.nn.SiLU}
+
+
+#: publisher -> (timm architecture, keyword arguments of its layout (model cards), pooling)
+LAYOUTS = {
+    "vit-b16": ("vit_base_patch16_224", {}, "cls"),
+    "uni": ("vit_large_patch16_224", {"init_values": 1e-5}, "cls"),
+    "virchow2": ("vit_huge_patch14_224", {"init_values": 1e-5, "reg_tokens": 4, "mlp_ratio": 5.3375, **swiglu()},
+                 "cls+mean"),
+    "uni2-h": ("vit_huge_patch14_224", {"embed_dim": 1536, "num_heads": 24, "mlp_ratio": 2.66667 * 2,
+                                        "init_values": 1e-5, "reg_tokens": 8, "no_embed_class": True, **swiglu()},
+               "cls"),
+    "h-optimus-0": ("vit_giant_patch14_reg4_dinov2", {"init_values": 1e-5}, "cls"),
+    "prov-gigapath": ("vit_giant_patch14_dinov2", {"init_values": 1e-5}, "cls"),
+}
+
+
+def timm_encoder(name: str):
+    import timm
+
+    architecture, kwargs, _ = LAYOUTS[name]
+    torch.manual_seed(0)
+    model = timm.create_model(architecture, pretrained=False, num_classes=0, img_size=224, depth=2, **kwargs)
+    with torch.no_grad():  # non-trivial LayerScale, tokens and biases, so that each is tested
+        for tensor in model.parameters():
+            tensor.add_(0.02 * torch.randn_like(tensor))
+    return model.eval()
+
+
+def timm_embedding(model, images, pooling):
+    tokens = model.forward_features(images)
+    prefix = model.num_prefix_tokens
+    return tokens[:, 0] if pooling == "cls" else torch.cat([tokens[:, 0], tokens[:, prefix:].mean(dim=1)], dim=-1)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_each_layout_loads_strictly_and_embeds_as_timm(name, tmp_path):
+    model = timm_encoder(name)
+    path = tmp_path / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    images = torch.randn(2, 3, 224, 224)
+    ours = TileViT(infer_architecture(model.state_dict()), LAYOUTS[name][2]).eval()
+    ours.load_state_dict(model.state_dict(), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), timm_embedding(model, images, LAYOUTS[name][2]), rtol=1e-4,
+                                   atol=1e-4)
+    loaded, _ = load_tile_vit(path, "vit")  # from the file, strictly, architecture inferred
+    assert loaded.arch == ours.arch and loaded.arch.depth == 2
+
+
+def test_a_publisher_name_checks_the_file_and_records_its_input(tmp_path):
+    model = timm_encoder("uni")
+    path = tmp_path / "uni.safetensors"
+    save_file({**{k: v.contiguous() for k, v in model.state_dict().items()}, "head.weight": torch.zeros(2, 1024)},
+              path)
+    with pytest.raises(UserError, match=r"not the uni encoder: depth 2 \(expected 24\)"):
+        load_tile_vit(path, "uni")
+    with pytest.raises(UserError, match=r"not the prov-gigapath encoder: width 1024 \(expected 1536\)"):
+        load_tile_vit(path, "prov-gigapath")
+    extractor = build_extractor(f"vit:{path}")  # the head is dropped, the rest loads strictly
+    features = extractor(torch.randint(0, 255, (3, 256, 256, 3), dtype=torch.uint8))  # resized to 224
+    assert features.shape == (3, 1024)
+    assert extractor.record()["extractor_input_px"] == 224
+    assert extractor.record()["extractor_mean"] == pytest.approx([0.485, 0.456, 0.406])
+
+
+def test_files_that_are_no_vit_are_one_line(tmp_path):
+    path = tmp_path / "resnet.safetensors"
+    save_file({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)
+    with pytest.raises(UserError, match="not a ViT in timm's layout"):
+        load_tile_vit(path)
