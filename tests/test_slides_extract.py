@@ -270,10 +270,12 @@ def test_features_load_through_the_wsi_bags_loader(cohort, descriptor, tmp_path)
     assert [r.status for r in results] == ["done"] * 4
     with h5py.File(out / "slide_001.h5") as f:
         assert f["features"].shape[1] == 32 and f["coords"].dtype == np.int64
-        assert dict(f.attrs) | {"slide": "-"} == {"patch_size_um": 64.0, "patch_size_px": 32, "mpp": 1.0,
-                                                  "patch_size_level0": 64, "extractor": "descriptor",
-                                                  "stain_norm": "none", "slide": "-",
-                                                  "tile_settings": json.dumps(asdict(SMALL), sort_keys=True)}
+        attrs = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in f.attrs.items()}
+        assert attrs | {"slide": "-"} == {"patch_size_um": 64.0, "patch_size_px": 32, "mpp": 1.0,
+                                          "patch_size_level0": 64, "extractor": "descriptor", "stain_norm": "none",
+                                          "slide": "-", "tile_settings": json.dumps(asdict(SMALL), sort_keys=True),
+                                          "extractor_input_px": 0, "extractor_mean": [-1.0] * 3,
+                                          "extractor_std": [-1.0] * 3, "extractor_mpp": -1.0}  # -1: none
         assert len(f["coords"]) == results[1].kept
     features, coords = read_slide(out / "slide_001.h5")
     assert features.shape == (results[1].kept, 32) and (coords % 64 == 0).all()
