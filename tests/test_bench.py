@@ -245,3 +245,16 @@ def test_scaling_bench_bf16_beside_fp32_or_says_why_not(monkeypatch):
     assert [(r["variant"], r["status"]) for r in rows] == [
         ("eager bf16", "skipped: bf16: not supported on this CPU (test)"), ("eager", "ok")]
     assert "step_s" not in rows[0]
+
+
+def test_extract_bench_reports_tiles_per_second_against_the_matmul_rate(tmp_path):
+    """medattn bench extract: an encoder in a publisher's architecture with random weights, timed beside a matmul."""
+    assert main(["bench", "extract", "--encoders", "vit-b16,resnet50", "--precisions", "fp32", "--rounds", "1",
+                 "--batch-size", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "extract.json").read_text())["results"]
+    assert [(r["encoder"], r["precision"]) for r in rows] == [("vit-b16", "fp32"), ("resnet50", "fp32")]
+    assert rows[0]["gflop_per_tile"] == pytest.approx(35.1, rel=0.05)  # ViT-B/16 at 224 px: 17.6 GMAC
+    assert rows[1]["gflop_per_tile"] == pytest.approx(8.2, rel=0.05)  # ResNet-50: 4.1 GMAC
+    for row in rows:
+        assert row["tiles_per_s"] > 0 and 0 < row["fraction_of_matmul"] < 5
+        assert row["hours_per_15k"] == pytest.approx(15_000 / row["tiles_per_s"] / 3600)

@@ -51,6 +51,18 @@ def test_slides_to_tiles_to_features_to_a_trained_model(tmp_path, capsys):
         out = tmp_path / f"maps{len(slides_given)}"
         assert main(["explain", str(run), str(features / "slide_000.h5"), *slides_given, "--out", str(out)]) == 0
     on_slide, blank = tmp_path / "maps2" / "slide_000.png", tmp_path / "maps0" / "slide_000.png"
+    # the scores as QuPath objects: one square per tile at its level-0 corner, the score as a measurement
+    geojson = json.loads((tmp_path / "maps2" / "slide_000_tiles.geojson").read_text())
+    with h5py.File(features / "slide_000.h5") as f:
+        coords, side = f["coords"][:], int(f.attrs["patch_size_level0"])
+    with h5py.File(tmp_path / "maps2" / "slide_000_tiles.h5") as f:
+        scores = f["scores"][:]
+    assert geojson["type"] == "FeatureCollection" and len(geojson["features"]) == len(coords)
+    for feature, (x, y), score in zip(geojson["features"], coords, scores):
+        ring = feature["geometry"]["coordinates"][0]
+        assert ring == [[x, y], [x + side, y], [x + side, y + side], [x, y + side], [x, y]]
+        assert feature["properties"]["objectType"] == "tile"
+        assert feature["properties"]["measurements"]["gradxinput score"] == pytest.approx(score)
     assert glass_fraction(on_slide) > 0.1 and glass_fraction(blank) < 0.01
     for figure in (on_slide, blank):
         assert Image.open(figure).size[0] >= 900

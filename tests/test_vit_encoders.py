@@ -90,3 +90,29 @@ def test_files_that_are_no_vit_are_one_line(tmp_path):
     save_file({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)
     with pytest.raises(UserError, match="not a ViT in timm's layout"):
         load_tile_vit(path)
+
+
+def test_extract_with_a_publisher_encoder_writes_its_input_record_and_warns_on_magnification(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """The UNI layout (depth 2 here, the depth check relaxed) through `medattn wsi extract` on a SYNTHETIC slide."""
+    import dataclasses
+
+    import h5py
+
+    from medattn.cli import main
+    from medattn.slides import write_synthetic_cohort
+    from medattn.slides.vit_encoder import ENCODERS
+
+    pytest.importorskip("openslide")
+    monkeypatch.setitem(ENCODERS, "uni", dataclasses.replace(ENCODERS["uni"], depth=None))
+    path = tmp_path / "uni.safetensors"
+    save_file({k: v.contiguous() for k, v in timm_encoder("uni").state_dict().items()}, path)
+    write_synthetic_cohort(tmp_path / "slides", count=1, seed=3, shape=(384, 512))
+    assert main(["wsi", "extract", str(tmp_path / "slides"), "--out", str(tmp_path / "features"), "--extractor",
+                 f"uni:{path}", "--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: uni:uni.safetensors was trained on tiles of 0.5 um per pixel; these patches are 2 um" in out
+    assert "use --patch-um 112 --patch-px 224" in out
+    with h5py.File(tmp_path / "features" / "slide_000.h5") as f:
+        assert f["features"].shape[1] == 1024
+        assert f.attrs["extractor_input_px"] == 224 and f.attrs["extractor_mpp"] == 0.5

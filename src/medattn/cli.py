@@ -42,6 +42,7 @@ BENCHES = {
     "scaling": "medattn.bench.scaling",
     "binary": "medattn.bench.binary",
     "pam": "medattn.bench.pam",
+    "extract": "medattn.bench.extract",
 }
 
 

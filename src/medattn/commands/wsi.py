@@ -144,6 +144,12 @@ def run_extract(args: argparse.Namespace) -> int:
     rank, world = rank_and_world()
     slides = list_slides(args.slides)
     extractor = build_extractor(args.extractor, args.device, imagenet=args.input_norm == "imagenet")
+    patch_mpp = settings.patch_um / settings.patch_px
+    if extractor.mpp and abs(patch_mpp - extractor.mpp) > 0.05 * extractor.mpp:  # another magnification than its own
+        side = extractor.input_px or settings.patch_px
+        print(f"WARNING: {extractor.name} was trained on tiles of {extractor.mpp:g} um per pixel; these patches are "
+              f"{patch_mpp:g} um per pixel (--patch-um {settings.patch_um:g}, --patch-px {settings.patch_px}); for its "
+              f"magnification use --patch-um {extractor.mpp * side:g} --patch-px {side}", flush=True)
     started = time.perf_counter()
     results = extract_slides(slides, args.out, extractor, settings, args.tiles, args.stain_norm, args.batch_size,
                              args.num_workers, args.skip_bad, args.overwrite, rank, world, not args.no_progress,

@@ -7,7 +7,8 @@ windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``:
 beside the map over it, at a readable size, with a colour bar saying what the colours mean, a title naming model,
 method and file, the SYNTHETIC note below the panels); 3D volumes ``<stem>.nii.gz`` (the map on the input file's
 grid and affine) and ``<stem>_preview.png`` (three orthogonal slices through the voxel of largest relevance, with
-the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv`` and ``<stem>_tiles.h5`` (a score per
+the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``, ``<stem>_tiles.h5`` and
+``<stem>_tiles.geojson`` (tile squares in level-0 pixels with their score, for QuPath) (a score per
 tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag longer
 than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in bounded memory (the
 gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with the method used, the
@@ -120,7 +121,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                     from None
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
     stems = [out.stem_for(item.paths[0]) for item in dataset.items]
-    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", ".png"), "image2d": (".png",),
+    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", "_tiles.geojson", ".png"), "image2d": (".png",),
                 "volume3d": (".nii.gz", "_preview.png")}
     for stem in stems:  # every name this call may write, before any compute
         for suffix in suffixes[prep.input_kind]:
@@ -195,11 +196,15 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
         outputs.write_tile_scores(table, h5, coords, scores, method)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
+    level0, side = outputs.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
+    if np.ptp(coords, axis=0).any():
+        with out.write(f"{stem}_tiles.geojson") as tmp:
+            outputs.write_tile_geojson(tmp, level0, side, scores, method)
+        written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
     if slide is not None and "patch_size_level0" in attrs:
         from ..slides.heatmap import slide_overlay
 
-        level0 = coords / float(attrs["mpp"]) if str(attrs.get("unit", "")) == "um" else coords  # STAMP: microns
         cmap, low, high = outputs.colour_range(scores)
         picture = slide_overlay(slide, level0, scores, int(attrs["patch_size_level0"]), cmap=cmap, vmin=low,
                                 vmax=high)

@@ -8,6 +8,7 @@ from 0 to its maximum. ``label`` (e.g. "SYNTHETIC") is written in the top-left c
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,30 @@ def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores:
         f.create_dataset("scores", data=scores)
         f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
         f.attrs["method"] = method
+
+
+def level0_tiles(coords: np.ndarray, attrs: dict) -> tuple[np.ndarray, float]:
+    """(top-left corners in level-0 pixels, tile side in level-0 pixels) of a bag's tiles: CLAM-layout coordinates
+    are level-0 pixels already, STAMP-layout ones microns (divided by the file's ``mpp``); without the attributes,
+    the coordinates as they are and the smallest step between them (:func:`tile_size`)."""
+    coords = np.asarray(coords, dtype=np.float64)
+    if str(attrs.get("unit", "")) == "um" and "mpp" in attrs:
+        return coords / float(attrs["mpp"]), float(attrs.get("patch_size_level0", tile_size(coords, attrs)
+                                                          / float(attrs["mpp"])))
+    return coords, tile_size(coords, attrs)
+
+
+def write_tile_geojson(path: Path, corners: np.ndarray, side: float, scores: np.ndarray, method: str) -> None:
+    """A GeoJSON FeatureCollection QuPath imports (File > Import objects): one square tile object per tile
+    (``objectType`` "tile"; polygon in level-0 pixels, corners (N, 2) top-left (x, y)) with its score as the
+    measurement ``<method> score``."""
+    features = [{"type": "Feature",
+                 "geometry": {"type": "Polygon", "coordinates": [[[x, y], [x + side, y], [x + side, y + side],
+                                                                  [x, y + side], [x, y]]]},
+                 "properties": {"objectType": "tile", "measurements": {f"{method} score": float(score)}}}
+                for (x, y), score in zip(np.asarray(corners, dtype=np.float64).tolist(), np.asarray(scores).ravel())]
+    with writing(path), open(path, "w") as f:
+        json.dump({"type": "FeatureCollection", "features": features}, f)
 
 
 def write_summary(path: Path, rows: list[dict]) -> None:

@@ -1,0 +1,120 @@
+"""Tile-encoder throughput on this machine: tiles per second per encoder and precision, against its matmul rate.
+
+For each encoder (random weights in the publisher's architecture, :data:`ARCHITECTURES`; nothing is read or
+downloaded) and precision, batches of ``--batch-size`` 224 x 224 tiles run through the encoder as ``medattn wsi
+extract`` runs them (inference mode; CNNs channels-last; bf16 as autocast, timed only where the CPU multiplies
+bf16 in hardware, :func:`~medattn.bench.common.cpu_bf16_support`). Timed in rounds, one batch of every
+configuration and one matmul of every precision per round (:func:`~medattn.bench.roofline.matmul_probe`), so
+the rate each encoder is compared with was measured beside it; medians over the rounds.
+
+Reported per row: ``tiles_per_s``, the FLOPs one tile costs (counted by PyTorch's ``FlopCounterMode``),
+``fraction_of_matmul`` = achieved FLOP/s over the interleaved matmul rate (1.0: the encoder runs at the speed
+of one large matrix product), and ``hours_per_15k``: the hours a 15,000-tile slide (a 20x slide) takes.
+Writes ``extract.csv`` and ``extract.json`` with the machine, threads and versions.
+
+    medattn bench extract --encoders vit-b16,uni --precisions fp32 --rounds 3 --out reports/bench-extract
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from medattn.errors import UserError
+from medattn.threads import set_threads
+
+from .common import comma_list, cpu_bf16_support, environment, write_results
+from .roofline import DTYPES, matmul_probe
+
+#: encoder -> its architecture (width, depth, patch, registers, MLP hidden, SwiGLU, LayerScale, embeds the prefix).
+ARCHITECTURES = {
+    "vit-b16": (768, 12, 16, 0, 3072, False, False, True),
+    "uni": (1024, 24, 16, 0, 4096, False, True, True),  # ViT-L/16
+    "virchow2": (1280, 32, 14, 4, 6832, True, True, True),  # ViT-H/14
+    "uni2-h": (1536, 24, 14, 8, 4096, True, True, False),  # ViT-H/14, width 1536
+    "h-optimus-0": (1536, 40, 14, 4, 4096, True, True, False),  # ViT-g/14
+    "prov-gigapath": (1536, 40, 14, 0, 4096, True, True, True),  # ViT-g/14
+    "resnet50": None,  # torchvision layout, channels-last
+}
+SLIDE_TILES = 15_000
+
+
+def build(name: str) -> torch.nn.Module:
+    """``name``'s encoder with random weights, in eval mode."""
+    if ARCHITECTURES[name] is None:
+        from medattn.slides.resnet import ResNet50Features
+
+        return ResNet50Features().eval().to(memory_format=torch.channels_last)
+    from medattn.slides.vit_encoder import HEADS, Architecture, TileViT
+
+    dim, depth, patch, registers, hidden, swiglu, layer_scale, embed_prefix = ARCHITECTURES[name]
+    arch = Architecture(dim, depth, HEADS[dim], patch, 224 // patch, registers, embed_prefix, hidden, swiglu,
+                        layer_scale)
+    return TileViT(arch, "cls+mean" if name == "virchow2" else "cls").eval()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--encoders", type=comma_list, default=["vit-b16", "uni", "resnet50"],
+                        help=f"comma-separated, of {', '.join(ARCHITECTURES)} (default vit-b16,uni,resnet50)")
+    parser.add_argument("--precisions", type=comma_list, default=["fp32", "bf16"], help="fp32, bf16 (default both)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (one batch of each configuration)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
+    parser.add_argument("--out", default="reports/bench-extract", help="output directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = [e for e in args.encoders if e not in ARCHITECTURES]
+    if unknown or any(p not in DTYPES for p in args.precisions) or args.batch_size < 1 or args.rounds < 1:
+        raise UserError(f"--encoders of {', '.join(ARCHITECTURES)}; --precisions of fp32, bf16; --batch-size and "
+                        f"--rounds >= 1 (got encoders {args.encoders}, precisions {args.precisions})")
+    set_threads(args.threads)
+    precisions = list(args.precisions)
+    reason = cpu_bf16_support().unsupported_reason()
+    if reason and "bf16" in precisions:
+        print(reason, flush=True)
+        precisions.remove("bf16")
+    tiles = torch.randn(args.batch_size, 3, 224, 224).contiguous(memory_format=torch.channels_last)
+    configurations = []
+    for name in args.encoders:
+        model = build(name)
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            model(tiles[:1])
+        for precision in precisions:
+            autocast = torch.autocast("cpu", dtype=DTYPES[precision], enabled=precision != "fp32")
+
+            def batch(model=model, autocast=autocast) -> None:
+                with torch.inference_mode(), autocast:
+                    model(tiles)
+
+            batch()  # warm-up
+            configurations.append({"encoder": name, "precision": precision, "batch": batch,
+                                   "gflop_per_tile": counter.get_total_flops() / 1e9, "times": []})
+    probes = {precision: matmul_probe(precision, target_s=0.1) for precision in precisions}
+    rates = {precision: [] for precision in precisions}
+    for _ in range(args.rounds):
+        for configuration in configurations:
+            started = time.perf_counter()
+            configuration["batch"]()
+            configuration["times"].append(time.perf_counter() - started)
+        for precision, probe in probes.items():
+            rates[precision].append(probe())
+    rows = []
+    for configuration in configurations:
+        tiles_per_s = args.batch_size / statistics.median(configuration["times"])
+        rate = statistics.median(rates[configuration["precision"]])
+        rows.append({"encoder": configuration["encoder"], "precision": configuration["precision"],
+                     "batch_size": args.batch_size, "tiles_per_s": tiles_per_s,
+                     "gflop_per_tile": configuration["gflop_per_tile"], "matmul_gflops": rate,
+                     "fraction_of_matmul": tiles_per_s * configuration["gflop_per_tile"] / rate,
+                     "hours_per_15k": SLIDE_TILES / tiles_per_s / 3600})
+        print(f"{configuration['encoder']:>14} {configuration['precision']}: {tiles_per_s:7.2f} tiles/s, "
+              f"{configuration['gflop_per_tile']:6.1f} GFLOP/tile, {rows[-1]['fraction_of_matmul']:.2f} of the "
+              f"matmul rate ({rate:.0f} GFLOP/s), {rows[-1]['hours_per_15k']:.2f} h per 15,000 tiles", flush=True)
+    csv_path, json_path = write_results(rows, args.out, "extract", environment("/".join(precisions)))
+    print(f"wrote {csv_path} and {json_path}")
+    return 0
