@@ -123,6 +123,11 @@ def test_quality_measures_on_crafted_patches():
     assert white_fraction(white) == 1.0 and white_fraction(texture) < 0.1
     flat = np.full((32, 32, 3), 150, np.uint8)
     assert sharpness(flat) == 0.0 and sharpness(texture) > 1000
+    # texture in colour only: red and blue stripes of one grey level (luma 0.299 R = 0.114 B) are sharp
+    stripes = np.zeros((64, 64, 3), np.uint8)
+    stripes[:, ::2, 0], stripes[:, 1::2, 2] = 76, 200  # 0.299 * 76 = 22.7 = 0.114 * 200 (to a grey level)
+    grey = stripes.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    assert np.ptp(grey) < 0.5 and sharpness(stripes) > 1000
 
 
 def test_candidate_grid_in_level0_pixels():

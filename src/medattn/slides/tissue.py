@@ -59,9 +59,13 @@ def white_fraction(patch: np.ndarray, white_level: int = 220) -> float:
 
 
 def sharpness(patch: np.ndarray) -> float:
-    """(H, W, 3) uint8 -> variance of the Laplacian of the grey image (ITU-R 601 luma, 0-255)."""
-    grey = patch.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
-    return float(ndimage.laplace(grey).var())
+    """(H, W, 3) uint8 -> the largest variance of the Laplacian among the R, G and B channels (0-255).
+
+    Texture in colour only (eosin-red beside haematoxylin-blue of one brightness) is flat in the grey image, so the
+    grey image's Laplacian called such tissue blurry. The Laplacian is linear and grey a weighted mean of the
+    channels, so the grey image's value never exceeds this one: a threshold keeps at least the patches it kept."""
+    channels = patch.astype(np.float32).transpose(2, 0, 1)
+    return float(max(ndimage.laplace(channel).var() for channel in channels))
 
 
 def window_fractions(mask: np.ndarray, boxes: np.ndarray) -> np.ndarray:
