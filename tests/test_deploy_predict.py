@@ -302,3 +302,37 @@ def test_predict_takes_a_folder_and_names_skip_bad_on_a_bad_file(image_run, tmp_
     assert main(["predict", str(run), str(folder), "--out", str(tmp_path / "q.csv")]) == 2
     err = capsys.readouterr().err
     assert "3.png" in err and "--skip-bad leaves out" in err
+
+
+def test_a_patient_with_several_slides_gets_one_prediction_of_their_joined_bag(tmp_path, capsys):
+    """--patients SLIDE_TABLE joins a patient's slides into one bag, as training's wsi_bags did."""
+    import h5py
+
+    from medattn.data.base import TaskInfo
+    from test_explain_command import save_checkpoint
+
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_wsi", ["model.name=vitwsi_tiny", "model.attention=seqnorm"],
+                         TaskInfo("binary", "bag", 1, (16,), ["tumour"], synthetic=True))
+    rng = np.random.default_rng(0)
+    bags = {name: rng.normal(size=(n, 16)).astype(np.float32) for name, n in (("a", 30), ("b", 20), ("c", 25))}
+    bags["a+b"] = np.concatenate([bags["a"], bags["b"]])
+    for name, features in bags.items():
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f["features"], f["coords"] = features, np.zeros((len(features), 2), np.int64)
+    (tmp_path / "slides.csv").write_text("PATIENT,FILENAME\nP1,a\nP1,b.h5\nP2,c\n")
+    files = [str(tmp_path / f"{name}.h5") for name in ("a", "b", "c")]
+    assert main(["predict", str(ck), *files, "--patients", str(tmp_path / "slides.csv"),
+                 "--out", str(tmp_path / "patients.csv")]) == 0
+    assert "(patients: 3 slides joined by" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(tmp_path / "patients.csv")))
+    assert [r["file"] for r in rows] == ["P1", "P2"]
+    assert main(["predict", str(ck), str(tmp_path / "a+b.h5"), str(tmp_path / "c.h5"),
+                 "--out", str(tmp_path / "joined.csv")]) == 0
+    joined = list(csv.DictReader(open(tmp_path / "joined.csv")))
+    assert [float(r["prob_tumour"]) for r in rows] == pytest.approx([float(r["prob_tumour"]) for r in joined],
+                                                                     abs=1e-6)
+    (tmp_path / "other.csv").write_text("PATIENT,FILENAME\nP1,a\n")
+    capsys.readouterr()
+    assert main(["predict", str(ck), *files, "--patients", str(tmp_path / "other.csv"), "--out",
+                 str(tmp_path / "x.csv")]) == 2
+    assert "no row names b.h5, c.h5 (2 of the 3 file(s))" in capsys.readouterr().err

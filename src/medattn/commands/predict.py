@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out unreadable files and list them with reasons in <out>_skipped.csv")
     parser.add_argument("--label-dir", default=None,
                         help="segmentation: folder for the NIfTI label maps (default: <out>_labels beside the CSV)")
+    parser.add_argument("--patients", default=None, metavar="SLIDE_TABLE",
+                        help="bag models: join each patient's slides into one bag, as training did, by this slide "
+                             "table (columns --patient-column, --filename-column); one row per patient")
+    parser.add_argument("--patient-column", default="PATIENT")
+    parser.add_argument("--filename-column", default="FILENAME")
     parser.add_argument("--batch-size", type=positive_int, default=8)
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out CSV and label maps (inputs are never written over)")
@@ -53,7 +58,14 @@ def run(args: argparse.Namespace) -> int:
 
     runner = open_model(args.checkpoint)
     prep = runner.preprocessing
-    inputs = sample_paths(prep, args.files, args.subtract)
+    inputs, names = sample_paths(prep, args.files, args.subtract), None
+    if args.patients is not None:
+        from medattn.data.bags import patient_bags
+
+        if prep.input_kind != "bag":
+            raise UserError(f"--patients joins a patient's slides for bag models; this one takes {prep.input_kind}")
+        inputs, names = patient_bags([paths[0] for paths in inputs], Path(args.patients), args.patient_column,
+                                     args.filename_column)
     if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     if args.threshold is not None:
@@ -66,13 +78,14 @@ def run(args: argparse.Namespace) -> int:
         folder.path(name)
     try:
         table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
-                              args.overwrite)
+                              args.overwrite, names)
     except BadInputFile as error:
         raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
     with folder.write(out.name) as tmp:
         write_csv(tmp, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
-    print(f"wrote {len(table.rows)} prediction(s) to {out}{tag}")
+    joined = f" (patients: {sum(map(len, inputs))} slides joined by {args.patients})" if names else ""
+    print(f"wrote {len(table.rows)} prediction(s) to {out}{joined}{tag}")
     if table.threshold_source:
         print(f"threshold: {table.threshold_source}")
     if args.skip_bad:

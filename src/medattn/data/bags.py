@@ -142,7 +142,31 @@ class BagLoader:
         return {"input": features, "coords": coords}
 
 
-def _slides_by_patient(cfg: dict, root: Path) -> dict[str, list[tuple[str, str]]]:
+def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PATIENT",
+                 filename_column: str = "FILENAME") -> tuple[list[tuple[Path, ...]], list[str]]:
+    """Feature files grouped by patient as the slide table says (training's ``wsi_bags`` joins a patient's slides
+    into one bag, so predict does too) -> (one tuple of files per patient, in table order; the patients). A table
+    name without ".h5" matches the file with it; a file the table does not name is a UserError naming it."""
+    by_name = {}
+    for path in files:
+        by_name.setdefault(Path(path).name, []).append(Path(path))
+    grouped: dict[str, list[Path]] = {}
+    named = set()
+    for patient, entries in _slides_by_patient({"slide_table": slide_table, "patient_column": patient_column,
+                                               "filename_column": filename_column}).items():
+        for name, _ in entries:
+            name = name if name.lower().endswith((".h5", ".hdf5")) else f"{name}.h5"
+            named.add(name)
+            grouped.setdefault(patient, []).extend(by_name.get(name, []))
+    unnamed = sorted(name for name in by_name if name not in named)
+    if unnamed:
+        raise UserError(f"{slide_table}: no row names {', '.join(unnamed[:3])}{' ...' if len(unnamed) > 3 else ''} "
+                        f"({len(unnamed)} of the {len(files)} file(s)); every file must belong to a patient")
+    patients = [patient for patient, paths in grouped.items() if paths]
+    return [tuple(grouped[patient]) for patient in patients], patients
+
+
+def _slides_by_patient(cfg: dict) -> dict[str, list[tuple[str, str]]]:
     """patient -> [(file name, "slide_table.csv row N")] from the slide table."""
     path = Path(cfg["slide_table"])
     patient_column = cfg.get("patient_column", "PATIENT")
@@ -194,7 +218,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     max_instances = cfg.get("max_instances")
     if max_instances is not None and (not isinstance(max_instances, int) or max_instances < 1):
         raise UserError(f"max_instances must be a positive int, got {max_instances!r}")
-    slides = _slides_by_patient(cfg, root)
+    slides = _slides_by_patient(cfg)
     clinical = Path(cfg["clinical_table"])
     header, rows = read_csv(clinical, "clinical table")
     require_columns(header, [patient_column, *label_columns, *([split_column] if split_column else [])], clinical,

@@ -243,18 +243,25 @@ class Item:
     paths: tuple[Path, ...]
     side: str | None = None
 
+    @property
+    def name(self) -> str:
+        """The sample's name without its side: the first file, or the name given (a patient)."""
+        return self.id.removesuffix(f"#{self.side}") if self.side else self.id
 
-def items(prep: Preprocessing, inputs: list[tuple[Path, ...]]) -> list[Item]:
-    """The samples of ``inputs`` (one tuple of ``prep.inputs_per_sample`` paths each), two per input with
-    ``split_sides``. A tuple of the wrong length is a UserError naming it."""
+
+def items(prep: Preprocessing, inputs: list[tuple[Path, ...]], names: list[str] | None = None) -> list[Item]:
+    """The samples of ``inputs`` (one tuple of ``prep.inputs_per_sample`` paths each; a bag model's tuple may hold
+    several slides of one patient, joined as training joined them), two per input with ``split_sides``; ``names``:
+    their ids (default: the first file). A tuple of the wrong length is a UserError naming it."""
     out = []
-    for paths in inputs:
-        if len(paths) != prep.inputs_per_sample:
+    for index, paths in enumerate(inputs):
+        if len(paths) != prep.inputs_per_sample and not (prep.input_kind == "bag" and paths):
             what = ("two volumes (the second is subtracted from the first, as training's subtract_column was)"
                     if prep.subtract else "one file")
             raise UserError(f"{', '.join(map(str, paths))}: this model takes {what} per sample")
         sides = SIDES if prep.split_sides else (None,)
-        out += [Item(f"{paths[0]}#{side}" if side else str(paths[0]), tuple(paths), side) for side in sides]
+        name = str(paths[0]) if names is None else names[index]
+        out += [Item(f"{name}#{side}" if side else name, tuple(paths), side) for side in sides]
     return out
 
 
@@ -267,11 +274,12 @@ class InferenceDataset(Dataset):
     naming it. ``bad`` is filled in the process that reads (use no DataLoader workers with ``skip_bad``).
     """
 
-    def __init__(self, prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False) -> None:
+    def __init__(self, prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False,
+                 names: list[str] | None = None) -> None:
         from .files import check_regular
         from .tables import Record
 
-        self.prep, self.skip_bad, self.items = prep, skip_bad, items(prep, inputs)
+        self.prep, self.skip_bad, self.items = prep, skip_bad, items(prep, inputs, names)
         self.load, self.bad = file_loader(prep), {}
         self._record, self._check = Record, check_regular
 
@@ -319,6 +327,8 @@ class InferenceDataset(Dataset):
         return {**sample, "id": item.id, "patient": item.id, "label": label}  # placeholder label: outputs only
 
 
-def inference_dataset(prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False) -> InferenceDataset:
-    """The dataset of files ``inputs`` (tuples of paths, see :func:`items`) prepared as ``prep`` says."""
-    return InferenceDataset(prep, [tuple(Path(p) for p in paths) for paths in inputs], skip_bad)
+def inference_dataset(prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False,
+                      names: list[str] | None = None) -> InferenceDataset:
+    """The dataset of files ``inputs`` (tuples of paths, see :func:`items`; ``names`` their ids) prepared as
+    ``prep`` says."""
+    return InferenceDataset(prep, [tuple(Path(p) for p in paths) for paths in inputs], skip_bad, names)

@@ -45,14 +45,15 @@ class PredictionTable:
 
 
 def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
-                  threshold: str | None = None, label_dir: Path | None = None, overwrite: bool = False) -> \
-        PredictionTable:
+                  threshold: str | None = None, label_dir: Path | None = None, overwrite: bool = False,
+                  names: list[str] | None = None) -> PredictionTable:
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
     (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
-    ``overwrite``; every name is checked before the first prediction)."""
+    ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids in the ``file``
+    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file)."""
     prep = runner.preprocessing
-    dataset = inference_dataset(prep, inputs, skip_bad)
+    dataset = inference_dataset(prep, inputs, skip_bad, names)
     if prep.slice_axis is not None:
         batch_size = 1  # volumes of different slice counts do not stack
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=0)
@@ -99,7 +100,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             else:
                 decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
             sides = [item.side] if prep.split_sides else []
-            table.rows.append([str(item.paths[0]), *sides, *probs, *decided, *provenance])
+            table.rows.append([item.name, *sides, *probs, *decided, *provenance])
     seen = set()
     for sample_id, reason in dataset.bad.items():  # one line per input, not per side
         item = items[sample_id]
