@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--phases", nargs="+", choices=("train", "predict", "explain"),
                         default=["train", "predict", "explain"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per configuration before it is stopped")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/issue20_bags")
     args = parser.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
             for phase in args.phases:
                 result = run_isolated("real_size_bags:measure", {"model_key": model_key, "tiles": tiles,
                                                                  "phase": phase, "repeats": args.repeats,
-                                                                 "threads": args.threads}, timeout_s=1800)
+                                                                 "threads": args.threads}, timeout_s=args.timeout)
                 rows.append({"tiles": tiles, "model": model_key, "phase": phase, **result})
                 print(rows[-1], flush=True)
     write_results(rows, args.out, "real_size_bags", environment("fp32"))

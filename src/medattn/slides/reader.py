@@ -1,7 +1,8 @@
 """Open whole-slide images with OpenSlide; microns per pixel; which pyramid level serves a patch size.
 
 OpenSlide (``openslide-python`` with the ``openslide-bin`` wheel, ``pip install medattn[slides]``) reads
-SVS, NDPI, MRXS, SCN, BIF, Philips/Ventana TIFF, DICOM and generic tiled TIFF. Microns per pixel come
+SVS, NDPI, MRXS, SCN, BIF, Philips/Ventana TIFF, DICOM and generic tiled TIFF; OME-TIFF (``.ome.tif``) is read
+with tifffile (:mod:`medattn.slides.ome`). Microns per pixel come
 from ``openslide.mpp-x`` / ``openslide.mpp-y``, else from the TIFF resolution tags (``tiff.XResolution``
 with ``tiff.ResolutionUnit`` centimeter or inch); an explicit ``mpp`` overrides both.
 """
@@ -31,11 +32,16 @@ def _openslide():
 
 
 def open_slide(path: Path):
-    """-> ``openslide.OpenSlide``; UserError naming ``path`` when it is missing, not a file or not a slide."""
-    openslide = _openslide()
+    """-> ``openslide.OpenSlide``, or for an OME-TIFF :class:`~medattn.slides.ome.OmeTiffSlide` (the same
+    interface); UserError naming ``path`` when it is missing, not a file or not a slide."""
+    from .ome import OmeTiffSlide, is_ome_tiff
+
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: {'not a file' if path.exists() else 'file not found'}")
+    if is_ome_tiff(path):
+        return OmeTiffSlide(path)
+    openslide = _openslide()
     try:
         return openslide.OpenSlide(str(path))
     except (openslide.OpenSlideError, OSError) as error:  # unsupported format is a subclass of OpenSlideError

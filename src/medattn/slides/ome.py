@@ -1,0 +1,128 @@
+"""OME-TIFF whole-slide images (``.ome.tif``, ``.ome.tiff``) through tifffile, behind the part of OpenSlide's
+interface medattn uses.
+
+OpenSlide reads no OME-TIFF: its pyramid lies in SubIFDs, which OpenSlide's generic TIFF reader does not follow,
+so it would see one full-resolution level. :class:`OmeTiffSlide` reads the first image series of the file and its
+pyramid levels with tifffile (``pip install 'medattn[slides]'``): RGB brightfield images (axes ``YXS``, 8 bits),
+tiled or in strips. Regions are decoded tile by tile, so a patch never reads a level whole; a thumbnail reads the
+smallest level that serves it. Microns per pixel come from the OME-XML ``Pixels`` element (``PhysicalSizeX`` and
+``PhysicalSizeY`` with their units; micrometres when the unit is not stated), as ``openslide.mpp-x`` / ``-y``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..errors import UserError
+from ..extras import require
+
+SUFFIXES = (".ome.tif", ".ome.tiff")
+#: OME length units -> micrometres.
+MICRONS = {"µm": 1.0, "um": 1.0, "nm": 1e-3, "mm": 1e3, "cm": 1e4, "m": 1e6}
+
+
+def is_ome_tiff(path: Path) -> bool:
+    return Path(path).name.lower().endswith(SUFFIXES)
+
+
+def _mpp(ome_xml: str | None) -> dict[str, str]:
+    """``openslide.mpp-x`` / ``-y`` from the OME-XML's first ``Pixels`` element (none when it states no size)."""
+    if not ome_xml:
+        return {}
+    try:
+        root = ElementTree.fromstring(ome_xml)
+    except ElementTree.ParseError:
+        return {}
+    pixels = next((element for element in root.iter() if element.tag.endswith("Pixels")), None)
+    found = {}
+    for axis in ("X", "Y"):
+        size = None if pixels is None else pixels.get(f"PhysicalSize{axis}")
+        unit = MICRONS.get(pixels.get(f"PhysicalSize{axis}Unit", "µm") if pixels is not None else "µm")
+        if size is not None and unit is not None:
+            found[f"openslide.mpp-{axis.lower()}"] = str(float(size) * unit)
+    return found
+
+
+class OmeTiffSlide:
+    """An OME-TIFF slide with OpenSlide's ``dimensions``, ``level_dimensions``, ``level_downsamples``,
+    ``properties``, ``read_region``, ``get_best_level_for_downsample`` and ``get_thumbnail``."""
+
+    def __init__(self, path: Path) -> None:
+        tifffile = require("tifffile", "reading OME-TIFF slides")
+        self.path = Path(path)
+        try:
+            self._file = tifffile.TiffFile(self.path)
+            series = self._file.series[0]
+        except Exception as error:  # tifffile raises TiffFileError, ValueError and others for damaged files
+            raise UserError(f"{path}: not a TIFF tifffile can read ({type(error).__name__}: {error})") from None
+        if series.axes != "YXS" or series.shape[-1] != 3 or series.dtype != np.uint8:
+            raise UserError(f"{path}: an OME-TIFF of axes {series.axes}, shape {series.shape}, {series.dtype}; "
+                            f"slides are 8-bit RGB images (axes YXS)")
+        self._pages = [level.keyframe for level in series.levels]
+        self.level_dimensions = tuple((page.imagewidth, page.imagelength) for page in self._pages)
+        self.dimensions = self.level_dimensions[0]
+        self.level_count = len(self._pages)
+        self.level_downsamples = tuple(self.dimensions[0] / width for width, _ in self.level_dimensions)
+        self.properties = _mpp(self._file.ome_metadata)
+        self._whole: dict[int, np.ndarray] = {}  # levels stored in strips, read once
+
+    def get_best_level_for_downsample(self, downsample: float) -> int:
+        """The level with the largest downsample at most ``downsample`` (OpenSlide's rule)."""
+        fits = [i for i, d in enumerate(self.level_downsamples) if d <= downsample]
+        return max(fits, key=lambda i: self.level_downsamples[i]) if fits else 0
+
+    def _level_region(self, level: int, x: int, y: int, width: int, height: int) -> np.ndarray:
+        """RGB (height, width, 3) of ``level`` at level pixels (x, y); 255 outside the image."""
+        page = self._pages[level]
+        out = np.full((height, width, 3), 255, dtype=np.uint8)
+        x0, y0 = max(x, 0), max(y, 0)
+        x1, y1 = min(x + width, page.imagewidth), min(y + height, page.imagelength)
+        if x1 <= x0 or y1 <= y0:
+            return out
+        if not page.is_tiled:
+            if level not in self._whole:
+                self._whole[level] = page.asarray()
+            out[y0 - y:y1 - y, x0 - x:x1 - x] = self._whole[level][y0:y1, x0:x1]
+            return out
+        across = -(-page.imagewidth // page.tilewidth)
+        handle = self._file.filehandle
+        for row in range(y0 // page.tilelength, (y1 - 1) // page.tilelength + 1):
+            for column in range(x0 // page.tilewidth, (x1 - 1) // page.tilewidth + 1):
+                index = row * across + column
+                handle.seek(page.dataoffsets[index])
+                try:
+                    tile, _, _ = page.decode(handle.read(page.databytecounts[index]), index,
+                                             jpegtables=page.jpegtables)
+                    tile = tile.reshape(page.tilelength, page.tilewidth, 3)
+                except Exception as error:  # codecs raise their own types for damaged tiles
+                    raise UserError(f"cannot decode tile {index} of level {level} ({type(error).__name__})") from None
+                tx, ty = column * page.tilewidth, row * page.tilelength
+                sx0, sy0 = max(x0, tx), max(y0, ty)
+                sx1, sy1 = min(x1, tx + page.tilewidth), min(y1, ty + page.tilelength)
+                out[sy0 - y:sy1 - y, sx0 - x:sx1 - x] = tile[sy0 - ty:sy1 - ty, sx0 - tx:sx1 - tx]
+        return out
+
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Image.Image:
+        """RGBA region of ``size`` at ``level`` whose top-left is ``location`` in level-0 pixels (OpenSlide's
+        convention); outside the image transparent."""
+        scale = self.level_downsamples[level]
+        x, y = round(location[0] / scale), round(location[1] / scale)
+        rgb = self._level_region(level, x, y, *size)
+        inside = np.zeros(rgb.shape[:2], dtype=np.uint8)
+        width, height = self.level_dimensions[level]
+        inside[max(-y, 0):max(min(height - y, size[1]), 0), max(-x, 0):max(min(width - x, size[0]), 0)] = 255
+        return Image.fromarray(np.dstack([rgb, inside]), mode="RGBA")
+
+    def get_thumbnail(self, size: tuple[int, int]) -> Image.Image:
+        """The image fitted into ``size``, from the smallest level that serves it."""
+        level = self.get_best_level_for_downsample(max(self.dimensions[0] / size[0], self.dimensions[1] / size[1]))
+        image = Image.fromarray(self._level_region(level, 0, 0, *self.level_dimensions[level]))
+        image.thumbnail(size, Image.Resampling.LANCZOS)
+        return image
+
+    def close(self) -> None:
+        self._file.close()
