@@ -249,10 +249,13 @@ def test_scaling_bench_bf16_beside_fp32_or_says_why_not(monkeypatch):
 
 def test_extract_bench_reports_tiles_per_second_against_the_matmul_rate(tmp_path):
     """medattn bench extract: an encoder in a publisher's architecture with random weights, timed beside a matmul."""
-    assert main(["bench", "extract", "--encoders", "vit-b16,resnet50", "--precisions", "fp32", "--rounds", "1",
+    assert main(["bench", "extract", "--encoders", "vit-b16,resnet50", "--precisions", "fp32,int8", "--rounds", "1",
                  "--batch-size", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "extract.json").read_text())["results"]
-    assert [(r["encoder"], r["precision"]) for r in rows] == [("vit-b16", "fp32"), ("resnet50", "fp32")]
+    assert [(r["encoder"], r["precision"]) for r in rows] == [("vit-b16", "fp32"), ("vit-b16", "int8"),
+                                                              ("resnet50", "fp32")]  # no int8 for convolutions
+    assert rows[0]["min_cosine_to_fp32"] == pytest.approx(1.0) and 0.99 < rows[1]["min_cosine_to_fp32"] < 1.0
+    rows = [rows[0], rows[2]]
     assert rows[0]["gflop_per_tile"] == pytest.approx(35.1, rel=0.05)  # ViT-B/16 at 224 px: 17.6 GMAC
     assert rows[1]["gflop_per_tile"] == pytest.approx(8.2, rel=0.05)  # ResNet-50: 4.1 GMAC
     for row in rows:

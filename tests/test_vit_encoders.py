@@ -85,6 +85,20 @@ def test_a_publisher_name_checks_the_file_and_records_its_input(tmp_path):
     assert extractor.record()["extractor_mean"] == pytest.approx([0.485, 0.456, 0.406])
 
 
+def test_int8_and_bf16_extraction_keep_the_features_and_say_so_in_the_name(tmp_path):
+    path = tmp_path / "vit.safetensors"
+    save_file({k: v.contiguous() for k, v in timm_encoder("vit-b16").state_dict().items()}, path)
+    pixels = torch.randint(0, 255, (4, 224, 224, 3), dtype=torch.uint8)
+    reference = build_extractor(f"vit:{path}")(pixels)
+    for precision, least in (("int8", 0.99), ("bf16", 0.995)):
+        extractor = build_extractor(f"vit:{path}", precision=precision)
+        assert extractor.name == f"vit:vit.safetensors@{precision}"  # another name: never taken for fp32 features
+        cosine = torch.nn.functional.cosine_similarity(extractor(pixels), reference)
+        assert least < cosine.min() < 1.0
+    with pytest.raises(UserError, match="--precision int8 is for the ViT encoders"):
+        build_extractor("descriptor", precision="int8")
+
+
 def test_files_that_are_no_vit_are_one_line(tmp_path):
     path = tmp_path / "resnet.safetensors"
     save_file({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "in microns)")
     extract.add_argument("--batch-size", type=int, default=64)
     extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
+    extract.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                         help="ViT encoders: bf16 autocast (fast only on CPUs with bf16 hardware and GPUs) or int8 "
+                              "dynamic quantisation of the Linear layers (CPU; cosine to fp32 in docs/slides.md)")
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
     extract.set_defaults(wsi_run=run_extract)
     synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)")
@@ -143,7 +146,8 @@ def run_extract(args: argparse.Namespace) -> int:
         raise UserError("--batch-size must be >= 1 and --num-workers >= 0")
     rank, world = rank_and_world()
     slides = list_slides(args.slides)
-    extractor = build_extractor(args.extractor, args.device, imagenet=args.input_norm == "imagenet")
+    extractor = build_extractor(args.extractor, args.device, imagenet=args.input_norm == "imagenet",
+                                precision=args.precision)
     patch_mpp = settings.patch_um / settings.patch_px
     if extractor.mpp and abs(patch_mpp - extractor.mpp) > 0.05 * extractor.mpp:  # another magnification than its own
         side = extractor.input_px or settings.patch_px
