@@ -64,7 +64,7 @@ FROZEN_ON_PURPOSE = {
 
 # (mechanism, module-name suffix) -> why this module holds parameters that are read without calling it.
 READ_WITHOUT_CALL = {
-    ("seqnorm", ".attn.q_norm"): "the fused SeqNormCore reads the norms' weight, bias and eps directly",
+    ("seqnorm", ".attn.q_norm"): "the fused operator medattn::seqnorm_core reads the norms' parameters directly",
     ("seqnorm", ".attn.k_norm"): "as above",
     ("seqnorm", ".attn.v_norm"): "as above",
 }

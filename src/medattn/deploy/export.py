@@ -18,7 +18,8 @@ extra file ``medattn.json`` inside its archive (``torch.export.save(extra_files=
 format needs a side-car file. :func:`read_metadata` reads both.
 
 Mechanisms whose eager path leaves PyTorch or chooses its route from the data take their plain PyTorch
-form while exported (:func:`medattn.attention.base.is_traced`): the fused SeqNorm its explicit form, and
+form while exported (:func:`medattn.attention.base.is_traced`, :func:`~medattn.attention.base.is_exporting`): the
+fused SeqNorm operator its explicit form, and
 the binary mechanisms (BinaryFormer) their **float path**: sign bits held as float +-1 and multiplied as
 float matrices instead of the packed-bit XNOR/popcount kernel (outputs agree to 1e-4 relative, tested
 for every binary mechanism); ONNX has no bit-packed matrix product, so an exported binary model runs at
