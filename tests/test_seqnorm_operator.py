@@ -57,7 +57,8 @@ def test_equals_the_explicit_form_value_gradient_and_second_derivative(masked, p
 
     torch.testing.assert_close(fused(*leaves), explicit(*leaves, weights=weights, eps=eps), rtol=1e-10, atol=1e-10)
     assert torch.autograd.gradcheck(fused, leaves, eps=1e-6, atol=1e-6)
-    assert torch.autograd.gradgradcheck(fused, leaves, eps=1e-6, atol=1e-5)
+    if masked and path == "raw_moments":  # a differentiable backward is the explicit form's on every path: once
+        assert torch.autograd.gradgradcheck(fused, leaves, eps=1e-6, atol=1e-5)
 
 
 def recording_backend(graphs: dict):
