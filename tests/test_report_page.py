@@ -83,3 +83,17 @@ def test_the_page_shows_what_the_model_looks_at_in_its_highest_scored_test_cases
     maps = {"RdBu_r": colour_bar_span(run / "heatmaps/1.png", "RdBu_r"),
             "inferno": colour_bar_span(run / "heatmaps/1.png", "inferno")}
     assert max(maps.values()) > 0.8, maps
+
+
+def test_a_heatmap_that_fails_costs_the_run_nothing_but_a_warning(tmp_path, monkeypatch):
+    from medattn.explain import cases
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(cases, "explain", broken)
+    run = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert "heatmaps" not in results and (run / "report.html").is_file()
+    assert "no heatmaps for report.html (RuntimeError: out of memory)" in results["warnings"]

@@ -336,8 +336,11 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         with writing(run_dir):
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
             if objective.outputs_are_probabilities:  # what the model looks at in its highest-scored test cases
-                results["heatmaps"] = case_heatmaps(model, bundle.test, test.outputs, test.labels, test.ids, task,
-                                                    run_dir, label, config["eval"]["heatmaps"])
+                try:
+                    results["heatmaps"] = case_heatmaps(model, bundle.test, test.outputs, test.labels, test.ids,
+                                                        task, run_dir, label, config["eval"]["heatmaps"])
+                except Exception as error:  # a picture for the page must never cost a finished run its results
+                    results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
