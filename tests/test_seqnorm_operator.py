@@ -113,3 +113,15 @@ def test_a_first_call_loads_no_compiler():
             ".backward(); assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_flop_counter_sees_the_operators_work():
+    """FlopCounterMode does not look inside an operator: each carries its own formula (4 and 8 B H N d D_v)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    leaves, weights, eps = inputs(False, torch.float32, b=2, h=2, n=24, d=4, dv=3)
+    with FlopCounterMode(display=False) as counter:
+        seqnorm_core(*leaves[:3], leaves[3:], weights, eps).sum().backward()
+    counts = {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
+    assert counts["medattn.seqnorm_core"] == 4 * 2 * 2 * 24 * 4 * 3
+    assert counts["medattn.seqnorm_core_backward"] == 8 * 2 * 2 * 24 * 4 * 3

@@ -30,6 +30,7 @@ are those of the explicit form. ``torch.export`` and ONNX export take the explic
 from __future__ import annotations
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 #: Largest mean^2 / var ratio of any channel for which the raw-moment path is used (its relative
 #: error grows like 6e-8 * (1 + ratio) in float32).
@@ -299,6 +300,21 @@ for _name, _function, _shapes in (("seqnorm_core", _core, _core_shapes),
     _LIBRARY.impl(_name, _function, "CompositeExplicitAutograd")
     torch.library.register_fake(f"medattn::{_name}", _shapes, lib=_LIBRARY)
 torch.library.register_autograd("medattn::seqnorm_core", _backward, setup_context=_setup, lib=_LIBRARY)
+
+
+@register_flop_formula(torch.ops.medattn.seqnorm_core)
+def _core_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    """What PyTorch's FlopCounterMode counts for the operator, whose inside it does not see: ``K^T W V`` and
+    ``Q A_q``, ``4 B H N d D_v`` (the moments' sums are not matmuls)."""
+    (B, H, N, d), dv = q_shape, v_shape[-1]
+    return 4 * B * H * N * d * dv
+
+
+@register_flop_formula(torch.ops.medattn.seqnorm_core_backward)
+def _core_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    """Four products of the forward's size: ``Q^T G``, ``G A_q^T``, ``V dG^T``, ``K dG``: ``8 B H N d D_v``."""
+    (B, H, N, d), dv = q_shape, v_shape[-1]
+    return 8 * B * H * N * d * dv
 
 
 def seqnorm_core(q, k, v, params, weights, eps) -> torch.Tensor:

@@ -112,7 +112,7 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
        built (freed heap trimmed first; variants built earlier stay resident and are not counted).
     2. In rounds, one timed step of every variant per round, ``repeats`` rounds (fewer once they took
        ``budget_s``), so a change of the machine's load falls on all variants alike; the median per variant.
-       Each round also times one matmul per precision (a product of about 50 ms): the median of these is
+       Each round also times one matmul per precision (the product the before/after rates use): the median is
        the rate the steps ran beside (``matmul_gflops_interleaved``), a floor that moves with the machine as the
        steps do. Then each precision's matmul rate is measured again (``matmul_gflops_after``).
     3. Before the rounds, one step of each eager variant runs under ``FlopCounterMode``: the FLOPs the step
@@ -173,7 +173,7 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                 step()
             result["counted_gflop"] = counter.get_total_flops() / 1e9
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    probes = {precision: matmul_probe(precision, device=device, target_s=0.05) for _, _, precision in prepared}
+    probes = {precision: matmul_probe(precision, device=device) for _, _, precision in prepared}  # as before/after
     interleaved = {precision: [] for precision in probes}
     started = time.perf_counter()
     for _ in range(repeats):
