@@ -197,7 +197,8 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         outputs.write_tile_scores(table, h5, coords, scores, method)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
     level0, side = outputs.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
-    if np.ptp(coords, axis=0).any():
+    spread = bool(np.ptp(coords, axis=0).any())  # tiles at distinct places: something to draw
+    if spread:
         with out.write(f"{stem}_tiles.geojson") as tmp:
             outputs.write_tile_geojson(tmp, level0, side, scores, method)
         written.append(f"{stem}_tiles.geojson")
@@ -206,10 +207,9 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         from ..slides.heatmap import slide_overlay
 
         cmap, low, high = outputs.colour_range(scores)
-        picture = slide_overlay(slide, level0, scores, int(attrs["patch_size_level0"]), cmap=cmap, vmin=low,
-                                vmax=high)
+        picture = slide_overlay(slide, level0, scores, round(side), cmap=cmap, vmin=low, vmax=high)
         title += f" | on {slide.name}"
-    elif np.ptp(coords, axis=0).any():
+    elif spread:
         picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs))
         title += " | tiles at their coordinates (slide not given: --slides DIR draws them on it)"
     else:

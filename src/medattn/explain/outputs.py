@@ -79,11 +79,27 @@ def _colour_bar(fig, axes, cmap: str, low: float, high: float, meaning: str, fra
     fig.colorbar(colours, ax=axes, fraction=fraction, pad=0.02).set_label(meaning, fontsize=8)
 
 
-def _figure_image(fig) -> Image.Image:
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (figures drawn to files, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(fig, title: str, synthetic: bool) -> Image.Image:
+    """``title`` above the panels, the SYNTHETIC note below them (never over the data), the figure as an RGB image;
+    the figure is closed."""
     import io
 
+    fig.suptitle(title, fontsize=9)
+    if synthetic:
+        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
+    _pyplot().close(fig)
     buffer.seek(0)
     return Image.open(buffer).convert("RGB")
 
@@ -93,11 +109,7 @@ def readable_overlay(image: np.ndarray, heat: np.ndarray, title: str, method: st
     """A figure a person can read: the image (C, H, W) in [0, 1] beside the map ``heat`` (h, w, any grid,
     resized by nearest neighbour) over it, each panel about :data:`PANEL_PX` px, a colour bar saying what the
     colours mean, ``title`` above (model, method, file) and the SYNTHETIC note below the panels, not over them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     plain = np.asarray(overlay(image, heat, alpha=0.0))  # the image as RGB at its size (checked there)
     size = (plain.shape[1], plain.shape[0])
     heat = np.asarray(Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F").resize(size, Image.NEAREST))
@@ -112,23 +124,14 @@ def readable_overlay(image: np.ndarray, heat: np.ndarray, title: str, method: st
     for axis in axes:
         axis.set_axis_off()
     _colour_bar(fig, axes, cmap, low, high, _meaning(heat, method), 0.035)
-    fig.suptitle(title, fontsize=9)
-    if synthetic:
-        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
-    image_out = _figure_image(fig)
-    plt.close(fig)
-    return image_out
+    return _finish(fig, title, synthetic)
 
 
 def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str, synthetic: bool = False,
                    alpha: float = 0.45) -> Image.Image:
     """Three orthogonal slices of ``volume`` (H, W, D) with ``heat`` (same grid) over them, through the voxel of
     the largest |relevance|, with a colour bar, ``title`` and the SYNTHETIC note below the panels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     volume, heat = np.asarray(volume, dtype=np.float32), np.asarray(heat, dtype=np.float32)
     if volume.shape != heat.shape or volume.ndim != 3:
         raise UserError(f"preview: volume {volume.shape} and map {heat.shape} must be one 3D grid")
@@ -147,12 +150,7 @@ def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str
         axis.set_title(f"slice {name}", fontsize=9)
         axis.set_axis_off()
     _colour_bar(fig, axes, cmap, low, high, _meaning(heat, method), 0.025)
-    fig.suptitle(title + " (through the voxel of largest |relevance|)", fontsize=9)
-    if synthetic:
-        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
-    image_out = _figure_image(fig)
-    plt.close(fig)
-    return image_out
+    return _finish(fig, title + " (through the voxel of largest |relevance|)", synthetic)
 
 
 def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
@@ -190,11 +188,7 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     """A tile map a person can read: ``picture`` (the scores drawn over the slide's thumbnail, or on a blank
     canvas, coloured by :func:`colour_range` of ``scores``) shown at its aspect, a colour bar saying what the
     colours mean, ``title`` above (model, method, file) and the SYNTHETIC note below, not over the tissue."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     cmap, low, high = colour_range(scores)
     width, height = picture.size
     scale = 900 / max(width, height)
@@ -202,12 +196,7 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     axis.imshow(np.asarray(picture), interpolation="nearest")
     axis.set_axis_off()
     _colour_bar(fig, axis, cmap, low, high, _meaning(np.asarray(scores), method) + " per tile", 0.035)
-    fig.suptitle(title, fontsize=9)
-    if synthetic:
-        fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
-    image_out = _figure_image(fig)
-    plt.close(fig)
-    return image_out
+    return _finish(fig, title, synthetic)
 
 
 def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:

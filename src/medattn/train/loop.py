@@ -100,9 +100,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     replacing = overwrite and any((run_dir / name).exists() for name in RUN_FILES)
     with run_folder(run_dir, resume, overwrite):
         try:
-            results = _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                           device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
-            return results
+            return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
+                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
