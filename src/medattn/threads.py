@@ -23,13 +23,18 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+def user_threads() -> int | None:
+    """The user's thread setting: a positive ``OMP_NUM_THREADS`` in the environment, else None."""
+    user = os.environ.get("OMP_NUM_THREADS", "")
+    return int(user) if user.isdigit() and int(user) > 0 else None
+
+
 @functools.cache
 def default_threads() -> tuple[int, str | None]:
     """(threads, a note when busy cores were left out, else None); decided once per process. A positive
     ``OMP_NUM_THREADS`` in the environment is the user's setting and wins over the automatic count."""
-    user = os.environ.get("OMP_NUM_THREADS", "")
-    if user.isdigit() and int(user) > 0:
-        return int(user), None
+    if user_threads() is not None:
+        return user_threads(), None
     cores = max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         load = os.getloadavg()[0]

@@ -22,12 +22,13 @@ import argparse
 import csv
 import functools
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 from medattn.config import load_config
+
+from .evaluate import positive_int
 
 MECHANISMS = {"softmax": "ViT (softmax)", "sima": "SimA", "seqnorm": "SeqNorm (ours)"}
 #: The table's columns: the baseline, then the mechanisms.
@@ -67,10 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="reports/demo", help="report folder (default: reports/demo; replaced)")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version (numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads per run (default 1: these small models gain little from more, and a "
                              "busy machine makes more threads much slower)")
-    parser.add_argument("--jobs", type=int, default=None,
+    parser.add_argument("--jobs", type=positive_int, default=None,
                         help="runs trained at once, each in a process of its own with --threads threads (default: "
                              "the cores this process may use, OMP_NUM_THREADS if set, divided by --threads)")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
@@ -135,11 +136,9 @@ def default_jobs(threads: int) -> int:
     """Runs at once: the cores this process may use (or the user's ``OMP_NUM_THREADS``) divided by each run's
     threads, at least one. Unlike a training run's threads (:func:`medattn.threads.default_threads`) the load
     average is not consulted: right after ``make demo`` installs the environment it still counts pip's work."""
-    from medattn.threads import available_cores
+    from medattn.threads import available_cores, user_threads
 
-    user = os.environ.get("OMP_NUM_THREADS", "")
-    budget = int(user) if user.isdigit() and int(user) > 0 else available_cores()
-    return max(1, budget // max(1, threads))
+    return max(1, (user_threads() or available_cores()) // max(1, threads))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,9 +157,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {len(jobs)} runs, {workers} at a time with {args.threads} thread(s) each", flush=True)
     rows = {}
 
+    def folder(job: dict) -> Path:
+        return out / "runs" / f"{job['task']}_{job['mechanism']}"
+
     def done(job: dict, row: dict) -> None:
         rows[job["task"], job["mechanism"]] = row
-        png = out / "runs" / f"{job['task']}_{job['mechanism']}" / "roc_test.png"
+        png = folder(job) / "roc_test.png"
         if png.exists():
             shutil.copyfile(png, out / f"roc_{job['task']}_{job['mechanism']}.png")
         print(f"[{time.time() - started:6.0f} s] {job['task']}: {job['mechanism']} ({job['config']['model']['name']}) "
@@ -168,11 +170,10 @@ def run(args: argparse.Namespace) -> int:
 
     if workers == 1:
         for job in jobs:
-            done(job, train_job(job, out / "runs" / f"{job['task']}_{job['mechanism']}", not args.no_progress))
+            done(job, train_job(job, folder(job), not args.no_progress))
     else:  # each run in a process of its own; bars would interleave, so none
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(train_job, job, out / "runs" / f"{job['task']}_{job['mechanism']}", False): job
-                       for job in jobs}
+            futures = {pool.submit(train_job, job, folder(job), False): job for job in jobs}
             for future in as_completed(futures):
                 done(futures[future], future.result())
     rows = [rows[task, mechanism] for task in args.tasks for mechanism in COLUMNS]

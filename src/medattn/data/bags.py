@@ -155,9 +155,8 @@ def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PA
     for patient, entries in _slides_by_patient({"slide_table": slide_table, "patient_column": patient_column,
                                                "filename_column": filename_column}).items():
         for name, _ in entries:
-            name = name if name.lower().endswith((".h5", ".hdf5")) else f"{name}.h5"
-            named.add(name)
-            grouped.setdefault(patient, []).extend(by_name.get(name, []))
+            named.add(_h5_name(name))
+            grouped.setdefault(patient, []).extend(by_name.get(_h5_name(name), []))
     unnamed = sorted(name for name in by_name if name not in named)
     if unnamed:
         raise UserError(f"{slide_table}: no row names {', '.join(unnamed[:3])}{' ...' if len(unnamed) > 3 else ''} "
@@ -179,11 +178,14 @@ def _slides_by_patient(cfg: dict) -> dict[str, list[tuple[str, str]]]:
     return slides
 
 
+def _h5_name(name: str) -> str:
+    """A slide table entry's file name: ".h5" is appended when the name has no HDF5 suffix."""
+    return name if name.lower().endswith((".h5", ".hdf5")) else f"{name}.h5"
+
+
 def _slide_path(root: Path, name: str, where: str) -> Path:
-    """The HDF5 file of a slide table entry; ".h5" is appended when the name has no such suffix."""
-    if not name.lower().endswith((".h5", ".hdf5")):
-        name = f"{name}.h5"
-    return resolve_path(root, name, where)
+    """The HDF5 file of a slide table entry (:func:`_h5_name`)."""
+    return resolve_path(root, _h5_name(name), where)
 
 
 def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
