@@ -44,3 +44,15 @@ def test_scalars_equal_metrics_csv_and_a_resume_keeps_each_epoch_once(tmp_path):
     for tag, by_epoch in written.items():
         assert {epoch: len(values) for epoch, values in by_epoch.items()} == {1: 1, 2: 1, 3: 1}, tag  # each once
         assert [by_epoch[int(r["epoch"])][0] for r in rows] == pytest.approx([float(r[tag]) for r in rows], rel=1e-6)
+
+
+def test_an_overwritten_run_takes_its_events_along(tmp_path):
+    """--overwrite replaces the whole run, its TensorBoard events too (they had stayed beside the new run's)."""
+    run = tmp_path / "run"
+    fit(tiny_config("train.epochs=2", "train.tensorboard=true"), image_bundle(), run, progress=False,
+        log=lambda m: None)
+    first = sorted(p.name for p in (run / "tensorboard").iterdir())
+    fit(tiny_config("train.epochs=1", "train.tensorboard=true"), image_bundle(), run, overwrite=True,
+        progress=False, log=lambda m: None)
+    assert not set(first) & {p.name for p in (run / "tensorboard").iterdir()}
+    assert {tag: sorted(by_epoch) for tag, by_epoch in scalars(run).items()}["val_loss"] == [1]

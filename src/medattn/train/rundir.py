@@ -8,8 +8,10 @@ Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
     checkpoints/last|best   see medattn.runtime.checkpoint
     predictions_test.csv    per-sample test results (see medattn.train.report)
     roc_test.png            ROC curve(s) on the test split (classification only)
+    heatmaps/               the highest-scored test cases explained (eval.heatmaps, medattn.explain.cases)
+    tensorboard/            the epoch scalars as TensorBoard events (train.tensorboard=true)
     results.json            the summary (also printed)
-    report.html             one self-contained page: summary, warnings, ROC and curves (medattn.train.page)
+    report.html             one self-contained page: summary, warnings, ROC, curves, heatmaps (medattn.train.page)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
-             "heatmaps", "results.json", "report.html")
+             "heatmaps", "tensorboard", "results.json", "report.html")
 LOCK_FILE = ".lock"  # flock-ed by the run using the folder (never deleted: deleting it would race)
 PREVIOUS = ".previous"  # an overwritten run's files wait here until the new run is complete
 
