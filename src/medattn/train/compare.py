@@ -38,7 +38,7 @@ from medattn import metrics
 from medattn.errors import UserError, writing
 from medattn.text import write_csv
 
-from .page import write_page
+from .page import number, write_page
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
@@ -267,9 +267,8 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
         write_csv(root / "compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
         plot_arms(summary, root / "compare.png")
         write_page(root, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
-                   [["arm", "mean", "std", "status"], *[[r["arm"], "" if r["mean"] is None else f"{r['mean']:.3f}",
-                                                         "" if r["std"] is None else f"{r['std']:.3f}", r["status"]]
-                                                        for r in summary["arms"]]],
+                   [["arm", "mean", "std", "status"],
+                    *[[r["arm"], number(r["mean"]), number(r["std"]), r["status"]] for r in summary["arms"]]],
                    [t["note"] for t in summary["tests"] if t.get("note")], ["compare.png"])
     log(format_summary(summary))
     return summary

@@ -23,7 +23,7 @@ from pathlib import Path
 from medattn.errors import UserError, writing
 from medattn.text import write_csv
 
-from .page import write_page
+from .page import number, write_page
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, run_jobs
 
 
@@ -95,13 +95,9 @@ def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool
                   [[row["structure"], *row["per_fold"], row["mean"], row["std"], row["n"]] for row in summary["rows"]])
         write_page(root, f"{folds}-fold cross-validation of {summary['model']} on {summary['data']}",
                    summary["synthetic"], [["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std"],
-                                          *[[r["structure"], *[_cell(v) for v in r["per_fold"]], _cell(r["mean"]),
-                                             _cell(r["std"])] for r in summary["rows"]]],
+                                          *[[r["structure"], *[number(v) for v in r["per_fold"]], number(r["mean"]),
+                                             number(r["std"])] for r in summary["rows"]]],
                    [f"fold_{fold}: did not learn: {'; '.join(reasons)}"
                     for fold, reasons in summary["did_not_learn"].items()], [])
     log(format_summary(summary))
     return summary
-
-
-def _cell(value) -> str:
-    return "" if value is None else f"{value:.3f}"

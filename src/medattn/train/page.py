@@ -35,6 +35,11 @@ def _image(path: Path) -> str:
            f"<figcaption>{html.escape(path.name)}</figcaption></figure>"
 
 
+def number(value: float | None) -> str:
+    """A table cell of a figure: three decimals, empty for a missing value."""
+    return "" if value is None else f"{value:.3f}"
+
+
 def write_page(folder: Path, title: str, synthetic: bool, summary: list[list], warnings: list[str],
                images: list[str]) -> Path:
     """``folder/report.html``: ``title``, the warnings, the ``summary`` table (first row: header) and the PNGs of
