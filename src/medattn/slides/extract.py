@@ -124,11 +124,12 @@ class SlideResult:
 
 
 def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: str):
-    """-> (mpp, geometry, coords to read, whether to filter them, stain normaliser or None)."""
+    """-> (mpp, geometry, coords to read, whether to filter them, stain normaliser or None, the settings that chose
+    the patches: ``settings``, or those the tiles in ``tiles_dir`` were made with)."""
     slide = open_slide(path)
     if tiles_dir is None:
         mpp, geometry, coords, _, thumb, downsample, mask = tissue_candidates(slide, path, settings)
-        check = True
+        check, tiled = True, settings
     else:
         coords, meta = read_tiles(tiles_dir, path)
         mpp, geometry, check = meta["mpp"], PatchGeometry(**meta["geometry"]), False
@@ -148,7 +149,7 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
             normalizer = MacenkoNormalizer().fit(thumb[mask])
         except UserError as error:
             raise UserError(f"{path}: {error}") from None
-    return mpp, geometry, coords, check, normalizer
+    return mpp, geometry, coords, check, normalizer, tiled
 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
@@ -159,7 +160,7 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     Without ``tiles_dir`` the slide is tiled on the fly (tissue mask, grid, white and blur filter on the
     patches as they are read, each patch read once). ``progress`` wraps the batch iterable (e.g. tqdm)."""
     path = Path(path)
-    mpp, geometry, coords, check, normalizer = _patches(path, settings, tiles_dir, stain)
+    mpp, geometry, coords, check, normalizer, tiled = _patches(path, settings, tiles_dir, stain)
     dataset = PatchDataset(path, coords, geometry, settings.white_level, stain=normalizer)
     features, kept_coords, statuses = [], [], []
     start = 0
@@ -178,24 +179,26 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     dropped = {s: int((status == s).sum()) for s in ("white", "blurry")}
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
-    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiles_dir) | extractor.record()
+    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiled) | extractor.record()
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
         write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
     return int(sum(len(f) for f in features)), dropped
 
 
 def attributes(settings: TileSettings, mpp: float, geometry: PatchGeometry, extractor: str, stain: str,
-               slide: Path, tiles_dir: Path | None = None) -> dict:
+               slide: Path, tiled: TileSettings | None = None) -> dict:
+    """The HDF5 attributes of a slide's features; ``tiled``: the settings that chose its patches (default
+    ``settings``: extraction tiled on the fly with them)."""
     return {"patch_size_um": float(settings.patch_um), "patch_size_px": int(settings.patch_px), "mpp": float(mpp),
             "patch_size_level0": int(geometry.size0), "extractor": extractor, "stain_norm": stain,
-            "slide": Path(slide).name, "tile_settings": tile_settings(slide, settings, tiles_dir)}
+            "slide": Path(slide).name, "tile_settings": json.dumps(asdict(tiled or settings), sort_keys=True)}
 
 
 def tile_settings(slide: Path, settings: TileSettings, tiles_dir: Path | None) -> str:
-    """JSON of the settings that chose a slide's patches: those ``medattn wsi tile`` recorded in ``tiles_dir``,
-    else ``settings`` (extraction tiles on the fly with them)."""
-    chosen = asdict(settings) if tiles_dir is None else read_tiles(tiles_dir, slide)[1]["settings"]
-    return json.dumps(chosen, sort_keys=True)
+    """JSON of the settings that chose a slide's patches, as :func:`attributes` records them: those ``medattn wsi
+    tile`` recorded in ``tiles_dir``, else ``settings`` (extraction tiles on the fly with them)."""
+    tiled = settings if tiles_dir is None else TileSettings(**read_tiles(tiles_dir, slide)[1]["settings"])
+    return json.dumps(asdict(tiled), sort_keys=True)
 
 
 def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
