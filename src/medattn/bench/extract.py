@@ -30,36 +30,39 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from medattn.errors import UserError
 from medattn.slides.extractors import PRECISIONS, with_precision
+from medattn.slides.resnet import ResNet50Features
+from medattn.slides.vit_encoder import ENCODERS, HEADS, Architecture, TileViT
 from medattn.threads import set_threads
 
 from .common import comma_list, cpu_bf16_support, environment, write_results
 from .roofline import matmul_probe
 
-#: encoder -> its architecture (width, depth, patch, registers, MLP hidden, SwiGLU, LayerScale, embeds the prefix).
+
+def _vit(dim: int, depth: int, patch: int, registers: int, hidden: int, swiglu: bool, layer_scale: bool,
+         embed_prefix: bool) -> Architecture:
+    """A 224 px ViT's :class:`~medattn.slides.vit_encoder.Architecture`, heads by width as the publishers chose."""
+    return Architecture(dim, depth, HEADS[dim], patch, 224 // patch, registers, embed_prefix, hidden, swiglu,
+                        layer_scale)
+
+
+#: encoder -> its architecture (None: ResNet-50, torchvision layout, channels-last).
 ARCHITECTURES = {
-    "vit-b16": (768, 12, 16, 0, 3072, False, False, True),
-    "uni": (1024, 24, 16, 0, 4096, False, True, True),  # ViT-L/16
-    "virchow2": (1280, 32, 14, 4, 6832, True, True, True),  # ViT-H/14
-    "uni2-h": (1536, 24, 14, 8, 4096, True, True, False),  # ViT-H/14, width 1536
-    "h-optimus-0": (1536, 40, 14, 4, 4096, True, True, False),  # ViT-g/14
-    "prov-gigapath": (1536, 40, 14, 0, 4096, True, True, True),  # ViT-g/14
-    "resnet50": None,  # torchvision layout, channels-last
+    "vit-b16": _vit(768, 12, 16, 0, 3072, swiglu=False, layer_scale=False, embed_prefix=True),
+    "uni": _vit(1024, 24, 16, 0, 4096, swiglu=False, layer_scale=True, embed_prefix=True),  # ViT-L/16
+    "virchow2": _vit(1280, 32, 14, 4, 6832, swiglu=True, layer_scale=True, embed_prefix=True),  # ViT-H/14
+    "uni2-h": _vit(1536, 24, 14, 8, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-H/14, 1536 wide
+    "h-optimus-0": _vit(1536, 40, 14, 4, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-g/14
+    "prov-gigapath": _vit(1536, 40, 14, 0, 4096, swiglu=True, layer_scale=True, embed_prefix=True),  # ViT-g/14
+    "resnet50": None,
 }
 SLIDE_TILES = 15_000
 
 
 def build(name: str) -> torch.nn.Module:
-    """``name``'s encoder with random weights, in eval mode."""
+    """``name``'s encoder with random weights, in eval mode (pooled as its publisher pools, :data:`ENCODERS`)."""
     if ARCHITECTURES[name] is None:
-        from medattn.slides.resnet import ResNet50Features
-
         return ResNet50Features().eval().to(memory_format=torch.channels_last)
-    from medattn.slides.vit_encoder import HEADS, Architecture, TileViT
-
-    dim, depth, patch, registers, hidden, swiglu, layer_scale, embed_prefix = ARCHITECTURES[name]
-    arch = Architecture(dim, depth, HEADS[dim], patch, 224 // patch, registers, embed_prefix, hidden, swiglu,
-                        layer_scale)
-    return TileViT(arch, "cls+mean" if name == "virchow2" else "cls").eval()
+    return TileViT(ARCHITECTURES[name], ENCODERS.get(name, ENCODERS["vit"]).pooling).eval()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
