@@ -297,18 +297,17 @@ def inpainting_scores(model: DiffusionModel, dataset, diff_cfg: dict, seed: int)
     cell = model.vqae.patch_size // model.vqae.latent_size
     unknown = centre_mask(model.transformer.grid, diff_cfg["mask_fraction"])
     voxels = tokens_to_voxels(unknown, cell)
-    out: dict[str, dict] = {}
-    outputs: dict[str, list] = {}
-    for method in ("diffusion", "random"):
-        rows, outputs[method] = [], []
-        for index in range(len(dataset)):
-            volume = dataset[index]["input"].float()
-            result = inpaint(model, volume, unknown, method, diff_cfg["sample_steps"], diff_cfg["temperature"],
-                             seed + index)
-            rows.append(score_case(result["output"], volume[0], result["reconstruction"], voxels))
-            outputs[method].append(result["output"])
-        out[method] = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
-    identical = all(torch.equal(a, b) for a, b in zip(outputs["diffusion"], outputs["random"]))
+    rows: dict[str, list] = {"diffusion": [], "random": []}
+    identical = True  # every case's diffusion output equal to its random codes' (both seeded per case)
+    for index in range(len(dataset)):
+        volume = dataset[index]["input"].float()
+        results = {method: inpaint(model, volume, unknown, method, diff_cfg["sample_steps"], diff_cfg["temperature"],
+                                   seed + index) for method in rows}
+        for method, result in results.items():
+            rows[method].append(score_case(result["output"], volume[0], result["reconstruction"], voxels))
+        identical = identical and torch.equal(results["diffusion"]["output"], results["random"]["output"])
+    out: dict = {method: {key: sum(r[key] for r in cases) / len(cases) for key in cases[0]}
+                 for method, cases in rows.items()}
     warning = versus_random(out["diffusion"], out["random"], identical)
     out["masked_tokens"] = int(unknown.sum())
     out["volumes"] = len(dataset)
