@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from medattn.bench import attention, roofline, scaling
+from medattn.bench import attention, binary, roofline, scaling
 from medattn.bench.common import extrapolate
 from medattn.cli import main
 from medattn.models import create_model
@@ -195,6 +195,10 @@ def test_cli_binary_and_pam_smoke_runs_write_results(tmp_path):
                  "--threads", "1", "--out", str(tmp_path / "binary")]) == 0
     recorded = json.loads(next((tmp_path / "binary").glob("*.json")).read_text())
     assert recorded["environment"]["torch_threads"] == 1  # --threads honoured and recorded
+    layers = json.loads((tmp_path / "binary" / "binary_layer.json").read_text())["results"]
+    assert {r["method"] for r in layers} == set(binary.LAYERS)  # each layer timed in the same rounds as softmax
+    assert all(r["speedup_vs_softmax"] > 0 and r["heads"] == 8 and r["dim"] == 64 for r in layers)
+    assert next(r for r in layers if r["method"] == "binary-hamming/v16")["value_dim"] == 16
     assert main(["bench", "pam", "--sizes", "500", "--brute-max", "500", "--repeats", "1",
                  "--out", str(tmp_path / "pam")]) == 0
     for folder in ("binary", "pam"):

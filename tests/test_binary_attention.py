@@ -95,6 +95,42 @@ def test_query_blocks_key_tiles_and_leading_padding_equal_emulation(c):
         binary_attention(q_terms, k_terms, v, 0.3, mask, block_rows=0)
 
 
+def test_rows_beyond_the_spread_limit_take_their_exact_maximum_and_match_float64():
+    # Query weights from 0.1 to 30: the score bound scale c |wq| max|wk| spreads from below SPREAD_LIMIT (the bound
+    # is the shift) to far above it (the kernel finds the row's maximum first); both equal float64 softmax.
+    from medattn.attention.binary.bits import SPREAD_LIMIT
+
+    torch.manual_seed(5)
+    B, H, N, c = 1, 2, 50, 64
+    q, k, v = torch.randn(B, H, N, c), torch.randn(B, H, N, c), torch.randn(B, H, N, 4)
+    wq = torch.logspace(-1, 1.5, N).expand(B, H, N).contiguous()
+    wk = torch.rand(B, H, N) + 0.5
+    scale = c**-0.5
+    spread = 2 * scale * c * wq * wk.amax(dim=-1, keepdim=True)
+    assert (spread < SPREAD_LIMIT).any() and (spread > SPREAD_LIMIT).any()
+    got = binary_attention([(q, wq)], [(k, wk)], v, scale, None, tile_size=16)
+    reference = emulated_attention([(pm1(q).double(), wq.double())], [(pm1(k).double(), wk.double())], v.double(),
+                                   scale, None)
+    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-6)
+
+
+def test_exp2_of_the_kernel_is_accurate_to_3e_7_and_clamped():
+    from numba import njit
+
+    from medattn.attention.binary.bits import _exp2
+
+    @njit(fastmath=True)
+    def all_exp2(y, out):
+        for j in range(y.size):
+            out[j] = _exp2(y[j])
+
+    y = np.linspace(-130, 10, 200_001).astype(np.float32)
+    out = np.empty_like(y)
+    all_exp2(y, out)
+    expected = np.exp2(np.clip(y.astype(np.float64), -126, 0))  # clamped: a masked key's term stays finite
+    assert np.max(np.abs(out - expected) / expected) < 3e-7
+
+
 @pytest.mark.parametrize("name", MECHANISMS)
 @pytest.mark.parametrize("value_dim", [None, 3])
 def test_bit_kernel_path_equals_float_emulation(name, value_dim):

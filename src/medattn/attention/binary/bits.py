@@ -1,4 +1,4 @@
-"""Bit-level kernel of BinaryFormer (Heinrich, MIDL 2025, eq. 2), with a tiled online softmax.
+"""Bit-level kernel of BinaryFormer (Heinrich, MIDL 2025, eq. 2) and the whole attention forward on it.
 
 Signs are packed 64 to a ``uint64`` word (bit set where ``x >= 0``; the head dimension ``c`` is
 padded to a multiple of 64 with cleared bits on both operands, so padding never counts). The binary
@@ -11,13 +11,16 @@ The integers are exact, so the scores equal the float emulation ``sgn(q) @ sgn(k
 
 :func:`binary_attention` is the whole forward ``softmax(S) V`` with
 ``S_ij = sum_(a,b) s * wq_a[i] * wk_b[j] * <qa_i, kb_j>`` over the (query term, key term) pairs of a
-mechanism, in steps of (query rows x key tile) with the online softmax of Milakov & Gimelshein (2018):
-a Numba kernel turns each tile's popcounts into probabilities (running maximum and sum per row), and
-``P V`` is one batched GEMM per tile (PyTorch's BLAS), so no N x N matrix exists: besides the inputs
-(O(B H N (d / 64 + D_v))) the memory is one probability tile (:data:`TILE_BUDGET` floats).
+mechanism, in steps of (query rows x key tile). Binary scores are bounded before any is computed, so each
+row's softmax shift is known before its keys are seen (the bound, or where it would leave too wide a
+spread the row's exact maximum from a first pass): a Numba kernel turns each tile's popcounts into
+probabilities (the words read as uint32, so the loops run eight floats wide on AVX2) and ``P V`` is one
+batched GEMM per tile (PyTorch's BLAS) added to the accumulator as it is. No N x N matrix exists: besides
+the inputs (O(B H N (d / 32 + D_v))) the memory is one probability tile (:data:`TILE_BUDGET` floats).
 """
-
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -67,21 +70,69 @@ def _dot_kernel(a, bT, c, out):  # pragma: no cover - compiled
 
 
 _LOG2E = np.float32(1.4426950408889634)
-_LN2 = np.float32(0.6931471805599453)
+#: ``e^(z ln 2) = sum_k (ln 2)^k z^k / k!`` up to k = 6, highest first (|z| <= 1/2: relative error of
+#: :func:`_exp2` below 3e-7, measured over [-130, 10] in tests).
+_EXP2_TAYLOR = tuple(np.float32(math.log(2) ** k / math.factorial(k)) for k in range(6, -1, -1))
 _ROWS = 8  # the fewest query rows per step
-#: Finite stand-in for -inf (fast-math assumes no infinities): below any score, |score| <= c * sum |w|.
+#: Largest spread (natural-log units) between a row's score bound and its lowest possible score for which the
+#: bound serves as the softmax shift: every ``e^(S - bound)`` is then at least ``e^-40`` (about 4e-18), far
+#: from float32's subnormals even after the ``P V`` product. Rows with a wider spread take their exact maximum.
+SPREAD_LIMIT = 40.0
+#: Finite stand-in for -inf (fast-math assumes no infinities): the maximum of a row without real keys.
 _NO_KEY = np.float32(-3.0e38)
-
-
 _TWO = np.float32(2.0)  # float32 constants keep the vector loops in float32 (a Python 2 would promote to float64)
+
+
+@intrinsic
+def _bit_count(typingctx, x):
+    """``llvm.ctpop.i32`` of a uint32, as float32 (exact: at most 32). 32-bit lanes keep the key loops eight
+    floats wide on AVX2; 64-bit popcounts gave four-wide loops and a scalar int64 -> float conversion."""
+    signature = types.float32(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(32)])
+        return builder.uitofp(builder.call(fn, args), ir.FloatType())
+
+    return signature, codegen
+
+
+@intrinsic
+def _float_from_bits(typingctx, x):
+    """Reinterpret an int32's bits as a float32 (no conversion)."""
+    signature = types.float32(types.int32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return signature, codegen
+
+
+@njit(fastmath=True, inline="always")
+def _exp2(y):  # pragma: no cover - compiled
+    """``2^y`` for ``y`` clamped to [-126, 0], as ``2^n e^(z ln 2)`` with n = round(y), |z| <= 1/2.
+
+    Float operations only (Numba promotes int32 arithmetic to int64, which AVX2 cannot convert to float in
+    vector lanes): ``2^n`` is built from its exponent bits, ``(n + 127) * 2^23`` (an exact float), so the key
+    loop vectorises. A masked key may score above the shift; the clamp keeps its term finite before it is
+    multiplied by zero.
+    """
+    y = min(max(y, np.float32(-126.0)), np.float32(0.0))
+    # round(y): y - 1/2 < 0 truncates towards zero. No constant is added to y and taken off again, which
+    # fast-math could reassociate into y + 126 (losing 1e-5 of z to float32's spacing near 126).
+    n = np.float32(np.int32(y - np.float32(0.5)))
+    z = y - n
+    c6, c5, c4, c3, c2, c1, c0 = _EXP2_TAYLOR
+    q = ((((((c6 * z + c5) * z + c4) * z + c3) * z + c2) * z + c1) * z) + c0
+    return q * _float_from_bits(np.int32((n + np.float32(127.0)) * np.float32(8388608.0)))
 
 
 @njit(fastmath=True, cache=True)
 def _score_row(qb, qw, kbT, kw, c, g, i, k0, cols, sr, h):  # pragma: no cover - compiled
     """``sr[:cols] = sum_(a,b) qw[a,g,i] kw[b,g,k0+j] (c - 2 popcount(qb[a,g,i] xor kb[b,g,k0+j]))``.
 
-    Key rows are sliced before the loops: indexing ``kt[k0 + j]`` with a run-time ``k0`` makes Numba
-    wrap negative indices element by element, which turned the vector loads into gathers (4x slower).
+    Words outer, keys inner: each pass is one vector loop; ``h`` (float32 scratch) sums a pair's popcounts.
+    Key rows are sliced before the loops: indexing ``kt[k0 + j]`` with a run-time ``k0`` makes Numba wrap
+    negative indices element by element, which turned the vector loads into gathers (4x slower).
     """
     A, W, Bk = qb.shape[0], qb.shape[3], kbT.shape[0]
     for j in range(cols):
@@ -90,45 +141,15 @@ def _score_row(qb, qw, kbT, kw, c, g, i, k0, cols, sr, h):  # pragma: no cover -
         wa = qw[a, g, i]
         for b in range(Bk):
             kwb = kw[b, g, k0 : k0 + cols]
-            kt = kbT[b, g, 0, k0 : k0 + cols]
-            x = qb[a, g, i, 0]
-            if W == 1:  # d <= 64: one word, no partial sums
-                for j in range(cols):
-                    sr[j] += wa * kwb[j] * (c - _TWO * np.float32(_popcount(x ^ kt[j])))
-                continue
             for j in range(cols):
-                h[j] = np.float32(_popcount(x ^ kt[j]))
-            for t in range(1, W):  # words outer, keys inner: each pass is one vector loop
+                h[j] = 0.0
+            for t in range(W):
                 x = qb[a, g, i, t]
                 kt = kbT[b, g, t, k0 : k0 + cols]
                 for j in range(cols):
-                    h[j] += np.float32(_popcount(x ^ kt[j]))
+                    h[j] += _bit_count(x ^ kt[j])
             for j in range(cols):
                 sr[j] += wa * kwb[j] * (c - _TWO * h[j])
-
-
-@njit(fastmath=True, cache=True)
-def _exp_row(sr, ex, cols, shift):  # pragma: no cover - compiled
-    """``sr[:cols] = exp(sr - shift)`` as ``2^n e^z`` (n = round(x log2 e), |z| <= ln2 / 2, 7th-order
-    Taylor, relative error < 1e-7), exponents clamped to [-126, 0] (a masked key may score above ``shift``;
-    its exponent must not overflow the float's bits before it is multiplied by zero); branch-free, so LLVM
-    vectorises it."""
-    bits = sr.view(np.int32)
-    for j in range(cols):
-        y = min(max((sr[j] - shift) * _LOG2E, np.float32(-126.0)), np.float32(0.0))
-        n = np.int32(y + np.float32(126.5)) - np.int32(126)  # round(y): truncation of a positive number
-        z = (y - np.float32(n)) * _LN2
-        q = np.float32(1.0 / 5040.0)
-        q = q * z + np.float32(1.0 / 720.0)
-        q = q * z + np.float32(1.0 / 120.0)
-        q = q * z + np.float32(1.0 / 24.0)
-        q = q * z + np.float32(1.0 / 6.0)
-        q = q * z + np.float32(0.5)
-        q = q * z + np.float32(1.0)
-        sr[j] = q * z + np.float32(1.0)
-        ex[j] = n
-    for j in range(cols):
-        bits[j] += ex[j] << 23
 
 
 _LANES = 16  # partial maxima: a max over a row is a reduction LLVM does not vectorise by itself
@@ -155,50 +176,71 @@ def _masked_max(sr, kg, cols, lanes):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _softmax_tile_kernel(qb, qw, kbT, kw, keep, c, i0, rows, k0, cols, p, m, total, corr, chunks):  # pragma: no cover
-    """Scores of query rows ``i0 : i0 + rows`` against keys ``k0 : k0 + cols`` and their online-softmax step.
+def _shift_kernel(qb, qw, kbT, kw, keep, c, i0, rows, bound, tile, shift, chunks):  # pragma: no cover
+    """Softmax shifts of query rows ``i0 : i0 + rows``: ``shift[g, r]`` (log2 units, as the scores).
 
-    qb (A, G, N, W) uint64, qw (A, G, N) float32 (scale folded in), kbT (Bk, G, W, M) uint64,
-    kw (Bk, G, M) float32, keep (G, M) float32 (1 = real key). Writes, for every group g and row r < rows:
-    ``p[g, r, :cols] = exp(S - m_new)`` (0 for masked keys), ``corr[g, r] = exp(m_old - m_new)`` (the
-    factor the caller applies to its accumulator), and updates the running maximum ``m`` and the running
-    sum ``total`` (G, R) in place. Parallel over ``chunks`` chunks of (group, row) pairs; every loop over
-    keys is branch-free, so LLVM vectorises it (``vpopcntq`` where the CPU has AVX-512 VPOPCNTDQ, a nibble
-    table on AVX2).
-
-    The kernel is compiled with fast-math, which lets LLVM assume that no value is infinite or NaN, so
-    no infinity may appear: the running maximum starts at the finite ``_NO_KEY`` and masked keys score
-    ``_NO_KEY``; a row whose key tiles so far were all padding keeps ``_NO_KEY`` and adds nothing.
+    ``bound`` (G, N) is an upper bound of each row's scores; where the spread it allows, ``2 bound``, is at
+    most :data:`SPREAD_LIMIT` (in log2 units) the bound is the shift, else the row's exact maximum over its
+    real keys, from a pass over the keys in tiles of ``tile`` (``_NO_KEY`` for a row without real keys).
     """
     steps = qb.shape[1] * rows
     chunks = min(steps, chunks)
-    for chunk in prange(chunks):  # scratch is allocated once per chunk of rows, not per row
-        h = np.empty(cols, np.float32)
-        ex = np.empty(cols, np.int32)
+    limit = np.float32(SPREAD_LIMIT) * _LOG2E
+    for chunk in prange(chunks):
+        sr, h = np.empty(tile, np.float32), np.empty(tile, np.float32)
         lanes = np.empty(_LANES, np.float32)
         for r in range(chunk * steps // chunks, (chunk + 1) * steps // chunks):
             g = r // rows
             rr = r - g * rows
-            sr = p[g, rr]
-            _score_row(qb, qw, kbT, kw, c, g, i0 + rr, k0, cols, sr, h)
-            kg = keep[g, k0 : k0 + cols]
-            tile_max = _masked_max(sr, kg, cols, lanes)
-            m_old = m[g, rr]
-            m_new = max(m_old, tile_max)
-            # the first real key rescales nothing (the accumulator and total are still zero)
-            scale = np.float32(np.exp(m_old - m_new)) if m_old != _NO_KEY else np.float32(0.0)
-            corr[g, rr] = scale
-            if m_new == _NO_KEY:  # no real key seen yet: nothing to add
-                for j in range(cols):
-                    sr[j] = 0.0
+            u = bound[g, i0 + rr]
+            if _TWO * u <= limit:
+                shift[g, rr] = u
                 continue
-            _exp_row(sr, ex, cols, m_new)
+            best = _NO_KEY
+            for k0 in range(0, kbT.shape[3], tile):
+                cols = min(tile, kbT.shape[3] - k0)
+                _score_row(qb, qw, kbT, kw, c, g, i0 + rr, k0, cols, sr, h)
+                best = max(best, _masked_max(sr, keep[g, k0 : k0 + cols], cols, lanes))
+            shift[g, rr] = best
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _probability_kernel(qb, qw, kbT, kw, keep, c, i0, rows, k0, cols, shift, p, total, chunks):  # pragma: no cover
+    """Probabilities of query rows ``i0 : i0 + rows`` against keys ``k0 : k0 + cols``.
+
+    qb (A, G, N, W) uint32, qw (A, G, N) float32 (scale and log2 e folded in), kbT (Bk, G, W, M) uint32,
+    kw (Bk, G, M) float32, keep (G, M) float32 (1 = real key), shift (G, R) from :func:`_shift_kernel`.
+    Writes ``p[g, r, :cols] = 2^(S - shift) * keep`` and adds each row's sum to ``total[g, r]``. Parallel over
+    ``chunks`` chunks of (group, row) pairs (scratch allocated once per chunk); every loop over keys is
+    branch-free, so LLVM vectorises it. Fast-math lets LLVM assume no infinities: none can arise, since
+    the exponent is clamped.
+    """
+    steps = qb.shape[1] * rows
+    chunks = min(steps, chunks)
+    for chunk in prange(chunks):
+        h = np.empty(cols, np.float32)
+        for r in range(chunk * steps // chunks, (chunk + 1) * steps // chunks):
+            g = r // rows
+            rr = r - g * rows
+            sr = p[g, rr]
+            kg = keep[g, k0 : k0 + cols]
+            sh = shift[g, rr]
             added = np.float32(0.0)
-            for j in range(cols):
-                sr[j] *= kg[j]
-                added += sr[j]
-            total[g, rr] = total[g, rr] * scale + added
-            m[g, rr] = m_new
+            if qb.shape[0] == 1 and kbT.shape[0] == 1 and qb.shape[3] == 2:  # one term each, d <= 64: one pass
+                x0, x1, wa = qb[0, g, i0 + rr, 0], qb[0, g, i0 + rr, 1], qw[0, g, i0 + rr]
+                k_0, k_1, kwg = kbT[0, g, 0, k0 : k0 + cols], kbT[0, g, 1, k0 : k0 + cols], kw[0, g, k0 : k0 + cols]
+                for j in range(cols):
+                    ones = _bit_count(x0 ^ k_0[j]) + _bit_count(x1 ^ k_1[j])
+                    e = _exp2(wa * kwg[j] * (c - _TWO * ones) - sh) * kg[j]
+                    sr[j] = e
+                    added += e
+            else:
+                _score_row(qb, qw, kbT, kw, c, g, i0 + rr, k0, cols, sr, h)
+                for j in range(cols):
+                    e = _exp2(sr[j] - sh) * kg[j]
+                    sr[j] = e
+                    added += e
+            total[g, rr] += added
 
 
 def pack_signs(x: torch.Tensor) -> np.ndarray:
@@ -265,12 +307,20 @@ def binary_attention(
     and weights (B, H, N) or None (= 1). v: (B, H, N, D_v). mask: (B, N) bool, True = real key.
     Returns (B, H, N, D_v) in ``v``'s dtype, computed in float32.
 
+    Softmax is shift-invariant, so any shift ``m_i`` not below a row's largest score gives the same
+    ``P``; the binary scores are bounded before any is computed, ``|S_ij| <= U_i = scale c sum_a |wq_a[i]|
+    sum_b max_j |wk_b[j]|``. Where the spread ``2 U_i`` is at most :data:`SPREAD_LIMIT` (binary-sg at any
+    head width up to 1,600 bits; binary-hamming while ``wq wk <= 2.5`` at d = 64) ``U_i`` is the shift,
+    else a first pass finds the row's exact maximum. With the shift known before the keys, each key tile
+    adds to the accumulator directly: no running maximum and no rescaling of the accumulator (the online
+    softmax of Milakov & Gimelshein, 2018, that an earlier version used).
+
     Work goes in steps of ``block_rows`` query rows (default: as many as keep the probability tile of all
     B H groups within :data:`TILE_BUDGET` floats) times ``tile_size`` keys. Per step the Numba kernel
-    :func:`_softmax_tile_kernel` computes the scores by popcount and their online-softmax probabilities
-    ``P`` (Milakov & Gimelshein 2018), and the accumulator is updated by one batched GEMM,
-    ``acc <- corr * acc + P V_tile`` (``torch.baddbmm``, PyTorch's BLAS). No N x N matrix exists: besides
-    the inputs (O(B H N (d / 64 + D_v))) the memory is the tile (at most the budget, at least 8 rows).
+    :func:`_probability_kernel` computes the scores by popcount and ``P = 2^(S log2 e - shift)``, and one
+    batched GEMM adds ``P V_tile`` (``torch.baddbmm``, PyTorch's BLAS); at the end each row is divided by
+    its sum of ``P``. No N x N matrix exists: besides the inputs (O(B H N (d / 32 + D_v))) the memory is
+    the tile (at most the budget, at least 8 rows).
     """
     if tile_size <= 0:
         raise ValueError(f"tile_size must be positive, got {tile_size}")
@@ -282,31 +332,33 @@ def binary_attention(
     G = B * H
 
     def stack(terms, weight_scale):
-        bits = np.stack([pack_signs(signs.reshape(G, N, c)) for signs, _ in terms])  # (T, G, N, W)
+        bits = np.stack([pack_signs(signs.reshape(G, N, c)).view(np.uint32) for signs, _ in terms])  # (T, G, N, W)
         w = [torch.ones(G, N) if w is None else w.detach().float().cpu().reshape(G, N) for _, w in terms]
         return bits, (weight_scale * torch.stack(w)).contiguous().numpy()  # (T, G, N)
 
-    qb, qw = stack(q_terms, scale)
+    qb, qw = stack(q_terms, scale * float(_LOG2E))  # scores in log2 units: P = 2^(S - shift)
     kb, kw = stack(k_terms, 1.0)
     kbT = np.ascontiguousarray(kb.transpose(0, 1, 3, 2))  # (Bk, G, W, N)
     keep = torch.ones(G, N) if mask is None else mask.cpu().float().repeat_interleave(H, dim=0)  # (G, N)
     keep = keep.contiguous().numpy()
+    key_bound = (np.abs(kw) * keep).max(axis=2).sum(axis=0)  # (G,): sum_b max over real keys |wk_b|
+    bound = (c * np.abs(qw).sum(axis=0) * key_bound[:, None]).astype(np.float32)  # (G, N) >= |S_ij|
     vf = v.detach().float().cpu().reshape(G, N, -1).contiguous()  # (G, N, D_v)
     tile = min(tile_size, N)
     rows = min(N, block_rows or max(_ROWS, TILE_BUDGET // (G * tile)))
     p = torch.empty(G, rows, tile)
-    m, total, corr = np.empty((G, rows), np.float32), np.empty((G, rows), np.float32), torch.empty(G, rows)
+    shift, total = np.empty((G, rows), np.float32), torch.empty(G, rows)
     acc = torch.empty(G, rows, vf.shape[2])
     out = torch.empty_like(vf)
-    p_np, corr_np, c32, chunks = p.numpy(), corr.numpy(), np.float32(c), 4 * get_num_threads()
+    p_np, total_np, c32, chunks = p.numpy(), total.numpy(), np.float32(c), 4 * get_num_threads()
     for i0 in range(0, N, rows):
         r = min(rows, N - i0)
-        m[:, :r], total[:, :r] = _NO_KEY, 0.0
+        _shift_kernel(qb, qw, kbT, kw, keep, c32, i0, r, bound, tile, shift, chunks)
+        total.zero_()
         acc.zero_()
         for k0 in range(0, N, tile):
             t = min(tile, N - k0)
-            _softmax_tile_kernel(qb, qw, kbT, kw, keep, c32, i0, r, k0, t, p_np, m, total, corr_np, chunks)
-            a = acc[:, :r]
-            a.mul_(corr[:, :r, None]).baddbmm_(p[:, :r, :t], vf[:, k0 : k0 + t])
-        out[:, i0 : i0 + r] = acc[:, :r] / torch.from_numpy(total[:, :r, None])
+            _probability_kernel(qb, qw, kbT, kw, keep, c32, i0, r, k0, t, shift, p_np, total_np, chunks)
+            acc[:, :r].baddbmm_(p[:, :r, :t], vf[:, k0 : k0 + t])
+        out[:, i0 : i0 + r] = acc[:, :r] / total[:, :r, None]
     return out.reshape(B, H, N, -1).to(device=v.device, dtype=v.dtype)

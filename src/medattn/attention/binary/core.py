@@ -10,7 +10,7 @@ None for 1), likewise for keys; ``scale = 1 / sqrt(d)``. A subclass only impleme
 
 * float emulation (:func:`emulated_attention`): differentiable, used whenever a gradient is needed;
 * bit kernel (:func:`medattn.attention.binary.bits.binary_attention`): packed signs, popcount,
-  key tiles with an online softmax; used when no gradient is needed (inference, ``torch.no_grad``) on
+  key tiles with a softmax shift known in advance; used when no gradient is needed (inference, ``torch.no_grad``) on
   CPU tensors, except while the forward is compiled or exported (Numba code is not a PyTorch graph).
 
 ``value_dim`` (per head, the base class's option) narrows the values as in the paper's Fig. 1
@@ -30,7 +30,7 @@ class BinaryAttention(Attention):
     """Base of the binary mechanisms: y = proj(softmax(S) V) with S from :meth:`binarise`.
 
     Args (besides :class:`~medattn.attention.base.Attention`'s, ``value_dim`` included):
-        tile_size: query/key tile of the bit kernel's online softmax.
+        tile_size: key tile of the bit kernel (keys per probability tile and GEMM).
         bit_kernel: use the bit kernel when no gradient is needed on a CPU tensor (False: always the float
             emulation). On other devices the emulation runs: the kernel is CPU code and would round-trip
             through host memory.

@@ -65,8 +65,12 @@ class TokenWeight(nn.Module):
             self.fc2.weight.mul_(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = torch.cat([modified_tanh(x, self.beta), sign(x)], dim=-1)  # (..., 2d)
-        return nn.functional.softplus(self.fc2(self.act(self.fc1(features)))).squeeze(-1)
+        # fc1 of the concatenation (sigma(x) || sgn(x)), as the sum of its two halves' products (no (..., 2d) copy)
+        d = x.shape[-1]
+        w = self.fc1.weight
+        hidden = nn.functional.linear(modified_tanh(x, self.beta), w[:, :d], self.fc1.bias)
+        hidden = hidden + nn.functional.linear(sign(x), w[:, d:])
+        return nn.functional.softplus(self.fc2(self.act(hidden))).squeeze(-1)
 
 
 class BinaryHammingAttention(BinaryAttention):
