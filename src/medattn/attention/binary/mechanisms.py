@@ -64,12 +64,14 @@ class TokenWeight(nn.Module):
         with torch.no_grad():
             self.fc2.weight.mul_(0.1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., d) and, when already computed, ``sign(x)`` -> (...,)."""
+        signs = sign(x) if signs is None else signs
         # fc1 of the concatenation (sigma(x) || sgn(x)), as the sum of its two halves' products (no (..., 2d) copy)
         d = x.shape[-1]
         w = self.fc1.weight
         hidden = nn.functional.linear(modified_tanh(x, self.beta), w[:, :d], self.fc1.bias)
-        hidden = hidden + nn.functional.linear(sign(x), w[:, d:])
+        hidden = hidden + nn.functional.linear(signs, w[:, d:])
         return nn.functional.softplus(self.fc2(self.act(hidden))).squeeze(-1)
 
 
@@ -88,7 +90,8 @@ class BinaryHammingAttention(BinaryAttention):
         self.k_weight = TokenWeight(self.head_dim, weight_hidden, beta)
 
     def binarise(self, q, k):
-        return [(sign(q), self.q_weight(q))], [(sign(k), self.k_weight(k))]
+        signs_q, signs_k = sign(q), sign(k)
+        return [(signs_q, self.q_weight(q, signs_q))], [(signs_k, self.k_weight(k, signs_k))]
 
 
 class BinaryBernoulliAttention(BinaryAttention):
