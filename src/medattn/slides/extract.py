@@ -36,6 +36,7 @@ from .stain import MacenkoNormalizer
 from .tiling import (
     DEFAULT_SETTINGS,
     PatchDataset,
+    ReadAhead,
     TileSettings,
     atomic_write,
     classify,
@@ -154,17 +155,20 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
                   tiles_dir: Path | None = None, stain: str = "none", batch_size: int = 64, num_workers: int = 0,
-                  progress=None, layout: str = "clam") -> tuple[int, dict]:
+                  progress=None, layout: str = "clam", read_ahead: bool = True) -> tuple[int, dict]:
     """Features of one slide's kept patches -> ``out_path`` (module docstring); -> (kept, dropped per reason).
 
     Without ``tiles_dir`` the slide is tiled on the fly (tissue mask, grid, white and blur filter on the
-    patches as they are read, each patch read once). ``progress`` wraps the batch iterable (e.g. tqdm)."""
+    patches as they are read, each patch read once). ``progress`` wraps the batch iterable (e.g. tqdm). Without
+    DataLoader workers a thread reads the next batches while the encoder runs (``read_ahead``, :class:`ReadAhead`)."""
     path = Path(path)
     mpp, geometry, coords, check, normalizer, tiled = _patches(path, settings, tiles_dir, stain)
     dataset = PatchDataset(path, coords, geometry, settings.white_level, stain=normalizer)
     features, kept_coords, statuses = [], [], []
     start = 0
     batches = loader(dataset, batch_size, num_workers)
+    if num_workers == 0 and read_ahead:  # worker processes read ahead by themselves
+        batches = ReadAhead(batches)
     for batch in one_line_errors(progress(batches) if progress else batches):
         n = len(batch["white"])
         status = (classify(batch["white"].numpy(), batch["sharpness"].numpy(), settings) if check

@@ -15,10 +15,10 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from ..errors import UserError
 from ..extras import require
+from .pyramid import PyramidSlide, clip
 
 SUFFIXES = (".ome.tif", ".ome.tiff")
 #: OME length units -> micrometres.
@@ -47,9 +47,8 @@ def _mpp(ome_xml: str | None) -> dict[str, str]:
     return found
 
 
-class OmeTiffSlide:
-    """An OME-TIFF slide with OpenSlide's ``dimensions``, ``level_dimensions``, ``level_downsamples``,
-    ``properties``, ``read_region``, ``get_best_level_for_downsample`` and ``get_thumbnail``."""
+class OmeTiffSlide(PyramidSlide):
+    """An OME-TIFF slide behind OpenSlide's interface (:class:`~medattn.slides.pyramid.PyramidSlide`)."""
 
     def __init__(self, path: Path) -> None:
         tifffile = require("tifffile", "reading OME-TIFF slides")
@@ -64,25 +63,17 @@ class OmeTiffSlide:
                             f"slides are 8-bit RGB images (axes YXS)")
         self._pages = [level.keyframe for level in series.levels]
         self.level_dimensions = tuple((page.imagewidth, page.imagelength) for page in self._pages)
-        self.dimensions = self.level_dimensions[0]
-        self.level_count = len(self._pages)
-        self.level_downsamples = tuple(self.dimensions[0] / width for width, _ in self.level_dimensions)
         self.properties = _mpp(self._file.ome_metadata)
         self._whole: dict[int, np.ndarray] = {}  # levels stored in strips, read once
-
-    def get_best_level_for_downsample(self, downsample: float) -> int:
-        """The level with the largest downsample at most ``downsample`` (OpenSlide's rule)."""
-        fits = [i for i, d in enumerate(self.level_downsamples) if d <= downsample]
-        return max(fits, key=lambda i: self.level_downsamples[i]) if fits else 0
 
     def _level_region(self, level: int, x: int, y: int, width: int, height: int) -> np.ndarray:
         """RGB (height, width, 3) of ``level`` at level pixels (x, y); 255 outside the image."""
         page = self._pages[level]
         out = np.full((height, width, 3), 255, dtype=np.uint8)
-        x0, y0 = max(x, 0), max(y, 0)
-        x1, y1 = min(x + width, page.imagewidth), min(y + height, page.imagelength)
-        if x1 <= x0 or y1 <= y0:
+        inside = clip(x, y, width, height, self.level_dimensions[level])
+        if inside is None:
             return out
+        x0, y0, x1, y1 = inside
         if not page.is_tiled:
             if level not in self._whole:
                 self._whole[level] = page.asarray()
@@ -105,24 +96,6 @@ class OmeTiffSlide:
                 sx1, sy1 = min(x1, tx + page.tilewidth), min(y1, ty + page.tilelength)
                 out[sy0 - y:sy1 - y, sx0 - x:sx1 - x] = tile[sy0 - ty:sy1 - ty, sx0 - tx:sx1 - tx]
         return out
-
-    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Image.Image:
-        """RGBA region of ``size`` at ``level`` whose top-left is ``location`` in level-0 pixels (OpenSlide's
-        convention); outside the image transparent."""
-        scale = self.level_downsamples[level]
-        x, y = round(location[0] / scale), round(location[1] / scale)
-        rgb = self._level_region(level, x, y, *size)
-        inside = np.zeros(rgb.shape[:2], dtype=np.uint8)
-        width, height = self.level_dimensions[level]
-        inside[max(-y, 0):max(min(height - y, size[1]), 0), max(-x, 0):max(min(width - x, size[0]), 0)] = 255
-        return Image.fromarray(np.dstack([rgb, inside]), mode="RGBA")
-
-    def get_thumbnail(self, size: tuple[int, int]) -> Image.Image:
-        """The image fitted into ``size``, from the smallest level that serves it."""
-        level = self.get_best_level_for_downsample(max(self.dimensions[0] / size[0], self.dimensions[1] / size[1]))
-        image = Image.fromarray(self._level_region(level, 0, 0, *self.level_dimensions[level]))
-        image.thumbnail(size, Image.Resampling.LANCZOS)
-        return image
 
     def close(self) -> None:
         self._file.close()

@@ -1,8 +1,9 @@
-"""Open whole-slide images with OpenSlide; microns per pixel; which pyramid level serves a patch size.
+"""Open whole-slide images; microns per pixel; which pyramid level serves a patch size.
 
 OpenSlide (``openslide-python`` with the ``openslide-bin`` wheel, ``pip install medattn[slides]``) reads
-SVS, NDPI, MRXS, SCN, BIF, Philips/Ventana TIFF, DICOM and generic tiled TIFF; OME-TIFF (``.ome.tif``) is read
-with tifffile (:mod:`medattn.slides.ome`). Microns per pixel come
+SVS, NDPI, MRXS, SCN, BIF, Philips/Ventana TIFF and generic tiled TIFF; OME-TIFF (``.ome.tif``) is read
+with tifffile (:mod:`medattn.slides.ome`) and DICOM whole-slide images (a folder of ``.dcm`` instances) with
+wsidicom (:mod:`medattn.slides.dicom`); :data:`OTHER_READERS` lists which. Microns per pixel come
 from ``openslide.mpp-x`` / ``openslide.mpp-y``, else from the TIFF resolution tags (``tiff.XResolution``
 with ``tiff.ResolutionUnit`` centimeter or inch); an explicit ``mpp`` overrides both.
 """
@@ -20,9 +21,12 @@ from PIL import Image
 
 from ..errors import UserError
 from ..extras import require
+from .dicom import DicomSlide, is_dicom
+from .ome import OmeTiffSlide, is_ome_tiff
 
-SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".czi",
-                  ".dcm")
+SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".czi")
+#: Formats not read with OpenSlide: (whether a path is one, the class that opens it with OpenSlide's interface).
+OTHER_READERS = ((is_ome_tiff, OmeTiffSlide), (is_dicom, DicomSlide))
 MICRONS_PER_UNIT = {"centimeter": 1e4, "inch": 25.4e3}
 MAX_ANISOTROPY = 0.02  # mpp-x and mpp-y may differ by this fraction; beyond it square patches are not square
 
@@ -32,15 +36,16 @@ def _openslide():
 
 
 def open_slide(path: Path):
-    """-> ``openslide.OpenSlide``, or for an OME-TIFF :class:`~medattn.slides.ome.OmeTiffSlide` (the same
-    interface); UserError naming ``path`` when it is missing, not a file or not a slide."""
-    from .ome import OmeTiffSlide, is_ome_tiff
-
+    """-> ``openslide.OpenSlide``, or the class of :data:`OTHER_READERS` for its format (the same interface);
+    UserError naming ``path`` when it is missing, not a slide file (or DICOM folder) or not a slide."""
     path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: file not found")
+    for is_format, reader in OTHER_READERS:
+        if is_format(path):
+            return reader(path)
     if not path.is_file():
-        raise UserError(f"{path}: {'not a file' if path.exists() else 'file not found'}")
-    if is_ome_tiff(path):
-        return OmeTiffSlide(path)
+        raise UserError(f"{path}: not a file (nor a folder of DICOM instances)")
     openslide = _openslide()
     try:
         return openslide.OpenSlide(str(path))
@@ -92,20 +97,34 @@ def slide_mpp(slide, path: Path, override: float | None = None) -> float:
     return (pair[0] + pair[1]) / 2
 
 
+def _slides_in(folder: Path) -> list[Path]:
+    """The slides of a folder: itself when it holds only DICOM instances (one DICOM slide), else its files
+    with a slide suffix and its sub-folders of DICOM instances (not deeper)."""
+    children = sorted(folder.iterdir())
+    files = [p for p in children if p.is_file() and p.suffix.lower() in SLIDE_SUFFIXES]
+    if is_dicom(folder):
+        if files:
+            raise UserError(f"{folder}: DICOM instances (.dcm) beside other slides ({files[0].name}); put each DICOM "
+                            f"slide's instances in a folder of their own")
+        return [folder]
+    return files + [p for p in children if p.is_dir() and is_dicom(p)]
+
+
 def list_slides(inputs: list[Path]) -> list[Path]:
-    """Slide files from files and folders (a folder: its files with a slide suffix, not recursive), sorted,
-    without repeats. UserError for a missing input or when nothing is found."""
+    """Slides from files and folders (a folder: :func:`_slides_in`; a ``.dcm`` file: the DICOM slide of its folder),
+    sorted, without repeats. UserError for a missing input or when nothing is found."""
     found: list[Path] = []
     for item in map(Path, inputs):
         if item.is_dir():
-            found += sorted(p for p in item.iterdir() if p.is_file() and p.suffix.lower() in SLIDE_SUFFIXES)
+            found += _slides_in(item)
         elif item.exists():
-            found.append(item)
+            found.append(item.parent if is_dicom(item) else item)
         else:
             raise UserError(f"{item}: file or folder not found")
     unique = list(dict.fromkeys(found))
     if not unique:
-        raise UserError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) in {', '.join(map(str, inputs))}")
+        raise UserError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}, or folders of DICOM .dcm instances) in "
+                        f"{', '.join(map(str, inputs))}")
     stems = {}
     for path in unique:
         if stems.setdefault(path.stem, path) != path:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import queue
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -123,6 +125,59 @@ def tissue_candidates(slide, path: Path, settings: TileSettings):
 def loader(dataset: torch.utils.data.Dataset, batch_size: int, num_workers: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                        persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+class ReadAhead:
+    """Iterate ``items`` while a background thread already produces the next ``depth`` of them.
+
+    For a DataLoader without worker processes: the slide's reading and decoding (OpenSlide, PIL and NumPy
+    release the GIL) overlap the encoder's compute on the same cores instead of alternating with it. An
+    exception raised while producing is raised to the consumer, in order; a consumer that stops early (an
+    error in the encoder) stops the thread after the item it is producing. ``len`` is that of ``items``, so a
+    progress bar knows its total.
+    """
+
+    def __init__(self, items, depth: int = 2) -> None:
+        self.items, self.depth = items, depth
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        done, stop = object(), threading.Event()
+        handoff: queue.Queue = queue.Queue(maxsize=self.depth)
+
+        def put(entry) -> bool:
+            while not stop.is_set():
+                try:
+                    handoff.put(entry, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for item in self.items:
+                    if not put((item, None)):
+                        return
+                put((done, None))
+            except BaseException as error:  # re-raised in the consumer, where it can be handled
+                put((done, error))
+
+        thread = threading.Thread(target=produce, name="medattn-read-ahead", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item, error = handoff.get()
+                if error is not None:
+                    raise error
+                if item is done:
+                    return
+                yield item
+        finally:
+            stop.set()
+            thread.join()
 
 
 def one_line_errors(batches):
