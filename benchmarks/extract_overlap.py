@@ -8,7 +8,8 @@ mask, 112 um / 224 px patches: the input of the ViT encoders at 20x). Per encode
 publisher's architecture, :data:`medattn.bench.extract.ARCHITECTURES`), timed in rounds in this process:
 
 * ``read``: the patches read, decoded, measured (white, sharpness) and batched, no encoder;
-* ``encode``: the encoder on the same number of tiles already in memory;
+* ``encode``: the encoder on as many tiles, already in memory, as extraction keeps (white and blurry patches
+  are dropped before the encoder);
 * ``extract``: :func:`medattn.slides.extract.extract_slide` without DataLoader workers, reading ahead in a thread
   (``read_ahead``) and not (the reads alternate with the batches).
 
@@ -40,7 +41,7 @@ def measure(name: str, slide: Path, coords, geometry, settings: TileSettings, ar
     """One encoder's row: the four parts timed in rounds, their medians and ratios."""
     extractor = Extractor(name, build(name), torch.device("cpu"), imagenet=True, input_px=224)
     pixels = torch.randint(0, 256, (args.batch_size, 224, 224, 3), dtype=torch.uint8)
-    tiles = len(coords)
+    tiles, _ = extract_slide(slide, tmp / f"{name}.h5", extractor, settings, batch_size=args.batch_size)  # kept
 
     def read() -> None:
         for _ in loader(PatchDataset(slide, coords, geometry), args.batch_size, 0):
@@ -56,14 +57,13 @@ def measure(name: str, slide: Path, coords, geometry, settings: TileSettings, ar
     parts = {"read": read, "encode": encode, "extract_alternating": lambda: extract(False),
              "extract_read_ahead": lambda: extract(True)}
     times = {part: [] for part in parts}
-    encode()  # warm-up
     for _ in range(args.rounds):
         for part, fn in parts.items():
             started = time.perf_counter()
             fn()
             times[part].append(time.perf_counter() - started)
     median = {part: statistics.median(values) for part, values in times.items()}
-    return dict(encoder=name, tiles=tiles, batch_size=args.batch_size, threads=args.threads,
+    return dict(encoder=name, candidates=len(coords), tiles=tiles, batch_size=args.batch_size, threads=args.threads,
                 **{f"{part}_s": round(t, 3) for part, t in median.items()},
                 read_fraction=round(median["read"] / (median["read"] + median["encode"]), 3),
                 overlap_saved=round(1 - median["extract_read_ahead"] / median["extract_alternating"], 3),

@@ -95,7 +95,7 @@ def test_int8_and_bf16_extraction_keep_the_features_and_say_so_in_the_name(tmp_p
         assert extractor.name == f"vit:vit.safetensors@{precision}"  # another name: never taken for fp32 features
         cosine = torch.nn.functional.cosine_similarity(extractor(pixels), reference)
         assert least < cosine.min() < 1.0
-    with pytest.raises(UserError, match="--precision int8 is for the ViT encoders"):
+    with pytest.raises(UserError, match="--precision int8 is for the transformer encoders"):
         build_extractor("descriptor", precision="int8")
 
 

@@ -61,7 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--tiles", type=Path, help="use the tiles written by `medattn wsi tile` to this folder")
     extract.add_argument("--extractor", default="descriptor",
                          help="descriptor (default), a FILE (state dict, TorchScript, .onnx) or resnet50:FILE, "
-                              "torchscript:FILE, onnx:FILE, timm:MODEL_NAME:FILE (where timm is installed)")
+                              "torchscript:FILE, onnx:FILE, timm:MODEL_NAME:FILE (where timm is installed), the "
+                              "pathology encoders uni:FILE, uni2-h:FILE, virchow2:FILE, h-optimus-0:FILE, "
+                              "prov-gigapath:FILE, vit:FILE (any timm-layout ViT) and ctranspath:FILE")
     extract.add_argument("--input-norm", choices=("imagenet", "none"), default="imagenet",
                          help="normalisation of CNN inputs (default imagenet; the descriptor takes raw pixels)")
     extract.add_argument("--stain-norm", choices=("none", "macenko"), default="none", help="stain normalisation")
@@ -71,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--batch-size", type=int, default=64)
     extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
     extract.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
-                         help="ViT encoders: bf16 autocast (fast only on CPUs with bf16 hardware and GPUs) or int8 "
-                              "dynamic quantisation of the Linear layers (CPU; cosine to fp32 in docs/slides.md)")
+                         help="transformer encoders: bf16 autocast (fast only on CPUs with bf16 hardware and GPUs) "
+                              "or int8 dynamic quantisation of the Linear layers (CPU; cosine to fp32: docs/slides.md)")
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
     extract.set_defaults(wsi_run=run_extract)
     synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)")

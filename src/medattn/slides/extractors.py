@@ -15,6 +15,8 @@
     pathology ViTs) or ``vit:FILE`` (any timm-layout ViT): medattn's own :class:`~medattn.slides.vit_encoder.TileViT`,
     no timm, the architecture read from the file, loaded strictly; patches are resized to the encoder's input side
     and normalised as its publisher did.
+  * ``ctranspath:FILE``: CTransPath (Swin-T with a convolutional stem) in medattn's own module,
+    :class:`~medattn.slides.ctranspath.CTransPath`, from the published checkpoint's layout, strictly, 768 features.
 Every extractor takes uint8 RGB patches (B, P, P, 3) and returns float32 (B, F) on the CPU. The CNN
 kinds receive x / 255 normalised with the ImageNet mean and standard deviation (``imagenet=False``
 passes x / 255 unchanged); the descriptor receives x / 255. :meth:`Extractor.record` is what the features'
@@ -34,13 +36,18 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..extras import require
+from .ctranspath import CTransPath, load_ctranspath
 from .descriptor import StainTextureDescriptor
 from .resnet import load_resnet50
 from .vit_encoder import ENCODERS, load_tile_vit
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm", *ENCODERS)
+KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm", "ctranspath", *ENCODERS)
+#: Encoders of medattn's own modules, which run in any of :data:`PRECISIONS`.
+TRANSFORMERS = (*ENCODERS, "ctranspath")
+#: Microns per pixel CTransPath's tiles are cut at in STAMP (256 um at 224 px); its paper states 20x.
+CTRANSPATH_MPP = 256 / 224
 
 
 def resolve_device(device: str) -> torch.device:
@@ -167,8 +174,8 @@ def with_precision(model: torch.nn.Module, precision: str, name: str):
 def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: bool = True,
                     precision: str = "fp32") -> Extractor:
     """An :class:`Extractor` from ``spec`` (module docstring) computing in ``precision`` (:data:`PRECISIONS`;
-    bf16 and int8 for the ViT encoders, whose name then ends in ``@bf16`` / ``@int8``, so features of one
-    precision are never taken for another's); UserError naming the file or the spec."""
+    bf16 and int8 for the transformer encoders (:data:`TRANSFORMERS`), whose name then ends in ``@bf16`` /
+    ``@int8``, so features of one precision are never taken for another's); UserError naming the file or the spec."""
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     dev = resolve_device(device)
@@ -176,8 +183,8 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
         raise UserError("--precision int8 runs on the CPU (dynamic quantisation); use --device cpu or bf16")
     if spec == "descriptor":
         if precision != "fp32":
-            raise UserError(f"--precision {precision} is for the ViT encoders ({', '.join(ENCODERS)}); the "
-                            f"descriptor runs in fp32")
+            raise UserError(f"--precision {precision} is for the transformer encoders ({', '.join(TRANSFORMERS)}); "
+                            f"the descriptor runs in fp32")
         return Extractor("descriptor", StainTextureDescriptor().to(dev), dev, imagenet=False)
     kind, _, file = spec.partition(":") if spec.split(":", 1)[0] in KINDS else ("", "", spec)
     model_name = ""
@@ -188,7 +195,7 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
     path = Path(file)
     if not path.is_file():
         raise UserError(f"--extractor {spec!r}: no such file (kinds: descriptor, resnet50:FILE, torchscript:FILE, "
-                        f"onnx:FILE, timm:MODEL_NAME:FILE, {':FILE, '.join(ENCODERS)}:FILE, or a FILE whose kind "
+                        f"onnx:FILE, timm:MODEL_NAME:FILE, {':FILE, '.join(TRANSFORMERS)}:FILE, or a FILE whose kind "
                         f"is detected)")
     if not kind:
         kind = "onnx" if path.suffix.lower() == ".onnx" else "torchscript" if _is_torchscript(path) else "resnet50"
@@ -198,9 +205,13 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
         return Extractor(name + ("" if precision == "fp32" else f"@{precision}"),
                          with_precision(model.to(dev), precision, name), dev, False, encoder.mean, encoder.std,
                          model.arch.input_px, encoder.mpp)
+    if kind == "ctranspath":
+        return Extractor(name + ("" if precision == "fp32" else f"@{precision}"),
+                         with_precision(load_ctranspath(path).to(dev), precision, name), dev, True,
+                         input_px=CTransPath.input_px, mpp=CTRANSPATH_MPP)
     if precision != "fp32":
-        raise UserError(f"--precision {precision} is for the ViT encoders ({', '.join(ENCODERS)}); {name} runs "
-                        f"in fp32")
+        raise UserError(f"--precision {precision} is for the transformer encoders ({', '.join(TRANSFORMERS)}); "
+                        f"{name} runs in fp32")
     if kind == "timm":
         return Extractor(name, _timm(model_name, path).to(dev), dev, imagenet)
     if kind == "onnx":
