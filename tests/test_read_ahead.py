@@ -53,3 +53,27 @@ def test_a_consumer_that_stops_early_stops_the_thread():
                 raise RuntimeError("the encoder failed")
     assert threading.active_count() == before
     assert len(ReadAhead([1, 2, 3])) == 3  # a progress bar's total
+
+
+def test_extraction_reading_ahead_writes_the_features_it_writes_without(tmp_path):
+    pytest.importorskip("openslide")
+    import h5py
+    import numpy as np
+
+    from medattn.slides import write_synthetic_cohort
+    from medattn.slides.extract import extract_slide
+    from medattn.slides.extractors import build_extractor
+    from medattn.slides.settings import TileSettings
+
+    (slide,) = write_synthetic_cohort(tmp_path / "slides", count=1, seed=1, shape=(384, 512))
+    settings = TileSettings(patch_um=64, patch_px=32, thumbnail_px=256)
+    extractor = build_extractor("descriptor")
+    written = []
+    for ahead in (True, False):
+        out = tmp_path / f"ahead_{ahead}.h5"
+        kept, _ = extract_slide(slide, out, extractor, settings, batch_size=4, read_ahead=ahead)
+        with h5py.File(out) as f:
+            written.append((kept, f["features"][:], f["coords"][:]))
+    assert written[0][0] > 8  # several batches
+    assert written[0][0] == written[1][0]
+    assert np.array_equal(written[0][1], written[1][1]) and np.array_equal(written[0][2], written[1][2])

@@ -29,6 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from medattn.errors import UserError
+from medattn.slides.ctranspath import CTransPath
 from medattn.slides.extractors import PRECISIONS, with_precision
 from medattn.slides.resnet import ResNet50Features
 from medattn.slides.vit_encoder import ENCODERS, HEADS, Architecture, TileViT
@@ -45,7 +46,7 @@ def _vit(dim: int, depth: int, patch: int, registers: int, hidden: int, swiglu: 
                         layer_scale)
 
 
-#: encoder -> its architecture (None: ResNet-50, torchvision layout, channels-last).
+#: encoder -> its ViT architecture, or the module class of the others (ResNet-50 runs channels-last).
 ARCHITECTURES = {
     "vit-b16": _vit(768, 12, 16, 0, 3072, swiglu=False, layer_scale=False, embed_prefix=True),
     "uni": _vit(1024, 24, 16, 0, 4096, swiglu=False, layer_scale=True, embed_prefix=True),  # ViT-L/16
@@ -53,15 +54,19 @@ ARCHITECTURES = {
     "uni2-h": _vit(1536, 24, 14, 8, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-H/14, 1536 wide
     "h-optimus-0": _vit(1536, 40, 14, 4, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-g/14
     "prov-gigapath": _vit(1536, 40, 14, 0, 4096, swiglu=True, layer_scale=True, embed_prefix=True),  # ViT-g/14
-    "resnet50": None,
+    "ctranspath": CTransPath,  # Swin-T with a convolutional stem
+    "resnet50": ResNet50Features,
 }
 SLIDE_TILES = 15_000
 
 
 def build(name: str) -> torch.nn.Module:
     """``name``'s encoder with random weights, in eval mode (pooled as its publisher pools, :data:`ENCODERS`)."""
-    if ARCHITECTURES[name] is None:
+    architecture = ARCHITECTURES[name]
+    if architecture is ResNet50Features:
         return ResNet50Features().eval().to(memory_format=torch.channels_last)
+    if not isinstance(architecture, Architecture):
+        return architecture().eval()
     return TileViT(ARCHITECTURES[name], ENCODERS.get(name, ENCODERS["vit"]).pooling).eval()
 
 
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         with torch.inference_mode():
             reference = model(tiles)
         for precision in precisions:
-            if precision == "int8" and ARCHITECTURES[name] is None:
+            if precision == "int8" and ARCHITECTURES[name] is ResNet50Features:
                 print(f"{name}: int8 quantises Linear layers, and a ResNet's work is convolutions: not timed")
                 continue
             forward = with_precision(model, precision, name)

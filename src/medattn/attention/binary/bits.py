@@ -18,6 +18,7 @@ probabilities (the words read as uint32, so the loops run eight floats wide on A
 batched GEMM per tile (PyTorch's BLAS) added to the accumulator as it is. No N x N matrix exists: besides
 the inputs (O(B H N (d / 32 + D_v))) the memory is one probability tile (:data:`TILE_BUDGET` floats).
 """
+
 from __future__ import annotations
 
 import math
@@ -310,7 +311,7 @@ def binary_attention(
     Softmax is shift-invariant, so any shift ``m_i`` not below a row's largest score gives the same
     ``P``; the binary scores are bounded before any is computed, ``|S_ij| <= U_i = scale c sum_a |wq_a[i]|
     sum_b max_j |wk_b[j]|``. Where the spread ``2 U_i`` is at most :data:`SPREAD_LIMIT` (binary-sg at any
-    head width up to 1,600 bits; binary-hamming while ``wq wk <= 2.5`` at d = 64) ``U_i`` is the shift,
+    head width up to 400 bits; binary-hamming while ``wq wk <= 2.5`` at d = 64) ``U_i`` is the shift,
     else a first pass finds the row's exact maximum. With the shift known before the keys, each key tile
     adds to the accumulator directly: no running maximum and no rescaling of the accumulator (the online
     softmax of Milakov & Gimelshein, 2018, that an earlier version used).
