@@ -40,7 +40,7 @@ def modified_tanh(x: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     """Eq. (4): ``2 tanh(beta x) / min(beta, 0.75)``; with beta = 0.5 the range is (-4, 4)."""
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
-    return 2.0 * torch.tanh(beta * x) / min(beta, 0.75)
+    return torch.tanh(beta * x) * (2.0 / min(beta, 0.75))  # one product instead of a product and a quotient
 
 
 def bernoulli_sign(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
