@@ -67,12 +67,8 @@ class TokenWeight(nn.Module):
     def forward(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., d) and, when already computed, ``sign(x)`` -> (...,)."""
         signs = sign(x) if signs is None else signs
-        # fc1 of the concatenation (sigma(x) || sgn(x)), as the sum of its two halves' products (no (..., 2d) copy)
-        d = x.shape[-1]
-        w = self.fc1.weight
-        hidden = nn.functional.linear(modified_tanh(x, self.beta), w[:, :d], self.fc1.bias)
-        hidden = hidden + nn.functional.linear(signs, w[:, d:])
-        return nn.functional.softplus(self.fc2(self.act(hidden))).squeeze(-1)
+        features = torch.cat([modified_tanh(x, self.beta), signs], dim=-1)  # (..., 2d)
+        return nn.functional.softplus(self.fc2(self.act(self.fc1(features)))).squeeze(-1)
 
 
 class BinaryHammingAttention(BinaryAttention):
