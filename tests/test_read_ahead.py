@@ -55,11 +55,12 @@ def test_a_consumer_that_stops_early_stops_the_thread():
     assert len(ReadAhead([1, 2, 3])) == 3  # a progress bar's total
 
 
-def test_extraction_reading_ahead_writes_the_features_it_writes_without(tmp_path):
+def test_extraction_reading_ahead_writes_the_features_it_writes_without(tmp_path, monkeypatch):
     pytest.importorskip("openslide")
     import h5py
     import numpy as np
 
+    from medattn.slides import extract as extract_module
     from medattn.slides import write_synthetic_cohort
     from medattn.slides.extract import extract_slide
     from medattn.slides.extractors import build_extractor
@@ -68,12 +69,15 @@ def test_extraction_reading_ahead_writes_the_features_it_writes_without(tmp_path
     (slide,) = write_synthetic_cohort(tmp_path / "slides", count=1, seed=1, shape=(384, 512))
     settings = TileSettings(patch_um=64, patch_px=32, thumbnail_px=256)
     extractor = build_extractor("descriptor")
+    used = []
+    monkeypatch.setattr(extract_module, "ReadAhead", lambda items: used.append(1) or ReadAhead(items))
     written = []
     for ahead in (True, False):
         out = tmp_path / f"ahead_{ahead}.h5"
         kept, _ = extract_slide(slide, out, extractor, settings, batch_size=4, read_ahead=ahead)
         with h5py.File(out) as f:
             written.append((kept, f["features"][:], f["coords"][:]))
+    assert used == [1]  # the thread read for the first extraction only
     assert written[0][0] > 8  # several batches
     assert written[0][0] == written[1][0]
     assert np.array_equal(written[0][1], written[1][1]) and np.array_equal(written[0][2], written[1][2])

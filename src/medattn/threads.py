@@ -33,8 +33,9 @@ def user_threads() -> int | None:
 def default_threads() -> tuple[int, str | None]:
     """(threads, a note when busy cores were left out, else None); decided once per process. A positive
     ``OMP_NUM_THREADS`` in the environment is the user's setting and wins over the automatic count."""
-    if user_threads() is not None:
-        return user_threads(), None
+    user = user_threads()
+    if user is not None:
+        return user, None
     cores = max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         load = os.getloadavg()[0]

@@ -67,7 +67,7 @@ def build(name: str) -> torch.nn.Module:
         return ResNet50Features().eval().to(memory_format=torch.channels_last)
     if not isinstance(architecture, Architecture):
         return architecture().eval()
-    return TileViT(ARCHITECTURES[name], ENCODERS.get(name, ENCODERS["vit"]).pooling).eval()
+    return TileViT(architecture, ENCODERS.get(name, ENCODERS["vit"]).pooling).eval()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -155,8 +155,9 @@ def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PA
     for patient, entries in _slides_by_patient({"slide_table": slide_table, "patient_column": patient_column,
                                                "filename_column": filename_column}).items():
         for name, _ in entries:
-            named.add(_h5_name(name))
-            grouped.setdefault(patient, []).extend(by_name.get(_h5_name(name), []))
+            file_name = _h5_name(name)
+            named.add(file_name)
+            grouped.setdefault(patient, []).extend(by_name.get(file_name, []))
     unnamed = sorted(name for name in by_name if name not in named)
     if unnamed:
         raise UserError(f"{slide_table}: no row names {', '.join(unnamed[:3])}{' ...' if len(unnamed) > 3 else ''} "

@@ -191,11 +191,10 @@ def load_ctranspath(path: Path) -> CTransPath:
     state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()
              if not k.removeprefix("module.").startswith("head.")}
     model = CTransPath()
-    buffers = model.state_dict(keep_vars=False) | dict(model.named_buffers())
+    buffers = dict(model.named_buffers())  # the computed index and masks (not saved by this module) among them
     for key in [k for k in state if k.endswith(BUFFERS)]:
-        saved = state.pop(key)
-        if key not in buffers or saved.shape != buffers[key].shape or not torch.equal(saved.to(buffers[key].dtype),
-                                                                                      buffers[key]):
+        saved, expected = state.pop(key), buffers.get(key)
+        if expected is None or saved.shape != expected.shape or not torch.equal(saved.to(expected.dtype), expected):
             raise UserError(f"{path}: {key} is not the Swin-T buffer of CTransPath's architecture")
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))

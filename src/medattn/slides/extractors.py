@@ -148,8 +148,8 @@ def _timm(model_name: str, path: Path) -> torch.nn.Module:
     return model.eval()
 
 
-#: ``--precision`` of a ViT encoder: int8 = dynamic quantisation of its Linear layers (weights int8, activations
-#: quantised per batch), 1.4-1.6x faster than fp32 on an AVX2 CPU for ViT-B/16 (docs/slides.md).
+#: ``--precision`` of a transformer encoder (:data:`TRANSFORMERS`): int8 = dynamic quantisation of its Linear layers
+#: (weights int8, activations quantised per batch), 1.3-1.6x faster than fp32 on an AVX2 CPU (docs/slides.md).
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
@@ -200,14 +200,13 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
     if not kind:
         kind = "onnx" if path.suffix.lower() == ".onnx" else "torchscript" if _is_torchscript(path) else "resnet50"
     name = f"{kind}:{model_name + ':' if model_name else ''}{path.name}"
+    named = name + ("" if precision == "fp32" else f"@{precision}")  # features of one precision: never another's
     if kind in ENCODERS:
         model, encoder = load_tile_vit(path, kind)
-        return Extractor(name + ("" if precision == "fp32" else f"@{precision}"),
-                         with_precision(model.to(dev), precision, name), dev, False, encoder.mean, encoder.std,
+        return Extractor(named, with_precision(model.to(dev), precision, name), dev, False, encoder.mean, encoder.std,
                          model.arch.input_px, encoder.mpp)
     if kind == "ctranspath":
-        return Extractor(name + ("" if precision == "fp32" else f"@{precision}"),
-                         with_precision(load_ctranspath(path).to(dev), precision, name), dev, True,
+        return Extractor(named, with_precision(load_ctranspath(path).to(dev), precision, name), dev, True,
                          input_px=CTransPath.input_px, mpp=CTRANSPATH_MPP)
     if precision != "fp32":
         raise UserError(f"--precision {precision} is for the transformer encoders ({', '.join(TRANSFORMERS)}); "
