@@ -16,11 +16,10 @@ import ast
 import importlib
 import importlib.util
 import os
-import platform
 import sys
 from pathlib import Path
 
-from medattn import __version__
+from medattn import __version__, allocator
 from medattn.errors import UserError, machine_problem
 
 COMMANDS = {
@@ -141,27 +140,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130  # 128 + SIGINT, as a shell reports it
 
 
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 #: Commands that allocate no large tensors, so they start without the allocator restart.
 LIGHT_COMMANDS = ("models",)
 
 
 def entry() -> None:
-    """Console entry point: restart once with glibc's huge-page malloc, then run :func:`main`.
+    """Console entry point: restart once with medattn's glibc malloc settings, then run :func:`main`.
 
-    PyTorch's CPU tensors of 32 MiB and more are mmap-ed fresh by glibc at every allocation and
-    page-faulted back in, which dominated time on large sequences (docs/performance.md). With
-    ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc backs them with transparent huge pages. The tunable
-    is read only at process start, hence the single re-exec, made only for commands that compute (not for
-    help, the version, ``medattn models`` or a command line without a command). ``MEDATTN_MALLOC=default``
-    turns it off.
+    glibc maps every block of 32 MiB and more fresh and page-faults it in at each allocation, which
+    dominated large training steps; the restart sets ``GLIBC_TUNABLES`` for the mode of
+    :mod:`medattn.allocator` (by default freed memory kept for reuse, on huge pages). Tunables are read only
+    at process start, hence the single re-exec, made only for commands that compute (not for help, the
+    version, ``medattn models`` or a command line without a command). ``MEDATTN_MALLOC=default`` turns it off.
     """
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
     argv = sys.argv[1:]
     computes = _first_word(argv) not in (None, *LIGHT_COMMANDS) and not {"-h", "--help", "--version"} & set(argv)
-    if (computes and os.environ.get("MEDATTN_MALLOC", "hugepages") != "default" and platform.libc_ver()[0] == "glibc"
-            and "glibc.malloc.hugetlb" not in tunables):
-        os.environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE
+    try:
+        tunables = allocator.startup_tunables() if computes else None
+    except ValueError as error:
+        print(f"medattn: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if tunables:
+        os.environ["GLIBC_TUNABLES"] = tunables
         os.execv(sys.executable, [sys.executable, "-m", "medattn", *sys.argv[1:]])
     try:
         sys.exit(main())

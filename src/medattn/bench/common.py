@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from medattn import allocator
+
 
 def environment(precision: str = "fp32") -> dict:
     """Machine, threads, allocator, precision and versions, for the header of every result file.
@@ -34,10 +36,6 @@ def environment(precision: str = "fp32") -> dict:
     slows every timing; ratios within one run are what counts).
     """
     bf16 = cpu_bf16_support()
-    preload = os.environ.get("LD_PRELOAD", "")
-    allocator = "tcmalloc" if "tcmalloc" in preload else "jemalloc" if "jemalloc" in preload else "glibc"
-    if allocator == "glibc" and "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
-        allocator = "glibc with transparent huge pages (glibc.malloc.hugetlb=1)"
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
@@ -47,7 +45,7 @@ def environment(precision: str = "fp32") -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_1min": _load_average(),
         "torch_threads": torch.get_num_threads(),
-        "allocator": allocator,
+        "allocator": allocator.describe(),
         "precision": precision,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
 from medattn.diffusion.data import VolumeSets, build_volume_sets
 from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, versus_random
@@ -93,6 +94,7 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
 
 def _start(config: dict, run_dir: Path, log: Callable[[str], None]) -> VolumeSets:
     set_threads(config["train"]["threads"], log)
+    keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(config["seed"])
     with writing(run_dir / "config.yaml"):
         save_config(config, run_dir / "config.yaml")

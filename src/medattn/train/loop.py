@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
 from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.patches import RandomPatches
@@ -123,6 +124,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
     set_threads(train_cfg["threads"], log)
+    keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(seed)
     objective = objective_for(task, train_cfg["loss"])  # scores validation and test with the plain loss
     train_labels = recipe_labels(train_cfg, task, bundle.train)
