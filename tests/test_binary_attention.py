@@ -59,6 +59,27 @@ def test_packed_popcount_equals_float_dot_product_exactly(c):
     np.testing.assert_array_equal(got.astype(np.float64), expected)
 
 
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 65), (2, 3, 4, 64), (1, 2, 3, 4, 130)])
+def test_packed_bits_equal_numpys_packbits_in_any_layout(shape):
+    """The packing kernel against NumPy's ``packbits`` (little bit order, padding cleared) for any rank, a
+    permuted (strided) view as a QKV projection gives it, and float64 and bfloat16 input."""
+    torch.manual_seed(len(shape))
+    x = torch.randn(*shape)
+    x[..., 0] = 0.0  # x = 0 packs as set, as sgn(0) = +1
+
+    def reference(t):
+        c = t.shape[-1]
+        bits = np.zeros((*t.shape[:-1], -(-c // 64) * 64), dtype=bool)
+        bits[..., :c] = (t >= 0).numpy()
+        return np.packbits(bits, axis=-1, bitorder="little").view(np.uint64)
+
+    np.testing.assert_array_equal(pack_signs(x), reference(x))
+    np.testing.assert_array_equal(pack_signs(x.double()), reference(x))
+    np.testing.assert_array_equal(pack_signs(x.bfloat16()), reference(x.bfloat16().float()))
+    qkv = torch.randn(2, 50, 3, 4, 72).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view, last axis contiguous
+    np.testing.assert_array_equal(pack_signs(qkv[0]), reference(qkv[0].contiguous()))
+
+
 def test_tiled_online_softmax_equals_untiled_and_emulation():
     torch.manual_seed(1)
     B, H, N, c = 2, 3, 37, 20

@@ -244,15 +244,39 @@ def _probability_kernel(qb, qw, kbT, kw, keep, c, i0, rows, k0, cols, shift, p, 
             total[g, rr] += added
 
 
+@njit(parallel=True, cache=True)
+def _pack_kernel(x, out):  # pragma: no cover - compiled
+    """x (A, B, C, c) float, any strides -> out (A, B, C, W) uint32: bit ``b`` of word ``w`` set where
+    ``x[..., 32 w + b] >= 0``; bits past ``c`` cleared. Parallel over the A B C rows."""
+    A, B, C, c = x.shape
+    W = out.shape[3]
+    for r in prange(A * B * C):
+        a = r // (B * C)
+        b = (r // C) % B
+        i = r % C
+        row = x[a, b, i]
+        for w in range(W):
+            word = np.uint32(0)
+            for bit in range(min(32, max(0, c - 32 * w))):
+                if row[32 * w + bit] >= 0:
+                    word |= np.uint32(1) << np.uint32(bit)
+            out[a, b, i, w] = word
+
+
 def pack_signs(x: torch.Tensor) -> np.ndarray:
-    """Pack ``x >= 0`` along the last axis: (..., c) -> (..., ceil(c / 64)) uint64, padding bits cleared."""
+    """Pack ``x >= 0`` along the last axis: (..., c) -> (..., ceil(c / 64)) uint64, padding bits cleared.
+
+    One pass over ``x`` in its own strides (a permuted view of a QKV projection is read where it lies)."""
     if x.ndim == 0 or x.shape[-1] == 0:
         raise ValueError(f"cannot pack signs of a tensor of shape {tuple(x.shape)}")
-    c = x.shape[-1]
-    width = -(-c // WORD_BITS) * WORD_BITS
-    bits = np.zeros((*x.shape[:-1], width), dtype=bool)
-    bits[..., :c] = (x.detach() >= 0).cpu().numpy()
-    return np.packbits(bits, axis=-1, bitorder="little").view(np.uint64)
+    lead, c = x.shape[:-1], x.shape[-1]
+    x = x.detach().cpu()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    rows = x if x.ndim == 4 else x.reshape(1, 1, -1, c) if x.ndim > 4 else x[(None,) * (4 - x.ndim)]
+    out = np.empty((*rows.shape[:3], 2 * -(-c // WORD_BITS)), np.uint32)
+    _pack_kernel(rows.numpy(), out)
+    return out.view(np.uint64).reshape(*lead, -1)
 
 
 def smallest_exact_int(c: int) -> type:
@@ -333,7 +357,7 @@ def binary_attention(
     G = B * H
 
     def stack(terms, weight_scale):
-        bits = np.stack([pack_signs(signs.reshape(G, N, c)).view(np.uint32) for signs, _ in terms])  # (T, G, N, W)
+        bits = np.stack([pack_signs(signs).view(np.uint32).reshape(G, N, -1) for signs, _ in terms])  # (T, G, N, W)
         w = [torch.ones(G, N) if w is None else w.detach().float().cpu().reshape(G, N) for _, w in terms]
         return bits, (weight_scale * torch.stack(w)).contiguous().numpy()  # (T, G, N)
 
