@@ -330,7 +330,8 @@ def binary_attention(
 
     q_terms / k_terms: lists of ``(signs, weights)`` with signs (B, H, N, c) (only ``>= 0`` matters)
     and weights (B, H, N) or None (= 1). v: (B, H, N, D_v). mask: (B, N) bool, True = real key.
-    Returns (B, H, N, D_v) in ``v``'s dtype, computed in float32.
+    Returns (B, H, N, D_v) in ``v``'s dtype, computed in float32: a transposed view of a (B, N, H, D_v) tensor, so
+    the layer's merge of the heads costs no copy.
 
     Softmax is shift-invariant, so any shift ``m_i`` not below a row's largest score gives the same
     ``P``; the binary scores are bounded before any is computed, ``|S_ij| <= U_i = scale c sum_a |wq_a[i]|
@@ -374,7 +375,7 @@ def binary_attention(
     p = torch.empty(G, rows, tile)
     shift, total = np.empty((G, rows), np.float32), torch.empty(G, rows)
     acc = torch.empty(G, rows, vf.shape[2])
-    out = torch.empty_like(vf)
+    out = torch.empty(B, N, H, vf.shape[2]).transpose(1, 2)  # (B, H, N, D_v) view of the layer's (B, N, H D_v)
     p_np, total_np, c32, chunks = p.numpy(), total.numpy(), np.float32(c), 4 * get_num_threads()
     for i0 in range(0, N, rows):
         r = min(rows, N - i0)
@@ -385,5 +386,5 @@ def binary_attention(
             t = min(tile, N - k0)
             _probability_kernel(qb, qw, kbT, kw, keep, c32, i0, r, k0, t, shift, p_np, total_np, chunks)
             acc[:, :r].baddbmm_(p[:, :r, :t], vf[:, k0 : k0 + t])
-        out[:, i0 : i0 + r] = acc[:, :r] / total[:, :r, None]
-    return out.reshape(B, H, N, -1).to(device=v.device, dtype=v.dtype)
+        out[:, :, i0 : i0 + r] = (acc[:, :r] / total[:, :r, None]).view(B, H, r, -1)
+    return out.to(device=v.device, dtype=v.dtype)
