@@ -37,6 +37,11 @@ def test_sign_of_zero_is_plus_one_and_ste_gradient_is_clipped_identity():
 def test_modified_tanh_and_bernoulli_sign():
     x = torch.linspace(-50, 50, 101)
     assert torch.allclose(modified_tanh(x), 4 * torch.tanh(x / 2))
+    small = torch.linspace(-1e-3, 1e-3, 101, dtype=torch.float64)  # through the sigmoid: absolute error only
+    torch.testing.assert_close(modified_tanh(small.float()).double(), 4 * torch.tanh(small / 2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(modified_tanh(small, beta=2.0), torch.tanh(2 * small) / 0.375)  # float64: exact
+    x64 = torch.randn(20, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: modified_tanh(t, 0.5), (x64,))
     # |x| >= 1 is deterministic; x = 0 gives +1 half the time
     assert torch.equal(bernoulli_sign(torch.tensor([-3.0, -1.0, 1.0, 3.0])), torch.tensor([-1.0, -1.0, 1.0, 1.0]))
     g = torch.Generator().manual_seed(0)
