@@ -55,8 +55,11 @@ def test_startup_tunables_follow_the_mode(clean_env):
     reuse = allocator.startup_tunables()
     assert reuse.split(":") == ["glibc.malloc.hugetlb=1", "glibc.malloc.mmap_max=0",
                                 f"glibc.malloc.trim_threshold={1 << 40}"]
+    assert allocator.startup_tunables("hugepages") == "glibc.malloc.hugetlb=1"
     clean_env.setenv(allocator.MODE_VARIABLE, "hugepages")
     assert allocator.startup_tunables() == "glibc.malloc.hugetlb=1"
+    clean_env.setenv(allocator.MODE_VARIABLE, "reuse")  # the user's mode wins over a command's default
+    assert allocator.startup_tunables("hugepages") == reuse
     clean_env.setenv(allocator.MODE_VARIABLE, "default")
     assert allocator.startup_tunables() is None
     clean_env.setenv(allocator.MODE_VARIABLE, "fast")
@@ -82,16 +85,20 @@ def test_tunables_already_set_or_the_users_own_are_left_alone(clean_env):
 
 @glibc_only
 def test_entry_restarts_once_with_the_tunables_for_commands_that_compute(clean_env):
-    """The console entry re-executes itself with the tunables (execv recorded instead of run)."""
+    """The console entry re-executes itself with its mode's tunables, reuse for the commands that train and huge
+    pages for those that only run models (execv recorded instead of run)."""
     script = ("import os, sys\nsys.argv = ['medattn', {command}]\n"
-              "os.execv = lambda path, args: (print(os.environ.get('GLIBC_TUNABLES'), args[1:]), sys.exit(0))\n"
+              "os.execv = lambda path, args: (print('RESTART', os.environ['GLIBC_TUNABLES'], args[1:]), sys.exit(0))\n"
               "from medattn.cli import entry\nentry()\n")
-    for command, restarts in (("'train', 'x'", True), ("'models'", False), ("'train', '--help'", False)):
+    cases = (("'train', 'x'", "reuse"), ("'bench', 'scaling'", "reuse"), ("'predict', 'x'", "hugepages"),
+             ("'models'", None), ("'train', '--help'", None))
+    for command, mode in cases:
         done = subprocess.run([sys.executable, "-c", script.format(command=command)], capture_output=True, text=True,
                               timeout=60, env=dict(os.environ))
-        assert ("glibc.malloc.mmap_max=0" in done.stdout) == restarts, done.stdout + done.stderr
-        if restarts:
-            assert "['-m', 'medattn', 'train', 'x']" in done.stdout
+        restarted = done.stdout.split()[1] if done.stdout.startswith("RESTART") else None
+        assert restarted == (":".join(allocator.TUNABLES[mode]) if mode else None), done.stdout + done.stderr
+        if mode:
+            assert f"['-m', 'medattn', {command}]" in done.stdout
 
 
 @glibc_only

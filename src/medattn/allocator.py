@@ -6,13 +6,17 @@ again at every step. At 2048 px (N = 16,385 tokens) that was 2.9 million page fa
 time in a 40 s step, 12 GB zeroed per step (docs/performance.md, "Freed memory kept for reuse"). Huge
 pages (``glibc.malloc.hugetlb=1``) cut the number of faults, not the zeroing, and did not shorten that step.
 
-The mode ``reuse`` (the default) takes every block from the heap (``mmap_max = 0``) and keeps freed heap
-memory in the process (a trim threshold of 1 TiB), so later steps reuse pages already mapped: the same
-step took 27-30 s. The price is a higher peak of resident memory, since freed blocks are reused in place
-rather than returned and the heap fragments: +21-26% at 2048 px. Modes, from ``MEDATTN_MALLOC``:
+The mode ``reuse`` takes every block from the heap (``mmap_max = 0``) and keeps freed heap memory in the
+process (a trim threshold of 1 TiB), so later steps reuse pages already mapped: the same step took 27-30 s.
+The price is a higher peak of resident memory, since freed blocks are reused in place rather than returned
+and the heap fragments: at 2048 px +14% by ``medattn bench scaling``, +21-26% in the maximum resident size of
+a process running two steps; and in streaming inference the fragments pile up (a 1,000,000-token bag: 3.5 GB
+peak instead of 1.4 GB at 200,000 tokens, growing with the bag). Hence two defaults: ``reuse`` for training
+(``medattn train``, ``cv``, ``compare``, ``demo``, ``bench`` and :func:`keep_freed_memory` in ``fit()``),
+``hugepages`` for the commands that only run models. Modes, from ``MEDATTN_MALLOC`` (which wins over both):
 
 * ``reuse``: the above, with huge pages for the heap when the process starts with them (the command line);
-* ``hugepages``: huge pages only (the previous default);
+* ``hugepages``: huge pages only;
 * ``default``: glibc's own behaviour.
 
 A user's own choice wins and this module then changes nothing: an allocator in ``LD_PRELOAD`` (tcmalloc,
@@ -22,7 +26,8 @@ these. On a C library other than glibc nothing is changed.
 Two ways in: the ``medattn`` command restarts itself once with the tunables of its mode in
 ``GLIBC_TUNABLES`` (:func:`startup_tunables`; huge pages can only be chosen at process start), and the
 library's training entry points call :func:`keep_freed_memory`, which applies ``reuse`` to a running process
-with ``mallopt`` and exports the same settings to the processes it starts.
+with ``mallopt`` (whose trim threshold is a C int: at most 2 GiB of free memory at the heap's top is kept) and
+exports the 1 TiB setting to the processes it starts.
 """
 
 from __future__ import annotations
@@ -37,16 +42,16 @@ MODES = ("reuse", "hugepages", "default")
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 #: Freed heap memory beyond this (1 TiB) would be returned to the kernel: in practice, never.
 TRIM_THRESHOLD = 1 << 40
-REUSE = (f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={TRIM_THRESHOLD}",)
-TUNABLES = {"reuse": (HUGE_PAGES, *REUSE), "hugepages": (HUGE_PAGES,), "default": ()}
+REUSE = f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
+TUNABLES = {"reuse": (HUGE_PAGES, REUSE), "hugepages": (HUGE_PAGES,), "default": ()}
 _PRELOADED_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 # glibc's <malloc.h> parameter numbers for mallopt
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
 
-def mode() -> str:
-    """The mode asked for in ``MEDATTN_MALLOC`` (``reuse`` when unset); an unknown value raises ValueError."""
-    chosen = os.environ.get(MODE_VARIABLE, "reuse")
+def mode(default: str = "reuse") -> str:
+    """The mode asked for in ``MEDATTN_MALLOC``, else ``default``; an unknown value raises ValueError."""
+    chosen = os.environ.get(MODE_VARIABLE, default)
     if chosen not in MODES:
         raise ValueError(f"{MODE_VARIABLE}={chosen!r}: must be one of {', '.join(MODES)}")
     return chosen
@@ -70,11 +75,12 @@ def _applies() -> bool:
     return platform.libc_ver()[0] == "glibc" and user_allocator_settings() is None
 
 
-def startup_tunables() -> str | None:
-    """``GLIBC_TUNABLES`` for a process to start with in the current mode, or None when nothing is to change
-    (mode ``default``, the user's own settings, not glibc, or the environment already holds them)."""
+def startup_tunables(default_mode: str = "reuse") -> str | None:
+    """``GLIBC_TUNABLES`` for a process to start with in the mode of ``MEDATTN_MALLOC`` (else ``default_mode``), or
+    None when nothing is to change (mode ``default``, the user's own settings, not glibc, or the environment
+    already holds them)."""
     current = os.environ.get("GLIBC_TUNABLES", "")
-    missing = [group for group in TUNABLES[mode()] if group not in current]
+    missing = [group for group in TUNABLES[mode(default_mode)] if group not in current]
     if not missing or not _applies():
         return None
     return ":".join([current, *missing] if current else missing)
@@ -91,8 +97,8 @@ def keep_freed_memory() -> bool:
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):  # an int, at most
         return False
     current = os.environ.get("GLIBC_TUNABLES", "")
-    if REUSE[0] not in current:
-        os.environ["GLIBC_TUNABLES"] = f"{current}:{REUSE[0]}" if current else REUSE[0]
+    if REUSE not in current:
+        os.environ["GLIBC_TUNABLES"] = f"{current}:{REUSE}" if current else REUSE
     return True
 
 

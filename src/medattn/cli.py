@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
 
 #: Commands that allocate no large tensors, so they start without the allocator restart.
 LIGHT_COMMANDS = ("models",)
+#: Commands that train (or time training), started with freed memory kept for reuse; the others run models and
+#: start with huge pages only, which keep a streaming inference's memory flat (medattn.allocator).
+TRAINING_COMMANDS = ("demo", "train", "cv", "compare", "bench")
 
 
 def entry() -> None:
@@ -149,14 +152,16 @@ def entry() -> None:
 
     glibc maps every block of 32 MiB and more fresh and page-faults it in at each allocation, which
     dominated large training steps; the restart sets ``GLIBC_TUNABLES`` for the mode of
-    :mod:`medattn.allocator` (by default freed memory kept for reuse, on huge pages). Tunables are read only
-    at process start, hence the single re-exec, made only for commands that compute (not for help, the
-    version, ``medattn models`` or a command line without a command). ``MEDATTN_MALLOC=default`` turns it off.
+    :mod:`medattn.allocator` (freed memory kept for reuse for :data:`TRAINING_COMMANDS`, huge pages for the
+    others). Tunables are read only at process start, hence the single re-exec, made only for commands that
+    compute (not for help, the version, ``medattn models`` or a command line without a command).
+    ``MEDATTN_MALLOC`` chooses the mode for every command (``default``: glibc's own behaviour).
     """
     argv = sys.argv[1:]
-    computes = _first_word(argv) not in (None, *LIGHT_COMMANDS) and not {"-h", "--help", "--version"} & set(argv)
+    command = _first_word(argv)
+    computes = command not in (None, *LIGHT_COMMANDS) and not {"-h", "--help", "--version"} & set(argv)
     try:
-        tunables = allocator.startup_tunables() if computes else None
+        tunables = computes and allocator.startup_tunables("reuse" if command in TRAINING_COMMANDS else "hugepages")
     except ValueError as error:
         print(f"medattn: error: {error}", file=sys.stderr)
         sys.exit(2)
