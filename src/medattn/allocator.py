@@ -10,8 +10,8 @@ The mode ``reuse`` takes every block from the heap (``mmap_max = 0``) and keeps 
 process (a trim threshold of 1 TiB), so later steps reuse pages already mapped: the same step took 27-30 s.
 The price is a higher peak of resident memory, since freed blocks are reused in place rather than returned
 and the heap fragments: at 2048 px +14% by ``medattn bench scaling``, +21-26% in the maximum resident size of
-a process running two steps; and in streaming inference the fragments pile up (a 1,000,000-token bag: 3.5 GB
-peak instead of 1.4 GB at 200,000 tokens, growing with the bag). Hence two defaults: ``reuse`` for training
+a process running two steps; and in streaming inference the fragments pile up (a 200,000-token bag: 2.7 GB
+peak instead of 1.4 GB; 3.5 GB at 1,000,000 tokens, growing with the bag). Hence two defaults: ``reuse`` for training
 (``medattn train``, ``cv``, ``compare``, ``demo``, ``bench`` and :func:`keep_freed_memory` in ``fit()``),
 ``hugepages`` for the commands that only run models. Modes, from ``MEDATTN_MALLOC`` (which wins over both):
 
