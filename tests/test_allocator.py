@@ -113,3 +113,18 @@ def test_keep_freed_memory_acts_on_a_running_process_unless_turned_off(clean_env
     assert _faults({}, setup.format(expected=True)) < 100
     assert _faults({allocator.MODE_VARIABLE: "default"}, setup.format(expected=False)) >= 16_000
     assert _faults({"MALLOC_ARENA_MAX": "4"}, setup.format(expected=False)) >= 16_000
+
+
+@glibc_only
+def test_keep_freed_memory_leaves_a_process_started_with_reuse_as_it_is(clean_env):
+    """The command line starts training with a 1 TiB trim threshold; ``mallopt`` (an int) would lower it to 2 GiB."""
+    clean_env.setenv("GLIBC_TUNABLES", allocator.startup_tunables())
+
+    def no_mallopt(*args):
+        raise AssertionError("mallopt called in a process that started with reuse")
+
+    clean_env.setattr(allocator.ctypes, "CDLL", no_mallopt)
+    assert allocator.keep_freed_memory.__wrapped__() is True
+    clean_env.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")  # started otherwise: mallopt is what applies it
+    with pytest.raises(AssertionError, match="mallopt called"):
+        allocator.keep_freed_memory.__wrapped__()

@@ -89,16 +89,18 @@ def startup_tunables(default_mode: str = "reuse") -> str | None:
 @functools.cache
 def keep_freed_memory() -> bool:
     """Apply mode ``reuse`` to this running process (``mallopt``: no ``mmap`` for large blocks, freed memory
-    kept) and to the processes it starts (``GLIBC_TUNABLES``). Returns whether anything was set: False in the
-    other modes, with the user's own settings, or off glibc. Blocks allocated before stay as they were."""
+    kept) and to the processes it starts (``GLIBC_TUNABLES``); nothing to do in a process that started with it.
+    Returns whether the process now runs in mode ``reuse``: False in the other modes, with the user's own
+    settings, or off glibc. Blocks allocated before stay as they were."""
     if mode() != "reuse" or not _applies():
         return False
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    if REUSE in current:  # started with it (the command line): mallopt would lower the trim threshold to 2 GiB
+        return True
     libc = ctypes.CDLL(None)
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):  # an int, at most
         return False
-    current = os.environ.get("GLIBC_TUNABLES", "")
-    if REUSE not in current:
-        os.environ["GLIBC_TUNABLES"] = f"{current}:{REUSE}" if current else REUSE
+    os.environ["GLIBC_TUNABLES"] = f"{current}:{REUSE}" if current else REUSE
     return True
 
 
@@ -110,6 +112,6 @@ def describe() -> str:
     if platform.libc_ver()[0] != "glibc":
         return platform.libc_ver()[0] or "the C library's malloc"
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    parts = (["freed memory kept for reuse (mmap_max=0)"] if "glibc.malloc.mmap_max=0" in tunables else []) + (
+    parts = (["freed memory kept for reuse (mmap_max=0)"] if REUSE in tunables else []) + (
         ["transparent huge pages (hugetlb=1)"] if HUGE_PAGES in tunables else [])
     return "glibc with " + " and ".join(parts) if parts else "glibc"
