@@ -273,7 +273,7 @@ def pack_signs(x: torch.Tensor) -> np.ndarray:
     x = x.detach().cpu()
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
-    rows = x if x.ndim == 4 else x.reshape(1, 1, -1, c) if x.ndim > 4 else x[(None,) * (4 - x.ndim)]
+    rows = x if x.ndim == 4 else x.reshape(1, 1, -1, c)  # (A, B, C, c): 4-d views keep their strides
     out = np.empty((*rows.shape[:3], 2 * -(-c // WORD_BITS)), np.uint32)
     _pack_kernel(rows.numpy(), out)
     return out.view(np.uint64).reshape(*lead, -1)
