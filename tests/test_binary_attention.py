@@ -85,6 +85,57 @@ def test_packed_bits_equal_numpys_packbits_in_any_layout(shape):
     np.testing.assert_array_equal(pack_signs(qkv[0]), reference(qkv[0].contiguous()))
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "qkv-view", "sliced", "expanded", "strided-last", "rank-1"])
+def test_storage_rows_are_the_tensors_rows_in_memory_order(layout):
+    from medattn.attention.binary.bits import storage_rows
+
+    base = torch.randn(2, 50, 3, 4, 72)
+    x = {"contiguous": base[0, :, 0], "qkv-view": base.permute(2, 0, 3, 1, 4)[1],
+         "sliced": base[:, ::3, 1, :, 5:40], "expanded": torch.randn(1, 4, 1, 9).expand(3, 4, 5, 9),
+         "strided-last": base[0, :, 0, :, ::2], "rank-1": base[0, 0, 0, 0]}[layout]
+    rows, flat, starts, order = storage_rows(x)
+    c = x.shape[-1]
+    assert torch.equal(rows, x.permute(*order, x.ndim - 1))
+    got = np.stack([flat[s : s + c] for s in starts]).reshape(rows.shape)
+    np.testing.assert_array_equal(got, rows.numpy())
+    if layout == "qkv-view":  # (B, H, N, d) of a (B, N, H d) projection: read token by token, heads inside
+        assert order == [0, 2, 1] and bool((np.diff(starts) > 0).all())
+
+
+def test_fused_token_features_equal_the_pytorch_form_on_a_qkv_view():
+    from medattn.attention.binary.token_weight import token_features
+
+    q = torch.randn(2, 33, 3, 4, 64).mul_(4).permute(2, 0, 3, 1, 4)[0]  # (B, H, N, d) view, as a layer hands it
+    q[0, 0, 0, :3] = torch.tensor([0.0, -0.0, 1e-30])
+    for beta in (0.5, 2.0):
+        features, order = token_features(q, beta)
+        expected = torch.cat([modified_tanh(q.double(), beta), sign(q).double()], dim=-1).permute(*order, 3)
+        assert features.is_contiguous() and features.shape == expected.shape
+        torch.testing.assert_close(features.double(), expected, rtol=0, atol=1.2e-6)
+        assert torch.equal(features[..., 64:], sign(q).permute(*order, 3))  # the signs exactly, sgn(0) = sgn(-0) = +1
+
+
+def test_hamming_token_weights_take_the_fused_features_only_without_gradient(monkeypatch):
+    import medattn.attention.binary.token_weight as token_weight
+
+    calls, hooked = [], []
+    real = token_weight.token_features
+    monkeypatch.setattr(token_weight, "token_features", lambda *a: calls.append(1) or real(*a))
+    weight = make("binary-hamming").q_weight
+    weight.fc1.register_forward_hook(lambda *_: hooked.append(1))
+    x = torch.randn(2, 4, 9, 8).transpose(1, 2)  # strided, as from a QKV projection
+    with torch.no_grad():
+        fused = weight(x)
+    assert calls and hooked  # the Numba features, and the MLP still called as modules
+    plain = weight(x.clone().requires_grad_())  # a gradient must reach x: the PyTorch form
+    assert len(calls) == 1 and len(hooked) == 2
+    torch.testing.assert_close(fused, plain.detach(), rtol=1e-6, atol=1e-6)
+    assert fused.shape == (2, 9, 4)
+    with torch.no_grad():
+        weight.double()(x.double())  # float64 keeps the PyTorch form
+    assert len(calls) == 1
+
+
 def test_tiled_online_softmax_equals_untiled_and_emulation():
     torch.manual_seed(1)
     B, H, N, c = 2, 3, 37, 20

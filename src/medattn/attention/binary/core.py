@@ -63,16 +63,26 @@ class BinaryAttention(Attention):
         """Query and key terms ``[(signs (B, H, N, d), weights (B, H, N) or None), ...]``."""
         raise NotImplementedError
 
+    def kernel_terms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[list[Term], list[Term]]:
+        """The terms for the bit kernel, which reads of each sign tensor only where it is ``>= 0``: a
+        mechanism whose signs are ``sgn(q)`` may hand over ``q`` itself. Default: :meth:`binarise`'s."""
+        return self.binarise(q, k)
+
     def attend(self, q, k, v, mask):
         """q, k (B, H, N, d), v (B, H, N, D_v), mask (B, N) or None -> (B, H, N, D_v)."""
-        q_terms, k_terms = self.binarise(q, k)
         scale = self.head_dim**-0.5
-        tensors = [v] + [t for terms in (q_terms, k_terms) for pair in terms for t in pair if t is not None]
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         dropout = self.attn_drop if self.training else 0.0
-        if self.bit_kernel and q.device.type == "cpu" and not needs_grad and dropout == 0.0 and not is_traced():
+        if self._runs_bit_kernel(q, k, v, dropout):
+            q_terms, k_terms = self.kernel_terms(q, k)
             return binary_attention(q_terms, k_terms, v, scale, mask, self.tile_size)
+        q_terms, k_terms = self.binarise(q, k)
         return emulated_attention(q_terms, k_terms, v, scale, mask, dropout)
+
+    def _runs_bit_kernel(self, q, k, v, dropout: float) -> bool:
+        """The bit kernel runs on CPU tensors when nothing needs a gradient, without dropout, untraced."""
+        needs_grad = torch.is_grad_enabled() and (
+            any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters()))
+        return self.bit_kernel and q.device.type == "cpu" and not needs_grad and dropout == 0.0 and not is_traced()
 
 
 def emulated_scores(q_terms: list[Term], k_terms: list[Term], scale: float) -> torch.Tensor:

@@ -18,14 +18,12 @@ All compute ``out = softmax(S) V`` with ``S = (1 / sqrt(d)) * sum_(a,b) (wq_a wk
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from .bits import Term
 from .core import BinaryAttention
 from .sign import bernoulli_sign, modified_tanh, sign, sign_ste
+from .token_weight import TokenWeight
 
 
 class BinarySTEAttention(BinaryAttention):
@@ -36,6 +34,9 @@ class BinarySTEAttention(BinaryAttention):
     def binarise(self, q, k):
         return [(sign_ste(q), None)], [(sign_ste(k), None)]
 
+    def kernel_terms(self, q, k):
+        return [(q, None)], [(k, None)]  # the kernel packs q >= 0 itself: no +-1 tensors
+
 
 class BinarySGAttention(BinaryAttention):
     """Sign of Q and K with the gradient stopped (attention gives Q/K projections no gradient)."""
@@ -43,32 +44,8 @@ class BinarySGAttention(BinaryAttention):
     def binarise(self, q, k):
         return [(sign(q), None)], [(sign(k), None)]
 
-
-class TokenWeight(nn.Module):
-    """Per-token scalar ``w = softplus(theta(sigma(x) || sgn(x)))``: (..., d) -> (...,), positive.
-
-    theta is Linear(2d, hidden) -> GELU -> Linear(hidden, 1) with default initialisation except the last
-    layer: weight scaled by 0.1 and bias ``log(e - 1)``, so the weights start near 1 (near binary-sg)
-    while gradients still flow from the first step.
-    """
-
-    def __init__(self, head_dim: int, hidden: int, beta: float) -> None:
-        super().__init__()
-        if hidden <= 0:
-            raise ValueError(f"weight_hidden must be positive, got {hidden}")
-        self.beta = beta
-        self.fc1 = nn.Linear(2 * head_dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, 1)
-        nn.init.constant_(self.fc2.bias, math.log(math.e - 1))
-        with torch.no_grad():
-            self.fc2.weight.mul_(0.1)
-
-    def forward(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., d) and, when already computed, ``sign(x)`` -> (...,)."""
-        signs = sign(x) if signs is None else signs
-        features = torch.cat([modified_tanh(x, self.beta), signs], dim=-1)  # (..., 2d)
-        return nn.functional.softplus(self.fc2(self.act(self.fc1(features)))).squeeze(-1)
+    def kernel_terms(self, q, k):
+        return [(q, None)], [(k, None)]  # the kernel packs q >= 0 itself: no +-1 tensors
 
 
 class BinaryHammingAttention(BinaryAttention):
@@ -88,6 +65,9 @@ class BinaryHammingAttention(BinaryAttention):
     def binarise(self, q, k):
         signs_q, signs_k = sign(q), sign(k)
         return [(signs_q, self.q_weight(q, signs_q))], [(signs_k, self.k_weight(k, signs_k))]
+
+    def kernel_terms(self, q, k):
+        return [(q, self.q_weight(q))], [(k, self.k_weight(k))]  # weights from one Numba pass each (no gradient)
 
 
 class BinaryBernoulliAttention(BinaryAttention):

@@ -36,11 +36,16 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
     return _SignSTE.apply(x)
 
 
-def modified_tanh(x: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
-    """Eq. (4): ``2 tanh(beta x) / min(beta, 0.75)``; with beta = 0.5 the range is (-4, 4)."""
+def modified_tanh_scale(beta: float) -> float:
+    """The factor of eq. (4), ``2 / min(beta, 0.75)``."""
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
-    scale = 2.0 / min(beta, 0.75)
+    return 2.0 / min(beta, 0.75)
+
+
+def modified_tanh(x: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """Eq. (4): ``2 tanh(beta x) / min(beta, 0.75)``; with beta = 0.5 the range is (-4, 4)."""
+    scale = modified_tanh_scale(beta)
     # tanh(y) = 2 sigmoid(2y) - 1: PyTorch's CPU sigmoid is 2-3x faster than its tanh (2.8 vs 5.9 ms on the
     # (8, 4096, 64) queries of a binary-hamming layer); absolute difference below 1e-6
     return torch.sigmoid(x * (2 * beta)).mul(2 * scale).sub_(scale)
