@@ -151,6 +151,20 @@ def test_tiled_online_softmax_equals_untiled_and_emulation():
     torch.testing.assert_close(untiled, reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("c", [1, 8, 64, 128, 129, 256])
+def test_counts_in_byte_lanes_hold_every_head_width(c):
+    """Ones are counted in uint8 lanes, 16 bytes (128 bits) at a time: keys equal to a query (no ones) and opposite
+    to it (c ones, the most a byte lane may hold at c = 128) on the single-term path (c <= 128) and the general one."""
+    torch.manual_seed(c)
+    B, H, N = 1, 2, 12
+    q, k, v = torch.randn(B, H, N, c), torch.randn(B, H, N, c), torch.randn(B, H, N, 3)
+    k[:, :, 0], k[:, :, 1] = q[:, :, 0], -q[:, :, 0]
+    wk = torch.rand(B, H, N) + 0.5
+    reference = emulated_attention([(pm1(q), None)], [(pm1(k), wk)], v, 4 / c, None)
+    torch.testing.assert_close(binary_attention([(q, None)], [(k, wk)], v, 4 / c, None, tile_size=5), reference,
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("c", [20, 64, 130])
 def test_query_blocks_key_tiles_and_leading_padding_equal_emulation(c):
     # Several query blocks x key tiles (the P V GEMM per tile), two query and key terms (hamming-like), and
