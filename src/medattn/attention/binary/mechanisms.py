@@ -26,18 +26,6 @@ from .sign import bernoulli_sign, modified_tanh, sign, sign_ste
 from .token_weight import TokenWeight
 
 
-class BinarySTEAttention(BinaryAttention):
-    """Sign of Q and K with the straight-through estimator; q, k (B, H, N, d) -> one +-1 term each."""
-
-    surrogate_gradient = True
-
-    def binarise(self, q, k):
-        return [(sign_ste(q), None)], [(sign_ste(k), None)]
-
-    def kernel_terms(self, q, k):
-        return [(q, None)], [(k, None)]  # the kernel packs q >= 0 itself: no +-1 tensors
-
-
 class BinarySGAttention(BinaryAttention):
     """Sign of Q and K with the gradient stopped (attention gives Q/K projections no gradient)."""
 
@@ -46,6 +34,15 @@ class BinarySGAttention(BinaryAttention):
 
     def kernel_terms(self, q, k):
         return [(q, None)], [(k, None)]  # the kernel packs q >= 0 itself: no +-1 tensors
+
+
+class BinarySTEAttention(BinarySGAttention):
+    """Sign of Q and K with the straight-through estimator; q, k (B, H, N, d) -> one +-1 term each."""
+
+    surrogate_gradient = True
+
+    def binarise(self, q, k):
+        return [(sign_ste(q), None)], [(sign_ste(k), None)]
 
 
 class BinaryHammingAttention(BinaryAttention):
