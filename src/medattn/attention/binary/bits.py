@@ -91,8 +91,8 @@ def _add_bit_count(typingctx, acc, x, k):
     """``acc + popcount(x xor k)`` of uint8s, in uint8 (``llvm.ctpop.i8``; the caller keeps the sum below 256).
 
     Byte lanes make the key loop 32 keys wide on AVX2 (a ``vpshufb`` nibble lookup per byte, no widening);
-    with 32-bit words the counts were reduced to each lane (``vpsadbw``) and the loop was 8 keys wide:
-    the popcounts of a tile took 0.08 s instead of 0.057 s at N = 4,096, d = 64, 8 heads."""
+    with 32-bit words the counts were reduced to each lane (``vpsadbw``) and the loop was 8 keys wide. A layer's
+    probability kernels (N = 4,096, d = 64, 8 heads, all tiles) took 57 ms instead of 80."""
     signature = types.uint8(types.uint8, types.uint8, types.uint8)
 
     def codegen(context, builder, sig, args):
