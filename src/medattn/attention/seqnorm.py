@@ -17,8 +17,10 @@ Choices the paper leaves open (docs/decisions.md):
 * The class token is an ordinary token: it enters the statistics and the K^T V sum.
 * With a mask, the mean, the variance, the K^T V sum and N count only real tokens; padded
   positions of Q', K', V' are zero, so they contribute nothing and produce zero output.
-* Statistics and the normalization run in float32 even under autocast; the two matmuls follow
-  autocast (bf16 under bf16 autocast).
+* Statistics and the normalization run in float32 even under autocast. Under bf16 autocast q, k and
+  v arrive in bf16 and the fused core keeps them so: its two products run in bf16 (accumulated in
+  float32), its statistics in float32 (the bf16 core, :mod:`medattn.attention.seqnorm_fused`);
+  float16 is upcast to float32, and export takes the float32 explicit form.
 * A sequence of one token (or of identical tokens) has zero variance: Q' = beta_q etc., finite.
 * The fused core is a registered operator (``medattn::seqnorm_core``), so ``torch.compile(fullgraph=True)`` keeps
   it; under ``torch.export`` and ONNX export the explicit centred form runs (the same numbers, written without the
@@ -33,7 +35,7 @@ from torch import nn
 
 from .base import Attention, at_least_float32, is_exporting, token_weights
 from .rows import FactorisedRows, masked, row_weights
-from .seqnorm_fused import affine_views, centred_seqnorm, scale_shift, seqnorm_core, sequence_normalize
+from .seqnorm_fused import LOW_PRECISION, affine_views, centred_seqnorm, scale_shift, seqnorm_core, sequence_normalize
 
 
 class SequenceNorm(nn.Module):
@@ -121,13 +123,14 @@ class SeqNormAttention(Attention):
         return 4 * b * h * n * d * d
 
     def attend(self, q, k, v, mask):
-        dtype = q.dtype
-        q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)
+        dtype, exporting = q.dtype, is_exporting()
+        if exporting or dtype not in LOW_PRECISION:  # bf16 stays bf16 in the fused core (its statistics in float32)
+            q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)
         weights, count = token_weights(mask, q)
         params = [p for norm in self.norms for p in (norm.weight, norm.bias)]
         eps = tuple(norm.eps for norm in self.norms)
         with torch.autocast(q.device.type, enabled=False):
-            if is_exporting():  # branch-free explicit form: no medattn operator in an exported program
+            if exporting:  # branch-free explicit form: no medattn operator in an exported program
                 out = centred_seqnorm(q, k, v, affine_views(params, q), weights, count, eps)
             else:
                 out = seqnorm_core(q, k, v, params, weights, eps)

@@ -25,6 +25,17 @@ an operator. Where the backward must itself be differentiable (``create_graph=Tr
 Hessian-vector products) it differentiates the explicit centred form with autograd instead, so higher derivatives
 are those of the explicit form. ``torch.export`` and ONNX export take the explicit form
 (:func:`medattn.attention.base.is_exporting`): an exported program then needs no medattn to run.
+
+**The bf16 core.** Given bf16 q, k, v (bf16 autocast), the operator computes in bf16 instead of in float32: each
+channel is first shifted by its mean rounded to bf16 (``x - shift``, zero at padded tokens; the output does not
+depend on any constant shift, since the normalization removes it), then its sums and sums of squares are
+accumulated in float32 (squares block by block), ``K^T V`` and ``Q A_q`` run as bf16 products (accumulated in
+float32 by PyTorch) and the output is bf16. The shift keeps the raw moments well conditioned in bf16, whose
+``K^T V`` is rounded to bf16: without it a channel whose mean is twice its spread already loses a tenth of its
+precision. The backward takes the same shifted tensors and gives bf16 gradients of q, k, v and float32 ones of the
+affines. Tolerance (tests/test_seqnorm_bf16.py): relative Frobenius error of the output and of every gradient
+against float64 on the same bf16 inputs at most 2^-7 (two bf16 roundings); measured 2.4-3.0e-3 and 2.9-4.0e-3,
+where rounding the exact output to bf16 alone gives 1.7e-3. No (B, H, N, d)-sized tensor is cast in the layer.
 """
 
 from __future__ import annotations
@@ -40,17 +51,28 @@ CONDITION_LIMIT = 1e3
 #: Tokens per block when summing squares: small blocks keep temporaries out of fresh page-faulted memory.
 SQUARE_BLOCK = 512
 
+#: Dtypes in which the core runs as it is given (its products in that dtype, statistics in float32), instead of in
+#: float32: the bf16 core (module docstring). float16 is upcast: its range does not hold sums of squares.
+LOW_PRECISION = (torch.bfloat16,)
+
+
+def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of the core's statistics for inputs like x: float32, or float64 for float64 inputs."""
+    return torch.promote_types(x.dtype, torch.float32)
+
 
 def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d).
+    """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d), accumulated in float32 or wider.
 
     The squares are summed block by block of tokens, which measured faster than either one Gram
-    product or one full-size square on this project's CPU (docs/performance.md).
+    product or one full-size square on this project's CPU (docs/performance.md); a bf16 block is
+    upcast on its own, so no full-size float32 copy is made.
     """
-    total = x.sum(dim=2, keepdim=True) if weights is None else 0
+    accumulate = _statistics_dtype(x)
+    total = x.sum(dim=2, keepdim=True, dtype=accumulate) if weights is None else 0
     total_sq = 0
     for start in range(0, x.shape[2], SQUARE_BLOCK):
-        block = x[:, :, start:start + SQUARE_BLOCK]
+        block = x[:, :, start:start + SQUARE_BLOCK].to(accumulate)
         weighted = block if weights is None else block * weights[:, :, start:start + SQUARE_BLOCK]
         if weights is not None:
             total = total + weighted.sum(dim=2, keepdim=True)
@@ -195,28 +217,62 @@ def _centred_backward(q, k, v, affines, weights, count, eps, grad_out):
 
 
 def _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_out):
-    """Gradients from the raw moments: three (N x d) @ (d x d)-sized products, no normalized copies."""
-    g = grad_out if weights is None else grad_out * weights
+    """Gradients from the raw moments: three (N x d) @ (d x d)-sized products, no normalized copies.
+
+    The (N, d) tensors may be bf16 (the bf16 core): the small ones, in float32, are cast to their dtype for the
+    products, whose sums PyTorch accumulates in float32."""
+    low = q.dtype
+    g = grad_out if weights is None else grad_out * weights.to(low)
     a_q, _ = _output_map(moments, count, affines, eps)
     (d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv), d_affines = _output_map_backward(
-        moments, count, affines, eps, q.transpose(-2, -1) @ g, g.sum(dim=2, keepdim=True))
+        moments, count, affines, eps, (q.transpose(-2, -1) @ g).to(a_q.dtype),
+        g.sum(dim=2, keepdim=True, dtype=a_q.dtype))
     # out = Q a_q + b, and the raw moments: S = sum w x, Sq = sum w x^2, G_kv = K^T W V.
-    grad_q = torch.baddbmm(d_s_q.flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
-    grad_q = grad_q.view(q.shape).addcmul_(q, 2 * d_sq_q)
-    grad_k = torch.baddbmm(d_s_k.flatten(0, 1), v.flatten(0, 1), d_gkv.transpose(-2, -1).flatten(0, 1))
-    grad_k = grad_k.view(k.shape).addcmul_(k, 2 * d_sq_k)
-    grad_v = torch.baddbmm(d_s_v.flatten(0, 1), k.flatten(0, 1), d_gkv.flatten(0, 1))
-    grad_v = grad_v.view(v.shape).addcmul_(v, 2 * d_sq_v)
+    a_q, d_gkv = a_q.to(low), d_gkv.to(low)
+    grad_q = torch.baddbmm(d_s_q.to(low).flatten(0, 1), g.flatten(0, 1), a_q.transpose(-2, -1).flatten(0, 1))
+    grad_q = grad_q.view(q.shape).addcmul_(q, (2 * d_sq_q).to(low))
+    grad_k = torch.baddbmm(d_s_k.to(low).flatten(0, 1), v.flatten(0, 1), d_gkv.transpose(-2, -1).flatten(0, 1))
+    grad_k = grad_k.view(k.shape).addcmul_(k, (2 * d_sq_k).to(low))
+    grad_v = torch.baddbmm(d_s_v.to(low).flatten(0, 1), k.flatten(0, 1), d_gkv.flatten(0, 1))
+    grad_v = grad_v.view(v.shape).addcmul_(v, (2 * d_sq_v).to(low))
     if weights is not None:
-        grad_q.mul_(weights)
-        grad_k.mul_(weights)
-        grad_v.mul_(weights)
+        for grad in (grad_q, grad_k, grad_v):
+            grad.mul_(weights.to(low))
     return (grad_q, grad_k, grad_v), d_affines
 
 
 def _count(q: torch.Tensor, weights: torch.Tensor | None):
-    """Real tokens: N, or (B, 1, 1, 1) from the 0/1 ``weights`` (B, 1, N, 1)."""
-    return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True)
+    """Real tokens: N, or (B, 1, 1, 1) from the 0/1 ``weights`` (B, 1, N, 1), counted in float32 or wider (a bf16
+    count would round above 256)."""
+    return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True, dtype=_statistics_dtype(weights))
+
+
+def _shift(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The bf16 core's per-channel shift (B, H, 1, d): the mean of x (B, H, N, d) over real tokens, rounded to x's
+    dtype; zeros where x is not in :data:`LOW_PRECISION` (no shift is applied then)."""
+    if x.dtype not in LOW_PRECISION:
+        return x.new_zeros(*x.shape[:2], 1, x.shape[3])
+    if weights is None:
+        total = x.sum(dim=2, keepdim=True, dtype=_statistics_dtype(x))
+    else:  # a product instead of a full-size masked copy; its bf16 rounding is harmless in a shift
+        total = weights.transpose(-2, -1).to(x.dtype) @ x
+    return (total / _count(x, weights)).to(x.dtype)
+
+
+def _centre(x: torch.Tensor, shift: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``W (x - shift)``: x with its channels' means (nearly) removed and zero at padded tokens. The output does
+    not depend on the shift (normalization removes any constant per channel), only the moments' conditioning
+    does: about zero, bf16 moments of a shifted channel hold its spread instead of cancelling it away."""
+    centred = x - shift
+    return centred if weights is None else centred.mul_(weights.to(x.dtype))
+
+
+def _low_precision_inputs(q, k, v, weights, shifts):
+    """q, k, v as the core computes with them: centred by ``shifts`` in the bf16 core, as given otherwise; and the
+    weights its sums need (None in the bf16 core: its centred tensors are already zero at padded tokens)."""
+    if q.dtype not in LOW_PRECISION:
+        return (q, k, v), weights
+    return tuple(_centre(x, shift, weights) for x, shift in zip((q, k, v), shifts)), None
 
 
 #: The two operators (``torch.ops.medattn.*``), defined with the library's low-level API: ``torch.library.custom_op``
@@ -224,44 +280,56 @@ def _count(q: torch.Tensor, weights: torch.Tensor | None):
 _LIBRARY = torch.library.Library("medattn", "DEF")
 _LIBRARY.define("seqnorm_core(Tensor q, Tensor k, Tensor v, Tensor gq, Tensor bq, Tensor gk, Tensor bk, Tensor gv, "
                 "Tensor bv, Tensor? weights, float[] eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-                "Tensor, Tensor, Tensor)")
+                "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _LIBRARY.define("seqnorm_core_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor gq, Tensor bq, "
                 "Tensor gk, Tensor bk, Tensor gv, Tensor bv, Tensor? weights, float[] eps, Tensor s_q, Tensor sq_q, "
-                "Tensor s_k, Tensor sq_k, Tensor s_v, Tensor sq_v, Tensor g_kv, Tensor centred) -> (Tensor, Tensor, "
-                "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+                "Tensor s_k, Tensor sq_k, Tensor s_v, Tensor sq_v, Tensor g_kv, Tensor centred, Tensor shift_q, "
+                "Tensor shift_k, Tensor shift_v) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+                "Tensor)")
+
+#: Saved by the operator beside its inputs: the seven moments, the path taken and the three shifts.
+_SAVED_OUTPUTS = 11
 
 
 def _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
-    """``medattn::seqnorm_core`` -> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred): the output and what its
-    backward needs."""
-    count, affines = _count(q, weights), affine_views((gq, bq, gk, bk, gv, bv), q)
-    moments = (*_moments(q, weights), *_moments(k, weights), *_moments(v, weights),
-               k.transpose(-2, -1) @ (v if weights is None else v * weights))  # the last: G_kv (B, H, d, D_v)
+    """``medattn::seqnorm_core`` -> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred, shift_q, shift_k, shift_v):
+    the output (in q's dtype) and what its backward needs (moments in float32 or wider, shifts in q's dtype)."""
+    count, shifts = _count(q, weights), tuple(_shift(x, weights) for x in (q, k, v))
+    (q, k, v), sum_weights = _low_precision_inputs(q, k, v, weights, shifts)
+    moments = (*_moments(q, sum_weights), *_moments(k, sum_weights), *_moments(v, sum_weights),
+               (k.transpose(-2, -1) @ (v if sum_weights is None else v * sum_weights)).to(_statistics_dtype(q)))
+    affines = affine_views((gq, bq, gk, bk, gv, bv), moments[0])  # moments[-1] is G_kv (B, H, d, D_v)
     centred = _ill_conditioned(moments, count)
     if centred:
-        out = centred_seqnorm(q, k, v, affines, weights, count, eps)
+        wide = [t.to(moments[0].dtype) for t in (q, k, v)]
+        out = centred_seqnorm(*wide, affines, weights, count, eps).to(q.dtype)
     else:
         a_q, b = _output_map(moments, count, affines, eps)
-        out = torch.baddbmm(b.flatten(0, 1), q.flatten(0, 1), a_q.flatten(0, 1)).view(*q.shape[:3], -1)
-        out = out if weights is None else out.mul_(weights)
-    return (*(t.contiguous() for t in (out, *moments)), torch.tensor(centred))  # the strides the fake promises
+        out = torch.baddbmm(b.to(q.dtype).flatten(0, 1), q.flatten(0, 1), a_q.to(q.dtype).flatten(0, 1))
+        out = out.view(*q.shape[:3], -1)
+        out = out if weights is None else out.mul_(weights.to(q.dtype))
+    return (*(t.contiguous() for t in (out, *moments)), torch.tensor(centred), *shifts)  # the fake's strides
 
 
 def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
-    (B, H, N, d), dv = q.shape, v.shape[-1]
-    row, row_v = q.new_empty(B, H, 1, d), q.new_empty(B, H, 1, dv)
+    (B, H, N, d), dv, wide = q.shape, v.shape[-1], _statistics_dtype(q)
+    row, row_v = q.new_empty(B, H, 1, d, dtype=wide), q.new_empty(B, H, 1, dv, dtype=wide)
     return (q.new_empty(B, H, N, dv), row, row.clone(), row.clone(), row.clone(), row_v, row_v.clone(),
-            q.new_empty(B, H, d, dv), q.new_empty((), dtype=torch.bool))
+            q.new_empty(B, H, d, dv, dtype=wide), q.new_empty((), dtype=torch.bool),
+            q.new_empty(B, H, 1, d), q.new_empty(B, H, 1, d), q.new_empty(B, H, 1, dv))
 
 
 def _core_backward(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv,
-                   centred):
-    """``medattn::seqnorm_core_backward`` -> gradients of q, k, v and of the six affines (H * d_t,), on the path
-    the forward took."""
+                   centred, shift_q, shift_k, shift_v):
+    """``medattn::seqnorm_core_backward`` -> gradients of q, k, v (in their dtype) and of the six affines
+    (H * d_t,), on the path the forward took; the bf16 core's from the same shifted tensors as its forward."""
     params = (gq, bq, gk, bk, gv, bv)
-    count, affines = _count(q, weights), affine_views(params, q)
+    count, affines = _count(q, weights), affine_views(params, s_q)
+    (q, k, v), _ = _low_precision_inputs(q, k, v, weights, (shift_q, shift_k, shift_v))
     if bool(centred):
-        grads, d_affines = _centred_backward(q, k, v, affines, weights, count, eps, grad_out)
+        wide = [t.to(s_q.dtype) for t in (q, k, v)]
+        grads, d_affines = _centred_backward(*wide, affines, weights, count, eps, grad_out.to(s_q.dtype))
+        grads = [g.to(q.dtype) for g in grads]
     else:
         moments = (s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv)
         grads, d_affines = _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_out)
@@ -283,12 +351,13 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, *unused):
     saved = ctx.saved_tensors  # read once: checkpointing's recomputed tensors unpack only once
-    (q, k, v, *params), moments_and_path = saved[:9], saved[9:17]
-    weights = saved[17] if ctx.has_weights else None
+    (q, k, v, *params), moments_and_path = saved[:9], saved[9:9 + _SAVED_OUTPUTS]
+    weights = saved[9 + _SAVED_OUTPUTS] if ctx.has_weights else None
     if torch.is_grad_enabled():  # create_graph: a differentiable backward, the explicit form's by autograd
         inputs = [q, k, v, *params]
         wanted = [t for t in inputs if t.requires_grad]
-        out = centred_seqnorm(q, k, v, affine_views(params, q), weights, _count(q, weights), ctx.eps)
+        wide = [t.to(_statistics_dtype(q)) for t in (q, k, v)]
+        out = centred_seqnorm(*wide, affine_views(params, wide[0]), weights, _count(q, weights), ctx.eps).to(q.dtype)
         grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
     return (*torch.ops.medattn.seqnorm_core_backward(grad_out, q, k, v, *params, weights, ctx.eps, *moments_and_path),
@@ -318,9 +387,10 @@ def _core_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs)
 
 
 def seqnorm_core(q, k, v, params, weights, eps) -> torch.Tensor:
-    """out = W Q' (K'^T V') / n for q, k (B, H, N, d), v (B, H, N, D_v) in float32/float64 (the operator
-    ``medattn::seqnorm_core``): ``params`` the six affine tensors (H * d_t,) (gamma_q, beta_q, ..., beta_v),
-    ``weights`` (B, 1, N, 1) 0/1 or None, ``eps`` (eps_q, eps_k, eps_v). -> (B, H, N, D_v), zero at padded
-    positions. The raw-moment path, or the centred one where the moments are ill-conditioned (module docstring);
-    backward likewise, differentiable where ``create_graph`` asks for it."""
+    """out = W Q' (K'^T V') / n for q, k (B, H, N, d), v (B, H, N, D_v) in float32, float64 or bf16 (the bf16
+    core; module docstring) (the operator ``medattn::seqnorm_core``): ``params`` the six affine tensors (H * d_t,)
+    (gamma_q, beta_q, ..., beta_v), ``weights`` (B, 1, N, 1) 0/1 or None, ``eps`` (eps_q, eps_k, eps_v).
+    -> (B, H, N, D_v) in q's dtype, zero at padded positions. The raw-moment path, or the centred one where the
+    moments are ill-conditioned (module docstring); backward likewise, differentiable where ``create_graph`` asks
+    for it."""
     return torch.ops.medattn.seqnorm_core(q, k, v, *params, weights, [float(e) for e in eps])[0]
