@@ -35,7 +35,7 @@ from torch import nn
 
 from .base import Attention, at_least_float32, is_exporting, token_weights
 from .rows import FactorisedRows, masked, row_weights
-from .seqnorm_fused import LOW_PRECISION, affine_views, centred_seqnorm, scale_shift, seqnorm_core, sequence_normalize
+from .seqnorm_fused import affine_views, centred_seqnorm, keeps_dtype, scale_shift, seqnorm_core, sequence_normalize
 
 
 class SequenceNorm(nn.Module):
@@ -124,7 +124,7 @@ class SeqNormAttention(Attention):
 
     def attend(self, q, k, v, mask):
         dtype, exporting = q.dtype, is_exporting()
-        if exporting or dtype not in LOW_PRECISION:  # bf16 stays bf16 in the fused core (its statistics in float32)
+        if exporting or not keeps_dtype(q):  # bf16 stays bf16 in the fused core (its statistics in float32)
             q, k, v = at_least_float32(q), at_least_float32(k), at_least_float32(v)
         weights, count = token_weights(mask, q)
         params = [p for norm in self.norms for p in (norm.weight, norm.bias)]

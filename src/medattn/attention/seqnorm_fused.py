@@ -56,6 +56,11 @@ SQUARE_BLOCK = 512
 LOW_PRECISION = (torch.bfloat16,)
 
 
+def keeps_dtype(x: torch.Tensor) -> bool:
+    """Whether the core computes in x's dtype (:data:`LOW_PRECISION`, the bf16 core) rather than in float32."""
+    return x.dtype in LOW_PRECISION
+
+
 def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype of the core's statistics for inputs like x: float32, or float64 for float64 inputs."""
     return torch.promote_types(x.dtype, torch.float32)
@@ -250,7 +255,7 @@ def _count(q: torch.Tensor, weights: torch.Tensor | None):
 def _shift(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """The bf16 core's per-channel shift (B, H, 1, d): the mean of x (B, H, N, d) over real tokens, rounded to x's
     dtype; zeros where x is not in :data:`LOW_PRECISION` (no shift is applied then)."""
-    if x.dtype not in LOW_PRECISION:
+    if not keeps_dtype(x):
         return x.new_zeros(*x.shape[:2], 1, x.shape[3])
     if weights is None:
         total = x.sum(dim=2, keepdim=True, dtype=_statistics_dtype(x))
@@ -270,7 +275,7 @@ def _centre(x: torch.Tensor, shift: torch.Tensor, weights: torch.Tensor | None) 
 def _low_precision_inputs(q, k, v, weights, shifts):
     """q, k, v as the core computes with them: centred by ``shifts`` in the bf16 core, as given otherwise; and the
     weights its sums need (None in the bf16 core: its centred tensors are already zero at padded tokens)."""
-    if q.dtype not in LOW_PRECISION:
+    if not keeps_dtype(q):
         return (q, k, v), weights
     return tuple(_centre(x, shift, weights) for x, shift in zip((q, k, v), shifts)), None
 
