@@ -50,7 +50,7 @@ def bf16_inputs(offset: float, masked: bool, b=2, h=2, n=1024, d=16):
 @pytest.mark.parametrize("offset", [0.0, 2.0, 30.0])
 def test_bf16_core_is_within_bf16_tolerance_of_float64(offset, masked):
     """Value and gradients of q, k, v against the float64 reference on the same bf16 inputs. Offsets 2 and 30 put
-    channel means far from zero: without the shift, raw bf16 moments lose the spread (4e-2 at offset 2, checked),
+    channel means far from zero: without the shift, raw bf16 moments lose the spread (6e-2 at offset 2, checked),
     and at offset 30 the core would leave its fast path for the float32 fallback, which the flag rules out."""
     attn = perturbed_seqnorm()
     (q, k, v), mask = bf16_inputs(offset, masked)
