@@ -272,7 +272,7 @@ KEYS: dict[str, Key] = {
                            "max global grad norm; 0 disables clipping; null -> the model's own (1.0; MIL: 0)"),
     "train.grad_accum": Key(1, _integer(1, 1 << 20), "micro-batches per optimizer step"),
     "train.precision": Key("fp32", Rule(f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
-                           "fp32 | bf16 (autocast)"),
+                           "fp32 | bf16 (autocast; fast only with bf16 hardware: AVX-512 BF16, AMX or a GPU)"),
     "train.activation_checkpointing": Key(False, BOOLEAN,
                                           "recompute each transformer block in backward: less memory, ~1/3 slower"),
     "train.compile": Key(False, BOOLEAN,
