@@ -180,9 +180,14 @@ def is_exporting() -> bool:
     return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
+def float32_or_wider(x: torch.Tensor) -> torch.dtype:
+    """float32 for a lower-precision x (bf16/fp16), else x's own dtype (float64 stays)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32 if it is in a lower precision (bf16/fp16), unchanged otherwise (float64 stays)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return x.to(float32_or_wider(x))
 
 
 def token_weights(mask: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | int]:

@@ -44,6 +44,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from .base import at_least_float32, float32_or_wider
+
 #: Largest mean^2 / var ratio of any channel for which the raw-moment path is used (its relative
 #: error grows like 6e-8 * (1 + ratio) in float32).
 CONDITION_LIMIT = 1e3
@@ -62,11 +64,6 @@ def keeps_dtype(x: torch.Tensor) -> bool:
     return x.dtype in LOW_PRECISION
 
 
-def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype of the core's statistics for inputs like x: float32, or float64 for float64 inputs."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
 def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_n w x and sum_n w x^2, each (B, H, 1, d), for x (B, H, N, d), accumulated in float32 or wider.
 
@@ -74,7 +71,7 @@ def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tenso
     product or one full-size square on this project's CPU (docs/performance.md); a bf16 block is
     upcast on its own, so no full-size float32 copy is made.
     """
-    accumulate = _statistics_dtype(x)
+    accumulate = float32_or_wider(x)
     total = x.sum(dim=2, keepdim=True, dtype=accumulate) if weights is None else 0
     total_sq = 0
     for start in range(0, x.shape[2], SQUARE_BLOCK):
@@ -228,7 +225,8 @@ def _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_ou
     The (N, d) tensors may be bf16 (the bf16 core): the small ones, in float32, are cast to their dtype for the
     products, whose sums PyTorch accumulates in float32."""
     low = q.dtype
-    g = grad_out if weights is None else grad_out * weights.to(low)
+    weights = None if weights is None else weights.to(low)
+    g = grad_out if weights is None else grad_out * weights
     a_q, _ = _output_map(moments, count, affines, eps)
     (d_s_q, d_sq_q, d_s_k, d_sq_k, d_s_v, d_sq_v, d_gkv), d_affines = _output_map_backward(
         moments, count, affines, eps, (q.transpose(-2, -1) @ g).to(a_q.dtype),
@@ -243,26 +241,26 @@ def _raw_moment_backward(q, k, v, affines, weights, count, eps, moments, grad_ou
     grad_v = grad_v.view(v.shape).addcmul_(v, (2 * d_sq_v).to(low))
     if weights is not None:
         for grad in (grad_q, grad_k, grad_v):
-            grad.mul_(weights.to(low))
+            grad.mul_(weights)
     return (grad_q, grad_k, grad_v), d_affines
 
 
 def _count(q: torch.Tensor, weights: torch.Tensor | None):
     """Real tokens: N, or (B, 1, 1, 1) from the 0/1 ``weights`` (B, 1, N, 1), counted in float32 or wider (a bf16
     count would round above 256)."""
-    return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True, dtype=_statistics_dtype(weights))
+    return q.shape[2] if weights is None else weights.sum(dim=2, keepdim=True, dtype=float32_or_wider(weights))
 
 
-def _shift(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """The bf16 core's per-channel shift (B, H, 1, d): the mean of x (B, H, N, d) over real tokens, rounded to x's
-    dtype; zeros where x is not in :data:`LOW_PRECISION` (no shift is applied then)."""
+def _shift(x: torch.Tensor, weights: torch.Tensor | None, count) -> torch.Tensor:
+    """The bf16 core's per-channel shift (B, H, 1, d): the mean of x (B, H, N, d) over its ``count`` real tokens,
+    rounded to x's dtype; zeros where x is not in :data:`LOW_PRECISION` (no shift is applied then)."""
     if not keeps_dtype(x):
         return x.new_zeros(*x.shape[:2], 1, x.shape[3])
     if weights is None:
-        total = x.sum(dim=2, keepdim=True, dtype=_statistics_dtype(x))
+        total = x.sum(dim=2, keepdim=True, dtype=float32_or_wider(x))
     else:  # a product instead of a full-size masked copy; its bf16 rounding is harmless in a shift
         total = weights.transpose(-2, -1).to(x.dtype) @ x
-    return (total / _count(x, weights)).to(x.dtype)
+    return (total / count).to(x.dtype)
 
 
 def _centre(x: torch.Tensor, shift: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -300,14 +298,15 @@ _SAVED_OUTPUTS = 11
 def _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
     """``medattn::seqnorm_core`` -> (out, S_q, Sq_q, S_k, Sq_k, S_v, Sq_v, G_kv, centred, shift_q, shift_k, shift_v):
     the output (in q's dtype) and what its backward needs (moments in float32 or wider, shifts in q's dtype)."""
-    count, shifts = _count(q, weights), tuple(_shift(x, weights) for x in (q, k, v))
+    count = _count(q, weights)
+    shifts = tuple(_shift(x, weights, count) for x in (q, k, v))
     (q, k, v), sum_weights = _low_precision_inputs(q, k, v, weights, shifts)
     moments = (*_moments(q, sum_weights), *_moments(k, sum_weights), *_moments(v, sum_weights),
-               (k.transpose(-2, -1) @ (v if sum_weights is None else v * sum_weights)).to(_statistics_dtype(q)))
+               (k.transpose(-2, -1) @ (v if sum_weights is None else v * sum_weights)).to(float32_or_wider(q)))
     affines = affine_views((gq, bq, gk, bk, gv, bv), moments[0])  # moments[-1] is G_kv (B, H, d, D_v)
     centred = _ill_conditioned(moments, count)
     if centred:
-        wide = [t.to(moments[0].dtype) for t in (q, k, v)]
+        wide = [at_least_float32(t) for t in (q, k, v)]
         out = centred_seqnorm(*wide, affines, weights, count, eps).to(q.dtype)
     else:
         a_q, b = _output_map(moments, count, affines, eps)
@@ -318,7 +317,7 @@ def _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
 
 
 def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
-    (B, H, N, d), dv, wide = q.shape, v.shape[-1], _statistics_dtype(q)
+    (B, H, N, d), dv, wide = q.shape, v.shape[-1], float32_or_wider(q)
     row, row_v = q.new_empty(B, H, 1, d, dtype=wide), q.new_empty(B, H, 1, dv, dtype=wide)
     return (q.new_empty(B, H, N, dv), row, row.clone(), row.clone(), row.clone(), row_v, row_v.clone(),
             q.new_empty(B, H, d, dv, dtype=wide), q.new_empty((), dtype=torch.bool),
@@ -333,8 +332,8 @@ def _core_backward(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, s_q,
     count, affines = _count(q, weights), affine_views(params, s_q)
     (q, k, v), _ = _low_precision_inputs(q, k, v, weights, (shift_q, shift_k, shift_v))
     if bool(centred):
-        wide = [t.to(s_q.dtype) for t in (q, k, v)]
-        grads, d_affines = _centred_backward(*wide, affines, weights, count, eps, grad_out.to(s_q.dtype))
+        wide = [at_least_float32(t) for t in (q, k, v)]
+        grads, d_affines = _centred_backward(*wide, affines, weights, count, eps, at_least_float32(grad_out))
         grads = [g.to(q.dtype) for g in grads]
     else:
         moments = (s_q, sq_q, s_k, sq_k, s_v, sq_v, g_kv)
@@ -362,7 +361,7 @@ def _backward(ctx, grad_out, *unused):
     if torch.is_grad_enabled():  # create_graph: a differentiable backward, the explicit form's by autograd
         inputs = [q, k, v, *params]
         wanted = [t for t in inputs if t.requires_grad]
-        wide = [t.to(_statistics_dtype(q)) for t in (q, k, v)]
+        wide = [at_least_float32(t) for t in (q, k, v)]
         out = centred_seqnorm(*wide, affine_views(params, wide[0]), weights, _count(q, weights), ctx.eps).to(q.dtype)
         grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
