@@ -4,7 +4,8 @@ Usage:  python benchmarks/bf16_core_gradients.py [--seeds 0 1 2] [--resolution 1
 
 A ``vit2d_small`` SeqNorm classifier (one channel, random weights of the seed, its norms' affines moved off 1 and 0
 by 0.2 x N(0, 1)) and a SYNTHETIC batch (N(0.5, 1) pixels, labels 0/1); one loss and backward in fp32, then under
-bf16 autocast with the bf16 core (as shipped) and with the float32 core it had before (``LOW_PRECISION`` emptied).
+bf16 autocast with the bf16 core (as shipped) and with the float32 core it had before
+(:func:`medattn.bench.casts.float32_seqnorm_core`).
 Prints, per seed and core, the relative error and the cosine of the whole gradient vector and the relative error of
 the logits, each against fp32. Any CPU: without bf16 hardware the bf16 products are emulated (slow, same arithmetic).
 """
@@ -12,25 +13,22 @@ the logits, each against fp32. Any CPU: without bf16 hardware the bf16 products 
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
-from medattn.attention import seqnorm_fused
+from medattn.bench.casts import float32_seqnorm_core
 from medattn.models import create_model
 
 
 def loss_and_gradients(net, images, labels, bf16: bool, bf16_core: bool):
     """Flattened parameter gradients and logits of one BCE loss, under bf16 autocast or in fp32."""
-    shipped = seqnorm_fused.LOW_PRECISION
-    seqnorm_fused.LOW_PRECISION = shipped if bf16_core else ()
-    try:
-        net.zero_grad()
+    net.zero_grad()
+    with nullcontext() if bf16_core else float32_seqnorm_core():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = net(images).float()
         F.binary_cross_entropy_with_logits(logits, labels).backward()
-    finally:
-        seqnorm_fused.LOW_PRECISION = shipped
     return torch.cat([p.grad.flatten() for p in net.parameters() if p.grad is not None]), logits.detach()
 
 

@@ -6,11 +6,12 @@ Usage:  python benchmarks/bf16_step_casts.py [--resolutions 224 2048] [--mechani
 One training step (forward under bf16 autocast, backward of a BCE loss; the optimizer step holds no cast) of the
 ``vit2d`` preset at each resolution runs on fake tensors (``FakeTensorMode``: shapes and dtypes only, nothing is
 computed), so the 2048 px step counts on any CPU in seconds. Every ``aten._to_copy`` that changes the dtype is
-counted with the bytes it reads and writes, split into parameter casts (autocast's copies of the fp32 weights) and
-activation casts (everything else). seqnorm is counted twice: with its bf16 core (q, k, v stay bf16) and with the
-float32 core it had before (``seqnorm-fp32core``: ``LOW_PRECISION`` emptied, so the layer upcasts q, k, v and casts
-its output back). A cast inside a registered operator (the bf16 core's per-block upcasts) is not seen: its fake
-runs instead, so the bf16 core's own block casts (one read of q, k and v in 512-token blocks) are left out.
+counted with the bytes it reads and writes (:class:`medattn.bench.casts.CastRecorder`), split into forward casts of
+parameters (autocast's copies of the fp32 weights), other forward casts (activations) and backward casts. seqnorm
+is counted twice: with its bf16 core (q, k, v stay bf16) and with the float32 core it had before
+(``seqnorm-fp32core``, :func:`medattn.bench.casts.float32_seqnorm_core`: the layer upcasts q, k, v and casts its
+output back). A cast inside a registered operator is not seen (its fake runs instead), so the bf16 core's own
+block casts (one read of q, k and v in 512-token blocks) are left out.
 Writes ``casts.csv`` and ``casts.json`` (with the environment) to ``--out``.
 """
 
@@ -18,61 +19,41 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from medattn.attention import seqnorm_fused
+from medattn.bench.casts import CastRecorder, float32_seqnorm_core
 from medattn.bench.common import environment, write_results
 from medattn.models import create_model
-
-
-class CastCounter(TorchDispatchMode):
-    """Counts dtype-changing ``_to_copy`` calls and the bytes they read and write, by phase: forward casts of
-    parameters (autocast's weight copies), other forward casts (activations) and backward casts (set ``phase``)."""
-
-    def __init__(self, parameters):
-        super().__init__()
-        self.parameter_ids = {id(p) for p in parameters}
-        self.phase = "forward"
-        self.totals = {kind: [0, 0] for kind in ("forward_parameter", "forward_activation", "backward")}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten._to_copy.default and out.dtype != args[0].dtype:
-            kind = "backward" if self.phase == "backward" else (
-                "forward_parameter" if id(args[0]) in self.parameter_ids else "forward_activation")
-            self.totals[kind][0] += 1
-            self.totals[kind][1] += args[0].numel() * (args[0].element_size() + out.element_size())
-        return out
 
 
 def count_step(mechanism: str, resolution: int) -> dict:
     """Casts of one bf16 training step of vit2d at ``resolution`` with ``mechanism`` (``seqnorm-fp32core``: the
     float32 core)."""
-    attention = mechanism.removesuffix("-fp32core")
-    low_precision = seqnorm_fused.LOW_PRECISION
-    if mechanism.endswith("-fp32core"):
-        seqnorm_fused.LOW_PRECISION = ()
-    try:
-        net = create_model("vit2d", attention=attention, img_size=resolution, num_classes=1)  # real, small
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            images = torch.randn(1, net.in_chans, resolution, resolution)
-            with CastCounter(net.parameters()) as counter:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = net(images)
-                loss = F.binary_cross_entropy_with_logits(logits.float(), torch.zeros(1, 1))
-                counter.phase = "backward"
-                loss.backward()
-    finally:
-        seqnorm_fused.LOW_PRECISION = low_precision
+    net = create_model("vit2d", attention=mechanism.removesuffix("-fp32core"), img_size=resolution, num_classes=1)
+    core = float32_seqnorm_core() if mechanism.endswith("-fp32core") else nullcontext()
+    with core, FakeTensorMode(allow_non_fake_inputs=True):  # the model is real (small), the step fake
+        images = torch.randn(1, net.in_chans, resolution, resolution)
+        with CastRecorder(net.parameters()) as recorder:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = net(images)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), torch.zeros(1, 1))
+            recorder.phase = "backward"
+            loss.backward()
+    totals = {kind: [0, 0] for kind in ("forward_parameter", "forward_activation", "backward")}
+    for cast in recorder.casts:
+        kind = "backward" if cast.phase == "backward" else (
+            "forward_parameter" if cast.of_parameter else "forward_activation")
+        totals[kind][0] += 1
+        totals[kind][1] += cast.nbytes
     row = {"mechanism": mechanism, "resolution": resolution, "tokens": net.pos_embed.shape[1]}
-    for kind, (casts, size) in counter.totals.items():
+    for kind, (casts, size) in totals.items():
         row.update({f"{kind}_casts": casts, f"{kind}_mib": round(size / 2**20, 1)})
-    row["total_mib"] = round(sum(size for _, size in counter.totals.values()) / 2**20, 1)
+    row["total_mib"] = round(sum(cast.nbytes for cast in recorder.casts) / 2**20, 1)
     return row
 
 

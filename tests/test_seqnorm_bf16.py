@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from medattn.attention import build_attention
 from medattn.attention.seqnorm_fused import seqnorm_core
+from medattn.bench.casts import CastRecorder
 from references import seqnorm_core_reference
 from test_seqnorm_operator import recording_backend
 
@@ -87,33 +87,18 @@ def test_affine_gradients_match_float64_and_stay_float32():
         assert relative_error(grad, reference_grad) < 2 * TOLERANCE  # squared output: its own rounding doubles
 
 
-class FullSizeCasts(TorchDispatchMode):
-    """Records every dtype conversion of a tensor with at least ``size`` elements."""
-
-    def __init__(self, size: int):
-        super().__init__()
-        self.size, self.casts = size, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func is torch.ops.aten._to_copy.default and args[0].numel() >= self.size:
-            self.casts.append((args[0].dtype, out.dtype, tuple(args[0].shape)))
-        return out
-
-
 def test_the_bf16_core_makes_no_full_size_cast():
     """The float32 core cast q, k, v up and the output down (and the gradients back) in every step; the bf16 core
     casts only blocks of tokens and (H, d)-sized statistics."""
     attn = perturbed_seqnorm()
     (q, k, v), mask = bf16_inputs(2.0, True, n=2048)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    with FullSizeCasts(size=q.numel()) as recorder:
+    with CastRecorder() as recorder:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = attn.attend(*leaves, mask)
         out.backward(torch.ones_like(out))
     assert out.dtype == torch.bfloat16 and leaves[0].grad is not None
-    assert recorder.casts == []
+    assert [cast for cast in recorder.casts if cast.numel >= q.numel()] == []
 
 
 def test_pytorch_operator_checks_pass_in_bf16():
