@@ -12,17 +12,21 @@ minor page faults per point. To compare two trees, run it under ``PYTHONPATH=<tr
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import statistics
-import sys
 
 from medattn.bench.pam import _inputs
 from medattn.permutohedral import lattice, permutohedral_filter
 from medattn.threads import set_threads
 
-sizes = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "100000,300000,1000000,2000000").split(",")]
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("sizes", nargs="?", default="100000,300000,1000000,2000000", help="comma-separated point counts")
+parser.add_argument("rounds", nargs="?", type=int, default=3)
+args = parser.parse_args()
+sizes = [int(x) for x in args.sizes.split(",")]
+rounds = args.rounds
 data = {n: _inputs(n, 5, 8) for n in sizes}
 for n in sizes:
     permutohedral_filter(*data[n])

@@ -9,8 +9,8 @@ config.yaml (tables: cheap). Prints one line per run: old and new verdict.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from medattn.config import read_config_file, with_defaults
@@ -20,7 +20,9 @@ from medattn.train.report import read_metrics
 
 
 def main() -> None:
-    for folder in map(Path, sys.argv[1:]):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (results.json, config.yaml, metrics.csv)")
+    for folder in parser.parse_args().runs:
         results = json.loads((folder / "results.json").read_text())
         config = with_defaults(read_config_file(folder / "config.yaml"), str(folder))
         bundle = build_datasets(config["data"], seed=config["seed"])

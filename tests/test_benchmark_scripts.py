@@ -1,0 +1,85 @@
+"""Every script in benchmarks/ still runs: the docs quote figures with the command that reproduces them, so a script
+that stopped running (a renamed import, a changed config default) makes those figures unreproducible.
+
+Each script that needs nothing but its arguments runs end to end at a toy size (seconds, SYNTHETIC inputs) and
+prints its result line. The others (they read earlier runs' folders, train for minutes, or are run by another test)
+are listed with the reason and answer ``--help``, so their imports resolve. A new script must join one of the two
+lists.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+#: script -> (toy arguments, "{out}" for an output folder; a text its output must contain).
+TOY_RUNS = {
+    "allocator.py": (["--threads", "1"], "into an existing buffer"),
+    "attention_output_scale.py": (["--seq-lens", "16", "64"], "linear"),
+    "bf16_core_gradients.py": (["--seeds", "0", "--resolution", "32", "--batch", "1"], "gradient relative error"),
+    "bf16_cosine.py": (["--encoders", "resnet50", "--tiles", "1", "--threads", "1"], "smallest cosine bf16 vs fp32"),
+    "bf16_step_casts.py": (["--resolutions", "64", "--mechanisms", "seqnorm", "--out", "{out}"],
+                           "forward_parameter_casts"),
+    "binary_layer_parts.py": (["--tokens", "256", "--rounds", "1", "--threads", "1"], "output projection"),
+    "binary_pixel_training.py": (["--steps", "2", "--size", "8", "--dim", "16", "--depth", "1"], "binary-bernoulli"),
+    "extract_overlap.py": (["--encoders", "resnet50", "--side", "768", "--rounds", "1", "--threads", "1",
+                            "--out", "{out}"], "resnet50"),
+    "pam_cpu_seconds.py": (["1000", "1"], "cpu_s_per_1M"),
+    "pam_segmentation_training.py": (["--model-pair", "unet", "--seeds", "0", "--steps", "2", "--train-size", "2",
+                                      "--val-size", "2", "--threads", "1"], "mean upamnet"),
+    "real_size_bags.py": (["--tiles", "100", "--models", "seqnorm", "--phases", "train", "--repeats", "1",
+                           "--threads", "1", "--out", "{out}"], "seqnorm"),
+    "step_profile.py": (["seqnorm", "64", "--model", "vit2d_small"], "linear-layer GEMMs"),
+    "validation_cost.py": (["--images", "24", "--volumes", "12", "--repeats", "1", "--out", "{out}"], "volume_table"),
+    "wsi_heatmap_mass.py": (["--slides", "12", "--epochs", "2", "--threads", "1", "--out", "{out}"],
+                            "vitwsi_small (seqnorm)"),
+    "wsi_million_tokens.py": (["--tokens", "2000", "--out", "{out}"], "tokens"),
+}
+
+#: Toy runs of more than 10 s (1 thread): in ``make bench-smoke`` and ``make test-slow``, not ``make test``.
+SLOW = {"validation_cost.py", "wsi_heatmap_mass.py", "wsi_million_tokens.py"}
+
+#: script -> why it is only asked for --help here.
+HELP_ONLY = {
+    "diffusion_scaling.py": "run at a toy size by tests/test_diffusion_bench.py",
+    "explain_sanity.py": "reads finished training runs",
+    "heatmap_examples.py": "reads the folder a `medattn demo` wrote",
+    "realistic_reference.py": "trains on a realistic task folder (minutes per seed)",
+    "realistic_table.py": "reads a realistic task folder and a compare folder",
+    "rejudge_runs.py": "rewrites finished run folders",
+    "vit_seg_mechanisms.py": "trains a segmentation ViT per mechanism (minutes)",
+}
+
+
+def _run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments], capture_output=True, text=True,
+                          timeout=300, env=environment, cwd=BENCHMARKS.parent)
+
+
+def test_every_script_is_run_or_says_why_not():
+    scripts = {path.name for path in BENCHMARKS.glob("*.py")}
+    assert scripts == set(TOY_RUNS) | set(HELP_ONLY)
+    assert not set(TOY_RUNS) & set(HELP_ONLY) and SLOW <= set(TOY_RUNS)
+
+
+@pytest.mark.parametrize("script", sorted(HELP_ONLY))
+def test_script_answers_help(script):
+    result = _run(script, ["--help"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage:")
+
+
+@pytest.mark.parametrize("script", [pytest.param(script, marks=[pytest.mark.slow] if script in SLOW else [])
+                                    for script in sorted(TOY_RUNS)])
+def test_script_runs_at_a_toy_size(script, tmp_path):
+    arguments, expected = TOY_RUNS[script]
+    result = _run(script, [argument.replace("{out}", str(tmp_path / "out")) for argument in arguments])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert expected in result.stdout, result.stdout[-2000:]
