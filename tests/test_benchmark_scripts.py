@@ -57,10 +57,11 @@ HELP_ONLY = {
 }
 
 
-def _run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:
+def _run(script: str, arguments: list[str], folder: Path) -> subprocess.CompletedProcess:
+    """The script run from ``folder`` (a file it writes by default lands there, not in the checkout)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     return subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments], capture_output=True, text=True,
-                          timeout=300, env=environment, cwd=BENCHMARKS.parent)
+                          timeout=300, env=environment, cwd=folder)
 
 
 def test_every_script_is_run_or_says_why_not():
@@ -70,8 +71,8 @@ def test_every_script_is_run_or_says_why_not():
 
 
 @pytest.mark.parametrize("script", sorted(HELP_ONLY))
-def test_script_answers_help(script):
-    result = _run(script, ["--help"])
+def test_script_answers_help(script, tmp_path):
+    result = _run(script, ["--help"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage:")
 
@@ -80,6 +81,6 @@ def test_script_answers_help(script):
                                     for script in sorted(TOY_RUNS)])
 def test_script_runs_at_a_toy_size(script, tmp_path):
     arguments, expected = TOY_RUNS[script]
-    result = _run(script, [argument.replace("{out}", str(tmp_path / "out")) for argument in arguments])
+    result = _run(script, [argument.replace("{out}", str(tmp_path / "out")) for argument in arguments], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert expected in result.stdout, result.stdout[-2000:]
