@@ -21,7 +21,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: script -> (toy arguments, "{out}" for an output folder; a text its output must contain).
 TOY_RUNS = {
     "allocator.py": (["--threads", "1"], "into an existing buffer"),
-    "attention_output_scale.py": (["--seq-lens", "16", "64"], "linear"),
+    "attention_output_scale.py": (["--seq-lens", "16", "64"], "N=64"),
     "bf16_core_gradients.py": (["--seeds", "0", "--resolution", "32", "--batch", "1"], "gradient relative error"),
     "bf16_cosine.py": (["--encoders", "resnet50", "--tiles", "1", "--threads", "1"], "smallest cosine bf16 vs fp32"),
     "bf16_step_casts.py": (["--resolutions", "64", "--mechanisms", "seqnorm", "--out", "{out}"],
@@ -29,21 +29,22 @@ TOY_RUNS = {
     "binary_layer_parts.py": (["--tokens", "256", "--rounds", "1", "--threads", "1"], "output projection"),
     "binary_pixel_training.py": (["--steps", "2", "--size", "8", "--dim", "16", "--depth", "1"], "binary-bernoulli"),
     "extract_overlap.py": (["--encoders", "resnet50", "--side", "768", "--rounds", "1", "--threads", "1",
-                            "--out", "{out}"], "resnet50"),
+                            "--out", "{out}"], "'overlap_saved'"),
     "pam_cpu_seconds.py": (["1000", "1"], "cpu_s_per_1M"),
     "pam_segmentation_training.py": (["--model-pair", "unet", "--seeds", "0", "--steps", "2", "--train-size", "2",
                                       "--val-size", "2", "--threads", "1"], "mean upamnet"),
     "real_size_bags.py": (["--tiles", "100", "--models", "seqnorm", "--phases", "train", "--repeats", "1",
-                           "--threads", "1", "--out", "{out}"], "seqnorm"),
+                           "--threads", "1", "--out", "{out}"], "'phase': 'train'"),
     "step_profile.py": (["seqnorm", "64", "--model", "vit2d_small"], "linear-layer GEMMs"),
     "validation_cost.py": (["--images", "24", "--volumes", "12", "--repeats", "1", "--out", "{out}"], "volume_table"),
     "wsi_heatmap_mass.py": (["--slides", "12", "--epochs", "2", "--threads", "1", "--out", "{out}"],
                             "vitwsi_small (seqnorm)"),
-    "wsi_million_tokens.py": (["--tokens", "2000", "--out", "{out}"], "tokens"),
+    "wsi_million_tokens.py": (["--tokens", "2000", "--check-tokens", "1000", "--out", "{out}"],
+                              "max_abs_difference_streamed_vs_unchunked"),
 }
 
 #: Toy runs of more than 10 s (1 thread): in ``make bench-smoke`` and ``make test-slow``, not ``make test``.
-SLOW = {"validation_cost.py", "wsi_heatmap_mass.py", "wsi_million_tokens.py"}
+SLOW = {"validation_cost.py", "wsi_heatmap_mass.py"}
 
 #: script -> why it is only asked for --help here.
 HELP_ONLY = {
