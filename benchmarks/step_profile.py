@@ -25,14 +25,11 @@ import statistics
 
 import torch
 import torch._inductor.config as inductor_config
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from medattn.allocator import keep_freed_memory
-from medattn.config import DEFAULTS
+from medattn.bench.scaling import training_step
 from medattn.models import create_model
-from medattn.train.defaults import GENERAL
-from medattn.train.optim import make_optimizer
 
 GEMMS = ("aten::mm", "aten::addmm")
 
@@ -53,26 +50,17 @@ images = torch.randn(1, in_chans, args.resolution, args.resolution, generator=to
 targets = torch.zeros(1, 1)
 
 
-def training_step(compiled: bool):
-    """One variant's step function, after its warm-up (and compilation)."""
-    torch.manual_seed(0)
-    net = create_model(args.model, attention=args.mechanism, img_size=args.resolution, num_classes=1)
-    optimizer = make_optimizer(net, {**DEFAULTS["train"], **GENERAL})  # as training builds it: fused AdamW
-    run = torch.compile(net, fullgraph=True) if compiled else net
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            logits = run(images)
-        F.binary_cross_entropy_with_logits(logits.float(), targets).backward()
-        optimizer.step()
-
+def warmed_up_step(compiled: bool):
+    """One variant's step function (``medattn.bench.scaling.training_step``: as ``bench scaling`` times it), after
+    its warm-up (and compilation)."""
+    step = training_step(args.model, args.mechanism, args.resolution, images, targets, compiled,
+                         precision="bf16" if args.bf16 else "fp32")
     for _ in range(2 if compiled else 1):
         step()
     return step
 
 
-variants = {"eager": training_step(False), **({"compiled": training_step(True)} if args.compile else {})}
+variants = {"eager": warmed_up_step(False), **({"compiled": warmed_up_step(True)} if args.compile else {})}
 seconds = {name: {"gemm": [], "rest": []} for name in variants}
 tables = {}
 for _ in range(args.steps):

@@ -48,6 +48,7 @@ import itertools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
 
@@ -99,6 +100,30 @@ def variant_name(compiled: bool, checkpointing: bool, precision: str = "fp32") -
     return name if precision == "fp32" else f"{name} {precision}"
 
 
+def training_step(model: str, mechanism: str, resolution: int, images: torch.Tensor, targets: torch.Tensor,
+                  compiled: bool = False, checkpointing: bool = False, precision: str = "fp32", device: str = "cpu",
+                  seed: int = 0) -> Callable[[], None]:
+    """A function running one training step of a fresh ``model`` (weights of ``seed``, one output) on ``images``
+    (B, C, *spatial) and ``targets`` (B, 1): forward (compiled with ``torch.compile(fullgraph=True)``, per-block
+    activation checkpointing, bf16 autocast as asked), binary cross-entropy, backward, and the optimizer training
+    builds (fused AdamW)."""
+    torch.manual_seed(seed)
+    net = create_model(model, attention=mechanism, img_size=resolution, num_classes=1,
+                       activation_checkpointing=checkpointing).to(device)
+    optimizer = make_optimizer(net, {**DEFAULTS["train"], **GENERAL})
+    run = torch.compile(net, fullgraph=True) if compiled else net
+    autocast = torch.autocast(device, dtype=DTYPES[precision]) if precision != "fp32" else nullcontext()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits = run(images)
+        F.binary_cross_entropy_with_logits(logits.float(), targets).backward()
+        optimizer.step()
+
+    return step
+
+
 def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 1, repeats: int = 3,
                  warmup: int = 1, budget_s: float | None = None, device: str = "cpu", seed: int = 0,
                  threads: int | None = None, variants: list[list] | tuple = ((False, False, "fp32"),)) -> dict:
@@ -142,20 +167,8 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
         baseline = current_rss_bytes() if device == "cpu" else 0
         reset_peak_memory(device)
         try:
-            torch.manual_seed(seed)
-            net = create_model(model, attention=mechanism, img_size=resolution, num_classes=1,
-                               activation_checkpointing=checkpointing).to(device)
-            optimizer = make_optimizer(net, {**DEFAULTS["train"], **GENERAL})  # as training builds it: fused AdamW
-            run = torch.compile(net, fullgraph=True) if compiled else net
-            autocast = torch.autocast(device, dtype=DTYPES[precision]) if precision != "fp32" else nullcontext()
-
-            def step(run=run, optimizer=optimizer, autocast=autocast):
-                optimizer.zero_grad(set_to_none=True)
-                with autocast:
-                    logits = run(images)
-                F.binary_cross_entropy_with_logits(logits.float(), targets).backward()
-                optimizer.step()
-
+            step = training_step(model, mechanism, resolution, images, targets, compiled, checkpointing, precision,
+                                 device, seed)
             result["compile_s"] = None
             if compiled:  # the first call compiles forward and backward
                 started = time.perf_counter()
