@@ -25,6 +25,7 @@ from medattn.errors import UserError, machine_problem
 COMMANDS = {
     "demo": "medattn.commands.demo",
     "train": "medattn.commands.train",
+    "pretrain": "medattn.commands.pretrain",
     "cv": "medattn.commands.cv",
     "compare": "medattn.commands.compare",
     "eval": "medattn.commands.evaluate",

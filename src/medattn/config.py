@@ -106,7 +106,7 @@ def config_path(name_or_path: str) -> Path:
 #: Keys whose values are paths to the user's files: relative ones in a config file are relative to the file's
 #: folder (command-line overrides stay relative to the current folder).
 PATH_KEYS = {("data", "csv"), ("data", "data_root"), ("data", "feature_dir"), ("data", "slide_table"),
-             ("data", "clinical_table"), ("data", "path"), ("diffusion", "vqae_checkpoint"),
+             ("data", "clinical_table"), ("data", "path"), ("pretrain", "pool"), ("diffusion", "vqae_checkpoint"),
              ("diffusion", "perceptual_net")}
 
 
@@ -308,6 +308,19 @@ KEYS: dict[str, Key] = {
                      "decay of an exponential moving average of the weights, evaluated and checkpointed"),
     "train.instance_dropout": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
                                   "bags: fraction of each training bag's instances dropped per step"),
+    "pretrain.epochs": Key(100, _integer(1, 1_000_000), "medattn pretrain: epochs over the training split and the pool"),
+    "pretrain.batch_size": Key(64, _integer(1, 1 << 20)),
+    "pretrain.lr": Key(1e-3, _number(0, low_open=True), "AdamW (betas 0.9, 0.95), warm-up then cosine to 1e-6"),
+    "pretrain.weight_decay": Key(0.05, _number(0)),
+    "pretrain.warmup_epochs": Key(5.0, _number(0)),
+    "pretrain.mask_ratio": Key(0.75, Rule("a number in (0, 1)", lambda v: _is_number(v) and 0 < v < 1),
+                               "share of the patches masked per image (MAE)"),
+    "pretrain.decoder_dim": Key(64, _integer(1, 1 << 16), "width of MAE's light decoder"),
+    "pretrain.decoder_depth": Key(1, _integer(1, 64), "blocks of MAE's light decoder"),
+    "pretrain.decoder_heads": Key(4, _integer(1, 1024)),
+    "pretrain.norm_pix_loss": Key(True, BOOLEAN, "reconstruct each patch standardised by its own mean and variance"),
+    "pretrain.pool": Key(None, _text(optional=True),
+                         "a CSV of unlabelled files (the data's path column) read like the training split"),
     "eval.bootstrap": Key(1000, _integer(0, 1_000_000), "resamples for the test AUROC's confidence interval"),
     "eval.heatmaps": Key(3, _integer(0, 100), "test cases whose heatmaps report.html shows, the highest-scored "
                                               "first (medattn.explain.cases; 0: none)"),

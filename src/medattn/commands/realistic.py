@@ -23,12 +23,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", type=int, nargs=3, metavar=("TRAIN", "VAL", "TEST"),
                         default=[SPLITS["train"], SPLITS["val"], SPLITS["test"]],
                         help="cases per split (default 180 60 60; an external cohort: 0 0 N)")
+    parser.add_argument("--pool", type=int, default=0, metavar="N",
+                        help="also write N unlabelled cases (new patients, same generator) for medattn pretrain, as "
+                             "pool.csv, named in the config as pretrain.pool (image and volume tasks)")
 
 
 def run(args: argparse.Namespace) -> int:
     from medattn.realistic import make_task
+    from medattn.realistic.tasks import TASKS
 
     sizes = dict(zip(("train", "val", "test"), args.cases))
     for task in args.tasks:
-        make_task(task, args.out, seed=args.seed, cohort=args.cohort, sizes=sizes)
+        pool = args.pool if TASKS[task].data["kind"] != "wsi_bags" else 0
+        make_task(task, args.out, seed=args.seed, cohort=args.cohort, sizes=sizes, pool=pool)
     return 0

@@ -149,3 +149,36 @@ class FeatureStandardizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+
+
+class GatedAttentionPool(nn.Module):
+    """Gated attention pooling of a set of tokens (Ilse, Tomczak & Welling, ICML 2018), the readout that lets
+    a bag model single out its rare instances::
+
+        s_k = w^T (tanh(V h_k) * sigmoid(U h_k))          (B, N),  V, U: dim -> attn_dim
+        a_k = exp(s_k) / sum_{j real} exp(s_j)             over the real tokens only
+        z   = sum_k a_k h_k                                (B, dim)
+
+    ``w`` has no bias (a shift shared by every token cancels in the softmax). The parameter names are those of
+    :class:`~medattn.models.mil.AttentionMIL`'s pooling.
+
+    ``forward(h, mask=None)``: h (B, N, dim), mask (B, N) bool (True = real) -> (z (B, dim), a (B, N), exactly
+    zero on padding). ``scores(h)``: (..., N, dim) -> (..., N) the unnormalised s_k (streamed pooling).
+    """
+
+    def __init__(self, dim: int, attn_dim: int) -> None:
+        super().__init__()
+        self.attention_v = nn.Linear(dim, attn_dim)
+        self.attention_u = nn.Linear(dim, attn_dim)
+        self.attention_w = nn.Linear(attn_dim, 1, bias=False)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        return self.attention_w(torch.tanh(self.attention_v(h)) * torch.sigmoid(self.attention_u(h))).squeeze(-1)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.scores(h)  # (B, N)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+            h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach the output or its gradients
+        a = torch.softmax(s, dim=-1)  # (B, N)
+        return torch.einsum("bn,bnd->bd", a, h), a

@@ -3,8 +3,18 @@
 Input: features (B, N, F) from a patch encoder (e.g. RetCCL, F = 2048), an optional padding mask
 (B, N) bool (True = real patch) so bags of different sizes share a batch, and optional patch
 coordinates (B, N, 2). The features are standardised per feature with the training split's statistics
-(stored as buffers), then ``Linear(F, D')`` replaces the patch embedding, a class token is prepended
-(and is always real), the encoder runs with the mask, and the head reads the class token.
+(stored as buffers), then ``Linear(F, D')`` replaces the patch embedding, the encoder runs with the mask, and
+the head reads one vector of the bag, chosen by ``readout``:
+
+* ``"cls"`` (the paper's ViT): a class token is prepended (always real) and the head reads it;
+* ``"attention"``: no class token; gated attention pooling (:class:`~medattn.models.layers.GatedAttentionPool`,
+  Ilse et al. 2018) of the encoder's output tokens, ``z = sum_k a_k h_k`` over the real tokens.
+
+Why the choice matters (docs/decisions.md, "Bag readout"): under SeqNorm every token's attention output is
+``Q'_i (K'^T V') / N``, so the class token learns about the bag only through per-channel means and variances of
+q (its own normalisation) and the normalised k-v cross-covariance: bag moments, in which a finding in 2% of
+the tiles is a 2% change. Attention pooling reads each tile's own token (each carries its features through the
+residual path), so a few positive tiles can carry the bag, as in attention-MIL; its cost is O(N).
 
 Positional information (the paper is silent for WSIs): ``pos_encoding="none"`` (default) treats the
 bag as a set, so the model is permutation invariant; ``"sincos"`` adds a fixed 2D sine-cosine
@@ -16,7 +26,8 @@ Streamed inference (:meth:`WSITransformer.forward_streaming`): a bag of 10^6 pat
 (SeqNorm) needs only those statistics, never all tokens at once. For layer l the bag is streamed ``passes``
 times (the mechanism's ``stream_passes``), layers < l recomputed chunk by chunk from their finished
 statistics, layer l's statistics accumulated. Memory is O(chunk_size); time is O(L^2 / 2 * passes * N) layer
-evaluations. The class token is token 0 and enters the statistics, as in the unchunked model; the result
+evaluations. The class token (``readout="cls"``) is token 0 and enters the statistics, as in the unchunked model;
+attention pooling takes one more pass, its softmax accumulated online (running maximum, rescaled sums). The result
 equals :meth:`WSITransformer.forward` up to float rounding.
 """
 
@@ -27,7 +38,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .layers import Encoder, FeatureStandardizer
+from .layers import Encoder, FeatureStandardizer, GatedAttentionPool
+
+READOUTS = ("cls", "attention")
 
 
 def sincos_2d(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -50,6 +63,8 @@ class WSITransformer(nn.Module):
         activation_checkpointing: as for :class:`VisionTransformer`.
         standardize_features: standardise each feature with the training split's statistics before
             ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine).
+        readout: ``"cls"`` or ``"attention"`` (see the module docstring); ``pool_dim``: the attention pooling's
+            hidden width (L of Ilse et al.; default ``embed_dim // 2``).
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits;
     ``forward_streaming(features, coords=None, chunk_size=32768)``: one bag (N, F) -> (1, num_classes), streamed.
@@ -61,27 +76,39 @@ class WSITransformer(nn.Module):
                  num_heads: int = 8, attn_dim: int | None = None, mlp_dim: int = 512, attention: str = "softmax",
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0,
-                 activation_checkpointing: bool = False, standardize_features: bool = True) -> None:
+                 activation_checkpointing: bool = False, standardize_features: bool = True, readout: str = "cls",
+                 pool_dim: int | None = None) -> None:
         super().__init__()
         if pos_encoding not in ("none", "sincos"):
             raise ValueError(f"pos_encoding must be 'none' or 'sincos', got {pos_encoding!r}")
+        if readout not in READOUTS:
+            raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be at least 1, got {num_classes}")
         self.feature_dim = feature_dim
         self.num_classes = num_classes
         self.pos_encoding = pos_encoding
         self.coord_scale = coord_scale
+        self.readout = readout
         self.feature_norm = FeatureStandardizer(feature_dim) if standardize_features else nn.Identity()
         self.feature_proj = nn.Linear(feature_dim, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        if readout == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
                                attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
+        if readout == "attention":
+            self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))
         self.head = nn.Linear(embed_dim, num_classes)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens before the bag's own: 1 (the class token) or 0."""
+        return 1 if self.readout == "cls" else 0
 
     def forward_features(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                          coords: torch.Tensor | None = None) -> torch.Tensor:
-        """-> (B, 1 + N, D') normalised tokens, class token first."""
+        """-> (B, prefix_tokens + N, D') normalised tokens, the class token first where there is one."""
         if features.ndim != 3 or features.shape[-1] != self.feature_dim:
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         B, N, _ = features.shape
@@ -91,16 +118,27 @@ class WSITransformer(nn.Module):
                 got = None if coords is None else tuple(coords.shape)
                 raise ValueError(f"pos_encoding='sincos' needs coords of shape ({B}, {N}, 2), got {got}")
             tokens = tokens + sincos_2d(coords / self.coord_scale, tokens.shape[-1]).to(tokens.dtype)
-        tokens = torch.cat([self.cls_token.expand(B, -1, -1), tokens], dim=1)  # (B, 1 + N, D')
-        if mask is not None:
-            if mask.shape != (B, N):
-                raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = ({B}, {N})")
-            mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # the class token is real
+        if mask is not None and mask.shape != (B, N):
+            raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = ({B}, {N})")
+        if self.readout == "cls":
+            tokens = torch.cat([self.cls_token.expand(B, -1, -1), tokens], dim=1)  # (B, 1 + N, D')
+            if mask is not None:
+                mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # the class token is real
         return self.encoder(tokens, mask)
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                 coords: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(self.forward_features(features, mask, coords)[:, 0])
+        tokens = self.forward_features(features, mask, coords)  # (B, prefix + N, D')
+        if self.readout == "cls":
+            return self.head(tokens[:, 0])
+        return self.head(self.pool(tokens, mask)[0])
+
+    def pooling_weights(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                        coords: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N) the attention readout's weight a_k of each instance (zero on padding, summing to one per bag)."""
+        if self.readout != "attention":
+            raise ValueError("pooling weights exist only with readout='attention'")
+        return self.pool(self.forward_features(features, mask, coords), mask)[1]
 
     # --- streamed inference over one gigantic bag (see the class docstring) -------------------------------------
 
@@ -125,11 +163,12 @@ class WSITransformer(nn.Module):
                 raise ValueError(f"{type(block.attn).__name__} cannot stream; use a mechanism with stream_passes > 0")
 
     def stream_chunks(self, features, coords, chunk_size: int) -> Iterator[torch.Tensor]:
-        """The class token, then the projected features chunk by chunk, each (1, n_c, D')."""
+        """The class token (if there is one), then the projected features chunk by chunk, each (1, n_c, D')."""
         from ..data.bags import read_rows
 
-        parameter = self.cls_token
-        yield self.cls_token
+        parameter = self.head.weight
+        if self.readout == "cls":
+            yield self.cls_token
         for start in range(0, features.shape[0], chunk_size):
             chunk = read_rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
             x = self.feature_proj(self.feature_norm(chunk)).unsqueeze(0)
@@ -177,5 +216,17 @@ class WSITransformer(nn.Module):
         once) or the input has the wrong shape.
         """
         states = self.stream_states(features, coords, chunk_size)
-        cls = self.through_streamed_blocks(self.cls_token, states)
-        return self.head(self.encoder.norm(cls)[:, 0])
+        if self.readout == "cls":
+            cls = self.through_streamed_blocks(self.cls_token, states)
+            return self.head(self.encoder.norm(cls)[:, 0])
+        peak, total, weighted = None, None, None  # online softmax: running max, sum of exp(s - max), sum of weighted h
+        for x in self.stream_chunks(features, coords, chunk_size):
+            h = self.encoder.norm(self.through_streamed_blocks(x, states))[0]  # (n_c, D')
+            s = self.pool.scores(h)  # (n_c,)
+            new_peak = s.max() if peak is None else torch.maximum(peak, s.max())
+            rescale = 0.0 if peak is None else torch.exp(peak - new_peak)
+            e = torch.exp(s - new_peak)
+            total = e.sum() + (0.0 if total is None else rescale * total)
+            weighted = e @ h + (0.0 if weighted is None else rescale * weighted)
+            peak = new_peak
+        return self.head((weighted / total).unsqueeze(0))

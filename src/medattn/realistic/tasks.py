@@ -14,6 +14,11 @@ Labels are balanced; each case is its own patient; the split (``train``/``val``/
 column of the table. A one-number probe (:func:`probe`: image maximum and mean, or bag size) is scored on
 the written data and saved with it (``probe.json``): a task of at least ``PROBE_MIN_CASES`` cases whose probe
 reaches AUROC ``PROBE_LIMIT`` is refused, since a trivial statistic would solve it.
+
+An unlabelled pool (``pool`` cases, image and volume tasks) for ``medattn pretrain``: more patients from the same
+generator and cohort (findings in half of them, as in the labelled cases), written under ``pool/`` with
+``pool.csv`` (a ``path`` column, no label, no split) and named in the config as ``pretrain.pool``. Its random
+stream is its own, so the labelled cases are the same with or without it, and its patients are new ones.
 """
 
 from __future__ import annotations
@@ -140,14 +145,17 @@ def probe(statistics: list[dict], labels: np.ndarray) -> dict:
 
 
 def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", sizes: dict[str, int] | None = None,
-              log: Callable[[str], None] = print) -> Path:
+              log: Callable[[str], None] = print, pool: int = 0) -> Path:
     """Write task ``name`` of :data:`TASKS` to ``out/name`` (refused if that folder holds files); -> its folder,
-    holding the data, ``config.yaml`` and ``probe.json``."""
+    holding the data, ``config.yaml``, ``probe.json`` and, with ``pool`` > 0, the unlabelled pool."""
     if name not in TASKS:
         raise UserError(f"unknown realistic task {name!r}; available: {', '.join(TASKS)}")
     if cohort not in brain.COHORTS:
         raise UserError(f"unknown cohort {cohort!r}; available: {', '.join(brain.COHORTS)}")
     task, sizes = TASKS[name], sizes or SPLITS
+    if pool and task.data["kind"] == "wsi_bags":
+        raise UserError(f"{name}: an unlabelled pool is written for the image and volume tasks (medattn pretrain "
+                        f"pretrains ViTs on images and volumes)")
     folder = Path(out) / name
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"{folder} is not empty; choose another --out (nothing was overwritten)")
@@ -173,6 +181,9 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
                                                        "probe_auroc": scores, "cases": sizes}, indent=1))
         config = {"name": f"{name}_{cohort}", "seed": 0, "data": data,
                   "model": {"name": task.model, "attention": "seqnorm"}, "train": task.train}
+        if pool:
+            config["pretrain"] = {"pool": str(_write_pool(task, folder, pool, [seed, ord(cohort), sum(map(ord, name))],
+                                                          brain.COHORTS[cohort]).resolve())}
         (folder / "config.yaml").write_text(f"# {task.description}: {TAG} (medattn realistic)\n"
                                             + yaml.safe_dump(config, sort_keys=False))
     worst = max(scores.items(), key=lambda item: item[1])
@@ -182,6 +193,15 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
         raise UserError(f"{name}: the {worst[0]} alone reaches AUROC {worst[1]:.3f} (limit {PROBE_LIMIT}): "
                         f"the task is not calibrated")
     return folder
+
+
+def _write_pool(task: Task, folder: Path, cases: int, stream: list[int], acquisition: brain.Acquisition) -> Path:
+    """``cases`` unlabelled cases under ``folder/pool`` and their table ``folder/pool.csv``; -> the table."""
+    rng = np.random.default_rng([*stream, 1])  # the labelled cases' stream is [*stream]: untouched
+    findings = rng.permutation(np.arange(cases) % 2)
+    rows = task.write(folder / "pool", findings, acquisition, rng)
+    _table(folder / "pool.csv", ["path"], [[f"pool/{r[0]}"] for r in rows])
+    return folder / "pool.csv"
 
 
 def _table(path: Path, header: list[str], rows: list[list]) -> None:

@@ -82,6 +82,29 @@ def left_out_kwargs(config: dict, arms: dict[str, dict]) -> dict[str, list[str]]
     return {name: keys for name, keys in left_out.items() if keys}
 
 
+def replaced_settings(config: dict, arms: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """arm -> ``{"train.weight_decay": {"user": 0.05, "own": 0.0001}, ...}``: the training values the user's config
+    sets (:data:`medattn.train.defaults.AUTO_KEYS`) that differ from the arm's model's own
+    (:func:`~medattn.train.defaults.training_defaults`), so a value written for one arm (a ViT's weight decay) is
+    seen replacing another's (attention-MIL's). Arms whose own settings all stand are omitted."""
+    from .defaults import AUTO_KEYS, training_defaults
+
+    replaced = {}
+    for name, arm in arms.items():
+        own = training_defaults(arm["model"]["name"])
+        given = {f"train.{key}": {"user": config["train"][key], "own": own[key]} for key in AUTO_KEYS
+                 if config["train"].get(key) is not None and config["train"][key] != own[key]}
+        if given:
+            replaced[name] = given
+    return replaced
+
+
+def replaced_text(replaced: dict[str, dict]) -> str:
+    """``train.weight_decay 0.05 (own 0.0001), ...`` for one arm."""
+    return ", ".join(f"{key} {value['user']:g} (own {value['own']:g})" if not isinstance(value["user"], str)
+                     else f"{key} {value['user']} (own {value['own']})" for key, value in replaced.items())
+
+
 def compare_jobs(arms: dict[str, dict], seeds: list[int]) -> list[Job]:
     """One job per (arm, seed) in ``<arm>/seed_<s>``, seeds inner."""
     if not seeds or len(set(seeds)) != len(seeds) or any(not isinstance(s, int) or s < 0 for s in seeds):
@@ -144,17 +167,20 @@ def bootstrap_test(reference_dirs: list[Path], other_dirs: list[Path], n_boot: i
 
 
 def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root: Path,
-              reference: str | None = None) -> dict:
-    """Per-arm metrics over seeds and the paired tests against the reference arm, from the runs' files."""
+              reference: str | None = None, config: dict | None = None) -> dict:
+    """Per-arm metrics over seeds and the paired tests against the reference arm, from the runs' files; with the
+    user's ``config``, each arm's ``user_settings`` (:func:`replaced_settings`)."""
     names = list(arms)
     reference = reference_arm(arms, reference)
+    replaced = replaced_settings(config, arms) if config is not None else {}
     per_arm = {name: results[i * len(seeds):(i + 1) * len(seeds)] for i, name in enumerate(names)}
     rows = []
     for name in names:
         values = [metric_of(r) for r in per_arm[name]]
         failed = {s: learning_of(r) for s, r in zip(seeds, per_arm[name]) if learning_of(r)}
         rows.append({"arm": name, "model": arms[name]["model"]["name"], "attention": arms[name]["model"]["attention"],
-                     "per_seed": values, **mean_std(values), "status": status_of(failed), "did_not_learn": failed})
+                     "per_seed": values, **mean_std(values), "status": status_of(failed), "did_not_learn": failed,
+                     "user_settings": replaced.get(name, {})})
     by_arm = {row["arm"]: row for row in rows}
     eval_cfg, seed = arms[reference]["eval"], arms[reference]["seed"]
     tests = []
@@ -191,8 +217,8 @@ def format_summary(summary: dict) -> str:
     label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
     seeds = [f"seed {s}" for s in summary["seeds"]]
-    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r), "status": r["status"]}
-            for r in summary["arms"]]
+    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r), "status": r["status"],
+             "settings": replaced_text(r.get("user_settings") or {})} for r in summary["arms"]]
     tests = []
     for t in summary["tests"]:
         interval = "" if t.get("ci_low") is None else f"{t['ci_low']:+.3f} to {t['ci_high']:+.3f}"
@@ -203,7 +229,7 @@ def format_summary(summary: dict) -> str:
     return "\n".join([
         f"test {label} on {summary['data']}{tag}: per seed, mean (std) over seeds",
         format_table(arms, [("arm", "arm", ""), *[(s, s, ".3f") for s in seeds], ("summary", "mean (std)", ""),
-                            ("status", "status", "")]),
+                            ("status", "status", ""), ("settings", "the config's values over the model's own", "")]),
         *[f"{r['arm']}: did not learn in seed {seed_}: {'; '.join(reasons)}" for r in summary["arms"]
           for seed_, reasons in r["did_not_learn"].items()],
         "", f"paired tests against {summary['reference']} (difference = arm - {summary['reference']}, "
@@ -254,14 +280,16 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
         log(f"arm {name}: model.kwargs {', '.join(keys)} left out (its model {arms[name]['model']['name']!r} "
             f"takes no such argument)")
     reference_arm(arms, reference)
+    for name, replaced in replaced_settings(config, arms).items():
+        log(f"arm {name}: the config's {replaced_text(replaced)} replace its model's own settings")
     results = run_jobs(compare_jobs(arms, seeds), root, progress=progress, log=log)
-    summary = summarise(arms, seeds, results, root, reference)
+    summary = summarise(arms, seeds, results, root, reference, config)
     with writing(root):
         (root / "compare.json").write_text(json.dumps(summary, indent=1))
         write_csv(root / "compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
-                                         "n_seeds", "status"],
-                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"], r["status"]]
-                   for r in summary["arms"]])
+                                         "n_seeds", "status", "user_settings"],
+                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"], r["status"],
+                    replaced_text(r["user_settings"])] for r in summary["arms"]])
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]
         write_csv(root / "compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])

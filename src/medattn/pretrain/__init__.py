@@ -1,0 +1,15 @@
+"""Self-supervised pretraining on the user's unlabelled images and volumes (``medattn pretrain``).
+
+>>> from medattn.pretrain import MaskedAutoencoder, pretrain
+>>> mae = MaskedAutoencoder(create_model("vit2d_small", attention="seqnorm"))
+>>> loss, pred, masked = mae(images)          # (B, 1, 64, 64) -> loss on the masked patches only
+
+:mod:`.mae` is the objective, :mod:`.data` what is read (the training split without labels, an unlabelled pool),
+:mod:`.loop` the resumable run whose ``checkpoints/best`` ``medattn train --init-from`` takes. See
+docs/pretraining.md.
+"""
+
+from .mae import MaskedAutoencoder, masked_patch_loss, patchify
+from .loop import pretrain
+
+__all__ = ["MaskedAutoencoder", "masked_patch_loss", "patchify", "pretrain"]

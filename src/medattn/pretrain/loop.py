@@ -1,0 +1,159 @@
+"""The pretraining run: ``medattn pretrain CONFIG`` trains a ViT preset as a masked autoencoder on the task's
+unlabelled images or volumes, resumable, and leaves a checkpoint that ``medattn train --init-from`` (and
+``medattn compare --init-from``) starts from.
+
+Run folder::
+
+    config.yaml                  the resolved config (``pretrain.*`` included)
+    metrics.csv                  epoch, lr, reconstruction loss, seconds
+    pretrain.json                what was pretrained on (cases, pool, input shape), the settings, the time
+    checkpoints/last/            the autoencoder (encoder + decoder), optimizer and RNG state: ``--resume``
+    checkpoints/best/            the encoder alone (the ViT, the decoder dropped): what ``--init-from`` reads
+
+The order of each epoch's batches comes from a generator seeded with ``seed`` and the epoch, and the masks from
+one seeded with ``seed`` and the step, so a resumed run continues with the batches and masks it would have had.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from medattn.config import save_config, validate
+from medattn.data.base import DataBundle
+from medattn.errors import UserError, writing
+from medattn.models.vit import VisionTransformer
+from medattn.runtime import checkpoint
+from medattn.runtime.build import build_model, check_model_config
+from medattn.runtime.device import open_device
+from medattn.text import bars_off
+from medattn.threads import set_threads
+from medattn.train.loaders import seed_everything
+from medattn.train.optim import lr_at, param_groups
+from medattn.train.rundir import run_folder
+
+from .data import pretraining_set
+from .mae import MaskedAutoencoder
+
+MIN_LR = 1e-6
+BETAS = (0.9, 0.95)  # MAE's
+
+
+def _inputs(samples: list[dict]) -> torch.Tensor:
+    return torch.stack([s["input"] for s in samples])
+
+
+def epoch_loader(dataset: Dataset, batch_size: int, seed: int, epoch: int) -> DataLoader:
+    """The epoch's batches in an order fixed by ``seed`` and ``epoch``; the last partial batch is dropped unless
+    it is the only one (MAE's habit: every step the same size)."""
+    order = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    drop_last = len(dataset) > batch_size
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=_inputs,
+                      drop_last=drop_last)
+
+
+def build_autoencoder(config: dict, bundle: DataBundle) -> MaskedAutoencoder:
+    """The config's model (a ViT preset, any mechanism) inside a :class:`MaskedAutoencoder` with ``pretrain.*``."""
+    check_model_config(config["model"])
+    if bundle.task.input_kind not in ("image2d", "volume3d"):
+        raise UserError(f"medattn pretrain: masked autoencoding pretrains ViTs on images and volumes; this data "
+                        f"gives {bundle.task.input_kind} inputs")
+    vit = build_model(config["model"], bundle.task)
+    if not isinstance(vit, VisionTransformer):
+        raise UserError(f"medattn pretrain: model {config['model']['name']!r} is not a ViT preset (vit2d*, vit3d*)")
+    p = config["pretrain"]
+    try:
+        return MaskedAutoencoder(vit, p["mask_ratio"], p["decoder_dim"], p["decoder_depth"], p["decoder_heads"],
+                                 p["norm_pix_loss"])
+    except ValueError as error:
+        raise UserError(f"pretrain: {error}") from None
+
+
+def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: bool = False,
+             overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print,
+             on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
+    """Pretrain ``config``'s ViT on ``bundle``'s training split (labels unused) and ``pretrain.pool``; -> the
+    summary written to pretrain.json. ``on_epoch_end(epoch, row)`` runs after each epoch's checkpoints (tests
+    interrupt a run with it)."""
+    validate(config)
+    run_dir = Path(run_dir)
+    p, seed = config["pretrain"], config["seed"]
+    device = open_device(config["train"]["device"])
+    with run_folder(run_dir, resume, overwrite):
+        set_threads(config["train"]["threads"], log)
+        seed_everything(seed)
+        dataset, described = pretraining_set(bundle, config["data"], p["pool"])
+        mae = build_autoencoder(config, bundle).to(device)
+        optimizer = torch.optim.AdamW(param_groups(mae, p["weight_decay"]), lr=p["lr"], betas=BETAS)
+        steps_per_epoch = len(epoch_loader(dataset, p["batch_size"], seed, 1))
+        total, warmup = p["epochs"] * steps_per_epoch, round(p["warmup_epochs"] * steps_per_epoch)
+        state = {"epoch": 0, "step": 0, "seconds": 0.0}
+        meta = {"config": config, "task": checkpoint.task_to_dict(bundle.task),
+                "pretrained": {"objective": "masked autoencoding", **described}}
+        if resume:
+            last = checkpoint.resolve(run_dir / "checkpoints" / "last")
+            if checkpoint.load_meta(last)["config"] != config:
+                raise UserError("--resume: the config differs from the pretraining run's saved config")
+            checkpoint.load_model(last, mae)
+            state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
+            log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
+            kept = (run_dir / "metrics.csv").read_text().splitlines()[: 1 + state["epoch"]]  # rows after it: lost
+            with writing(run_dir / "metrics.csv"):
+                (run_dir / "metrics.csv").write_text("\n".join(kept) + "\n")
+        else:
+            with writing(run_dir / "config.yaml"):
+                save_config(config, run_dir / "config.yaml")
+            with writing(run_dir / "metrics.csv"):
+                (run_dir / "metrics.csv").write_text("epoch,lr,loss,seconds\n")
+        log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
+            f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
+            f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")
+        last_loss = None
+        for epoch in range(state["epoch"] + 1, p["epochs"] + 1):
+            started = time.time()
+            mae.train()
+            losses = []
+            batches = epoch_loader(dataset, p["batch_size"], seed, epoch)
+            for x in tqdm(batches, desc=f"pretrain epoch {epoch}", leave=False, disable=not progress or bars_off()):
+                lr = lr_at(state["step"], total, warmup, p["lr"], MIN_LR)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                masks = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])
+                loss = mae(x.to(device), masks)[0]
+                if not math.isfinite(loss.item()):
+                    raise UserError(f"pretraining diverged at epoch {epoch} (loss {loss.item()}); lower pretrain.lr")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                state["step"] += 1
+                losses.append(loss.item())
+            seconds = time.time() - started
+            state["epoch"], state["seconds"] = epoch, state["seconds"] + seconds
+            last_loss = sum(losses) / len(losses)
+            row = {"epoch": epoch, "lr": lr, "loss": last_loss, "seconds": seconds}
+            epoch_meta = {**meta, "epoch": epoch}
+            checkpoint.save(run_dir / "checkpoints" / "best", mae.encoder, epoch_meta)
+            checkpoint.save(run_dir / "checkpoints" / "last", mae, epoch_meta, optimizer, state)
+            with writing(run_dir / "metrics.csv"), (run_dir / "metrics.csv").open("a") as f:
+                f.write(f"{epoch},{lr:.6g},{last_loss:.6f},{seconds:.2f}\n")
+            log(f"pretrain epoch {epoch}/{p['epochs']}: reconstruction loss {row['loss']:.4f} ({seconds:.1f} s)")
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, row)
+        summary = {"run_dir": str(run_dir), "model": config["model"]["name"],
+                   "attention": config["model"]["attention"], "data": config["data"].get("kind"),
+                   "synthetic": bundle.task.synthetic, "input_shape": list(bundle.task.input_shape), **described,
+                   "settings": p, "epochs": p["epochs"], "steps": state["step"], "final_loss": last_loss,
+                   "train_seconds": state["seconds"], "threads": torch.get_num_threads(),
+                   "checkpoint": str(run_dir / "checkpoints" / "best")}
+        with writing(run_dir / "pretrain.json"):
+            (run_dir / "pretrain.json").write_text(json.dumps(summary, indent=1))
+        log(f"pretrained in {state['seconds'] / 60:.1f} min; start training from it with: medattn train CONFIG "
+            f"--init-from {run_dir}")
+        return summary
