@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from engine_data import bag_bundle, image_bundle
 from medattn.catalogue import ATTENTIONS
 from medattn.config import load_config
 from medattn.data import build_datasets
@@ -23,8 +24,6 @@ from medattn.models.vit import VisionTransformer
 from medattn.pretrain import MaskedAutoencoder, masked_patch_loss, patchify, pretrain
 from medattn.pretrain.mae import unpatchify_mask
 from medattn.runtime import checkpoint
-
-from engine_data import bag_bundle, image_bundle
 
 VIT_PRESETS = sorted(name for name, (cls, _) in PRESETS.items() if cls is VisionTransformer)
 

@@ -308,7 +308,7 @@ KEYS: dict[str, Key] = {
                      "decay of an exponential moving average of the weights, evaluated and checkpointed"),
     "train.instance_dropout": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
                                   "bags: fraction of each training bag's instances dropped per step"),
-    "pretrain.epochs": Key(100, _integer(1, 1_000_000), "medattn pretrain: epochs over the training split and the pool"),
+    "pretrain.epochs": Key(100, _integer(1, 1_000_000), "medattn pretrain: epochs over training split + pool"),
     "pretrain.batch_size": Key(64, _integer(1, 1 << 20)),
     "pretrain.lr": Key(1e-3, _number(0, low_open=True), "AdamW (betas 0.9, 0.95), warm-up then cosine to 1e-6"),
     "pretrain.weight_decay": Key(0.05, _number(0)),

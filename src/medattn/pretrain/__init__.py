@@ -9,7 +9,7 @@
 docs/pretraining.md.
 """
 
-from .mae import MaskedAutoencoder, masked_patch_loss, patchify
 from .loop import pretrain
+from .mae import MaskedAutoencoder, masked_patch_loss, patchify
 
 __all__ = ["MaskedAutoencoder", "masked_patch_loss", "patchify", "pretrain"]
