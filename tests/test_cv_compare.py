@@ -186,6 +186,27 @@ def test_compare_bad_input(tmp_path):
     assert arms_of(config, [], ["resnet2d_tiny"])["resnet2d_tiny"]["model"]["attention"] is None
 
 
+def test_compare_names_the_config_values_that_replace_a_models_own_settings(tmp_path):
+    """A weight decay written for the ViT arm reaches the attention-MIL arm as the same (decoupled) AdamW decay,
+    and the table says it replaced that model's own; values equal to a model's own are not listed."""
+    from medattn.train.compare import format_summary, replaced_settings
+    from medattn.train.defaults import training_defaults
+
+    config = load_config("synthetic_wsi", ["train.weight_decay=0.05", "train.warmup_epochs=1", "train.lr=2e-4"])
+    arms = arms_of(config, ["seqnorm"], ["abmil_tiny"])
+    replaced = replaced_settings(config, arms)
+    assert training_defaults("abmil_tiny")["optimizer"] == "adamw"  # the decay stays decoupled in every arm
+    assert replaced["abmil_tiny"]["train.weight_decay"] == {"user": 0.05, "own": 1e-4}
+    assert replaced["abmil_tiny"]["train.warmup_epochs"] == {"user": 1, "own": 0.0}
+    assert "train.lr" not in replaced["abmil_tiny"]  # 2e-4 is its own rate
+    assert "train.weight_decay" not in replaced.get("seqnorm", {})  # the ViT's own (vitwsi_small: lr 2e-4)
+    results = [write_run(tmp_path / arm / "seed_0", np.array([0.2, 0.8] * 10), np.arange(20) % 2, 1.0)
+               for arm in arms]
+    summary = summarise(arms, [0], results, tmp_path, config=config)
+    assert summary["arms"][1]["user_settings"] == replaced["abmil_tiny"]
+    assert "train.weight_decay 0.05 (own 0.0001), train.warmup_epochs 1 (own 0)" in format_summary(summary)
+
+
 def test_a_baseline_arm_keeps_only_the_model_kwargs_its_preset_takes(capsys):
     """A ViT's patch_size cannot reach a ResNet arm (it would refuse it); a shared argument (drop_rate) does."""
     config = load_config("synthetic_breast_mri", ["model.kwargs.patch_size=[4, 4, 4]", "model.kwargs.drop_rate=0.1"])

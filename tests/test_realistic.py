@@ -60,6 +60,44 @@ def test_each_task_is_read_by_medattns_builders_and_is_deterministic(tmp_path, n
     assert _digest(other) != _digest(folder)
 
 
+@pytest.mark.parametrize("name", ["brain_mri_2d", "brain_mri_3d"])
+def test_an_unlabelled_pool_adds_new_patients_and_leaves_the_labelled_cases_alone(tmp_path, name):
+    """pool.csv lists paths only; the config names it as pretrain.pool, its files are read by the task's own
+    reader, and the labelled cases are byte for byte those written without a pool."""
+    from medattn.pretrain.data import pretraining_set
+
+    plain = make_task(name, tmp_path / "plain", sizes=SIZES, log=lambda m: None)
+    pooled = make_task(name, tmp_path / "pooled", sizes=SIZES, log=lambda m: None, pool=3)
+    assert (pooled / "pool.csv").read_text().splitlines()[0] == "path"
+    labelled = [p for p in pooled.rglob("*") if p.is_file() and "pool" not in p.relative_to(pooled).as_posix()]
+    for path in labelled:
+        if path.suffix in (".png", ".gz"):
+            assert path.read_bytes() == (plain / path.relative_to(pooled)).read_bytes()
+    pool_files = {p.read_bytes() for p in (pooled / "pool").rglob("*") if p.is_file()}
+    assert len(pool_files) == 3 and not pool_files & {p.read_bytes() for p in labelled if p.suffix in (".png", ".gz")}
+    config = load_config(str(pooled / "config.yaml"))
+    assert config["pretrain"]["pool"] == str((pooled / "pool.csv").resolve())
+    bundle = build_datasets(config["data"], seed=0)
+    dataset, described = pretraining_set(bundle, config["data"], config["pretrain"]["pool"])
+    assert described["pool_cases"] == 3 and len(dataset) == 4 + 3
+    assert dataset[6]["input"].shape == bundle.train[0]["input"].shape
+    with pytest.raises(UserError, match="image and volume tasks"):
+        make_task("ihc_bags", tmp_path / "bags", sizes=SIZES, pool=3)
+
+
+def test_probe_json_holds_the_coarse_layout_probe_of_each_split(tmp_path):
+    """A model that sees only where the image is bright: fitted on train, scored per split (the Swin of issue 40
+    learned no lesion and followed such cues; its test AUROC below 0.5 was this split's chance correlation)."""
+    folder = make_task("brain_mri_2d", tmp_path, sizes={"train": 12, "val": 6, "test": 6}, log=lambda m: None)
+    layout = json.loads((folder / "probe.json").read_text())["layout_auroc"]
+    assert set(layout) == {"train", "val", "test"} and all(0 <= v <= 1 for v in layout.values())
+    from medattn.realistic.tasks import _layout
+
+    image = np.zeros((4, 6))
+    image[:2, 3:] = 8.0
+    assert _layout(image) == [0.0, 8.0, 0.0, 0.0]  # top-left, top-right, bottom-left, bottom-right
+
+
 def test_refuses_a_folder_that_holds_files_and_unknown_names(tmp_path):
     (tmp_path / "ihc_bags").mkdir()
     (tmp_path / "ihc_bags" / "mine.txt").write_text("a user's file")

@@ -20,8 +20,9 @@ def seqnorm_model(**kwargs):
 
 @pytest.mark.parametrize("chunk_size", [1, 97, 5000])
 @pytest.mark.parametrize("attention_kwargs", [{}, {"value_dim": 3}, {"eps": 0.5}])
-def test_streaming_equals_unchunked(chunk_size, attention_kwargs):
-    model = seqnorm_model(attention_kwargs=attention_kwargs)
+@pytest.mark.parametrize("readout", ["cls", "attention"])
+def test_streaming_equals_unchunked(chunk_size, attention_kwargs, readout):
+    model = seqnorm_model(attention_kwargs=attention_kwargs, readout=readout)
     if "eps" in attention_kwargs:  # each norm's own eps counts
         model.encoder.blocks[0].attn.k_norm.eps = 2.0
     features = torch.randn(700, 16)
