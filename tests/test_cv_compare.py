@@ -207,6 +207,27 @@ def test_compare_names_the_config_values_that_replace_a_models_own_settings(tmp_
     assert "train.weight_decay 0.05 (own 0.0001), train.warmup_epochs 1 (own 0)" in format_summary(summary)
 
 
+def test_compare_starts_each_arm_from_its_own_pretraining_or_one_checkpoint(tmp_path):
+    from medattn.train.compare import compare_jobs, initial_checkpoints
+
+    config = load_config("synthetic_cxr")
+    arms = arms_of(config, ["softmax", "seqnorm"], ["resnet2d_tiny"])
+    for arm in ("softmax", "seqnorm"):
+        (tmp_path / "per_arm" / arm).mkdir(parents=True)
+    starts = initial_checkpoints(arms, tmp_path / "per_arm")
+    assert starts == {"softmax": str(tmp_path / "per_arm" / "softmax"), "seqnorm": str(tmp_path / "per_arm" / "seqnorm"),
+                      "resnet2d_tiny": None}
+    assert [job.init_from for job in compare_jobs(arms, [0, 1], starts)][:2] == [starts["softmax"]] * 2
+    weights = tmp_path / "vit.safetensors"
+    weights.write_bytes(b"")
+    assert set(initial_checkpoints(arms, weights).values()) == {str(weights)}
+    assert initial_checkpoints(arms, None) == dict.fromkeys(arms)
+    with pytest.raises(UserError, match="neither a checkpoint"):
+        initial_checkpoints(arms, tmp_path / "per_arm" / "softmax")
+    with pytest.raises(UserError, match="no such file"):
+        initial_checkpoints(arms, tmp_path / "nothing")
+
+
 def test_a_baseline_arm_keeps_only_the_model_kwargs_its_preset_takes(capsys):
     """A ViT's patch_size cannot reach a ResNet arm (it would refuse it); a shared argument (drop_rate) does."""
     config = load_config("synthetic_breast_mri", ["model.kwargs.patch_size=[4, 4, 4]", "model.kwargs.drop_rate=0.1"])

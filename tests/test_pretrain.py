@@ -165,6 +165,21 @@ def test_pretraining_lowers_the_loss_resumes_exactly_and_records_what_it_read(tm
         pretrain(config, bundle, tmp_path / "whole", progress=False, log=lambda m: None)
 
 
+def test_training_starts_from_the_pretraining_run_and_records_it(tmp_path):
+    from medattn.train import fit
+
+    bundle = image_bundle(16)
+    config = _config(tmp_path, "pretrain.epochs=1", "train.epochs=1", "train.batch_size=8", "eval.bootstrap=0",
+                     "eval.heatmaps=0")
+    pretrain(config, bundle, tmp_path / "pre", progress=False, log=lambda m: None)
+    lines = []
+    results = fit(config, bundle, tmp_path / "run", init_from=tmp_path / "pre", progress=False, log=lines.append)
+    assert results["init_from"]["new_tensors"] == [] and results["init_from"]["unused_tensors"] == []
+    assert results["init_from"]["pretrained"] == {"objective": "masked autoencoding", "train_cases": 16,
+                                                  "pool": None, "pool_cases": 0}
+    assert any("pretrained by masked autoencoding" in line for line in lines)
+
+
 def _image_table(folder, rows: int, labelled: bool) -> str:
     rng = np.random.default_rng(rows)
     (folder / "images").mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"], help="run seeds (default 0 1 2)")
     parser.add_argument("--reference", help="the arm the others are tested against (default: the first)")
     parser.add_argument("--out", help="experiment folder (default: the config's out, else runs/<name>-compare)")
+    parser.add_argument("--init-from", metavar="CHECKPOINT",
+                        help="start every arm's runs from this checkpoint (e.g. a medattn pretrain run), or from "
+                             "CHECKPOINT/<arm> where that folder exists (one pretraining run per arm)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.out or config["out"] or Path("runs") / f"{config['name']}-compare")
     try:
         compare(config, attention, models, [int(t) for t in seeds], root, reference=args.reference,
-                progress=not args.no_progress)
+                progress=not args.no_progress, init_from=args.init_from)
     finally:
         distributed.cleanup()
     return 0

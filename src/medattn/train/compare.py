@@ -105,8 +105,30 @@ def replaced_text(replaced: dict[str, dict]) -> str:
                      else f"{key} {value['user']} (own {value['own']})" for key, value in replaced.items())
 
 
-def compare_jobs(arms: dict[str, dict], seeds: list[int]) -> list[Job]:
-    """One job per (arm, seed) in ``<arm>/seed_<s>``, seeds inner."""
+def initial_checkpoints(arms: dict[str, dict], init_from: str | Path | None) -> dict[str, str | None]:
+    """arm -> the checkpoint its runs start from. ``init_from`` a checkpoint (a run or pretraining folder, a
+    weights file): every arm starts from it (shared tensors load into any mechanism). Otherwise a folder of
+    per-arm checkpoints, ``init_from/<arm>`` (e.g. ``medattn pretrain`` once per mechanism, so the arms start
+    equal): an arm without one starts from scratch (a baseline). None: every arm from scratch."""
+    from medattn.runtime import checkpoint
+
+    if init_from is None:
+        return dict.fromkeys(arms)
+    root = Path(init_from)
+    if not root.exists():
+        raise UserError(f"--init-from {init_from}: no such file or folder")
+    try:
+        whole = checkpoint.is_plain_weights(root) or bool(checkpoint.resolve(root))
+    except UserError:
+        whole = False
+    if not whole and not any((root / name).is_dir() for name in arms):
+        raise UserError(f"--init-from {init_from}: neither a checkpoint nor a folder with one per arm "
+                        f"({', '.join(arms)})")
+    return {name: str(root / name) if (root / name).is_dir() else str(root) if whole else None for name in arms}
+
+
+def compare_jobs(arms: dict[str, dict], seeds: list[int], init_from: dict[str, str | None] | None = None) -> list[Job]:
+    """One job per (arm, seed) in ``<arm>/seed_<s>``, seeds inner; ``init_from``: arm -> its starting checkpoint."""
     if not seeds or len(set(seeds)) != len(seeds) or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise UserError(f"--seeds must be distinct non-negative ints, got {seeds}")
     jobs = []
@@ -114,7 +136,7 @@ def compare_jobs(arms: dict[str, dict], seeds: list[int]) -> list[Job]:
         for seed in seeds:
             config = copy.deepcopy(arm)
             config["seed"] = seed
-            jobs.append(Job(f"{name}/seed_{seed}", config))
+            jobs.append(Job(f"{name}/seed_{seed}", config, (init_from or {}).get(name)))
     return jobs
 
 
@@ -271,9 +293,11 @@ def plot_arms(summary: dict, path: Path):
 
 
 def compare(config: dict, attentions: list[str], models: list[str], seeds: list[int], root: str | Path, *,
-            reference: str | None = None, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+            reference: str | None = None, progress: bool = True, log: Callable[[str], None] = print,
+            init_from: str | Path | None = None) -> dict:
     """Run (or resume) every (arm, seed) under ``root``, write compare.json, compare.csv and
-    compare_tests.csv there, print the tables and return the summary (:func:`summarise`)."""
+    compare_tests.csv there, print the tables and return the summary (:func:`summarise`). ``init_from``: the
+    checkpoint new runs start from (:func:`initial_checkpoints`: one per arm or one for all)."""
     root = Path(root)
     arms = arms_of(config, attentions, models)
     for name, keys in left_out_kwargs(config, arms).items():
@@ -282,7 +306,11 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
     reference_arm(arms, reference)
     for name, replaced in replaced_settings(config, arms).items():
         log(f"arm {name}: the config's {replaced_text(replaced)} replace its model's own settings")
-    results = run_jobs(compare_jobs(arms, seeds), root, progress=progress, log=log)
+    starts = initial_checkpoints(arms, init_from)
+    for name, start in starts.items():
+        if start is not None:
+            log(f"arm {name}: starts from {start}")
+    results = run_jobs(compare_jobs(arms, seeds, starts), root, progress=progress, log=log)
     summary = summarise(arms, seeds, results, root, reference, config)
     with writing(root):
         (root / "compare.json").write_text(json.dumps(summary, indent=1))

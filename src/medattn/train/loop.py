@@ -235,11 +235,14 @@ def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], Non
         loaded = load_pretrained(model, init_from)
         log(f"initialised from {init_from}: {describe(loaded)}")
         return {"from": str(init_from), **loaded}
-    new, unused = checkpoint.init_from(model, checkpoint.resolve(init_from))
-    log(f"initialised from {init_from}: {len(new)} new tensor(s)" + (f": {_some(new)}" if new else "")
+    folder = checkpoint.resolve(init_from)
+    new, unused = checkpoint.init_from(model, folder)
+    pretrained = checkpoint.load_meta(folder).get("pretrained")  # written by medattn pretrain
+    log(f"initialised from {init_from}" + (f" (pretrained by {pretrained['objective']})" if pretrained else "")
+        + f": {len(new)} new tensor(s)" + (f": {_some(new)}" if new else "")
         + (f"; {len(unused)} checkpoint tensor(s) unused: {_some(unused)}" if unused else "")
         + ("; every name is in results.json (init_from)" if len(new) + len(unused) > 2 * SHOWN_NAMES else ""))
-    return {"from": str(init_from), "new_tensors": new, "unused_tensors": unused}
+    return {"from": str(init_from), "new_tensors": new, "unused_tensors": unused, "pretrained": pretrained}
 
 
 #: Tensor names a log line shows before it counts the rest.

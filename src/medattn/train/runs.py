@@ -32,10 +32,12 @@ from .rundir import config_diff
 
 @dataclass
 class Job:
-    """One run: ``name`` is its folder below the experiment's folder, ``config`` its resolved config."""
+    """One run: ``name`` is its folder below the experiment's folder, ``config`` its resolved config,
+    ``init_from`` the checkpoint a new run starts from (``medattn train --init-from``), if any."""
 
     name: str
     config: dict
+    init_from: str | None = None
 
 
 def job_state(run_dir: Path, config: dict) -> str:
@@ -74,7 +76,7 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
             fit(config, bundle, run_dir, resume=state == "resume", overwrite=state == "new", progress=progress,
-                log=log)
+                log=log, init_from=job.init_from if state == "new" else None)
         results.append(json.loads((run_dir / "results.json").read_text()))
     return results
 
