@@ -215,8 +215,8 @@ def test_compare_starts_each_arm_from_its_own_pretraining_or_one_checkpoint(tmp_
     for arm in ("softmax", "seqnorm"):
         (tmp_path / "per_arm" / arm).mkdir(parents=True)
     starts = initial_checkpoints(arms, tmp_path / "per_arm")
-    assert starts == {"softmax": str(tmp_path / "per_arm" / "softmax"), "seqnorm": str(tmp_path / "per_arm" / "seqnorm"),
-                      "resnet2d_tiny": None}
+    per_arm = tmp_path / "per_arm"
+    assert starts == {"softmax": str(per_arm / "softmax"), "seqnorm": str(per_arm / "seqnorm"), "resnet2d_tiny": None}
     assert [job.init_from for job in compare_jobs(arms, [0, 1], starts)][:2] == [starts["softmax"]] * 2
     weights = tmp_path / "vit.safetensors"
     weights.write_bytes(b"")
