@@ -86,9 +86,10 @@ def test_vit_rejects_bad_input():
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
-@pytest.mark.parametrize("readout", ["cls", "attention"])
+@pytest.mark.parametrize("readout", ["cls", "attention", "max"])
 def test_wsi_padded_bags_equal_each_bag_alone(attention, readout):
     model = create_model("vitwsi_tiny", attention=attention, readout=readout).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the max readout's head starts at zero
     bags = [torch.randn(1, n, 16) for n in (9, 4)]
     batch = torch.zeros(2, 9, 16)
     batch[0], batch[1, :4] = bags[0][0], bags[1][0]
@@ -99,9 +100,10 @@ def test_wsi_padded_bags_equal_each_bag_alone(attention, readout):
             torch.testing.assert_close(out[i], model(bag)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("readout", ["cls", "attention"])
+@pytest.mark.parametrize("readout", ["cls", "attention", "max"])
 def test_wsi_without_positions_is_permutation_invariant(readout):
     model = create_model("vitwsi_tiny", attention="seqnorm", readout=readout).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the max readout's head starts at zero
     bag = torch.randn(1, 20, 16)
     with torch.no_grad():
         torch.testing.assert_close(model(bag[:, torch.randperm(20)]), model(bag), rtol=1e-5, atol=1e-5)

@@ -15,12 +15,13 @@ def seqnorm_model(**kwargs):
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith(("weight", "bias")):
                 p.add_(0.2 * torch.randn_like(p))
+        torch.nn.init.normal_(model.head.weight, std=0.5)  # the max readout's head starts at zero
     return model
 
 
 @pytest.mark.parametrize("chunk_size", [1, 97, 5000])
 @pytest.mark.parametrize("attention_kwargs", [{}, {"value_dim": 3}, {"eps": 0.5}])
-@pytest.mark.parametrize("readout", ["cls", "attention"])
+@pytest.mark.parametrize("readout", ["cls", "attention", "max"])
 def test_streaming_equals_unchunked(chunk_size, attention_kwargs, readout):
     model = seqnorm_model(attention_kwargs=attention_kwargs, readout=readout)
     if "eps" in attention_kwargs:  # each norm's own eps counts

@@ -26,6 +26,7 @@ COMMANDS = {
     "demo": "medattn.commands.demo",
     "train": "medattn.commands.train",
     "pretrain": "medattn.commands.pretrain",
+    "plan": "medattn.commands.plan",
     "cv": "medattn.commands.cv",
     "compare": "medattn.commands.compare",
     "eval": "medattn.commands.evaluate",

@@ -82,6 +82,8 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
     if resume or init_from:
         raise UserError("--resume and --init-from are not supported by the diffusion stages")
     config = {**resolve_training(config)[0], "out": str(run_dir)}  # null train keys: the general defaults
+    if config["train"]["epochs"] is None:
+        raise UserError("the diffusion stages need train.epochs (the packaged configs state the papers' budgets)")
     check_diffusion_run(config)
     if distributed.world_size() > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("the diffusion stages run in one process (no torchrun)")

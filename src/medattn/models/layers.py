@@ -74,10 +74,15 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.norm(self.residual_stream(x, mask))
+
+    def residual_stream(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks' output before the final LayerNorm (B, N, dim), for a readout that pools the tokens first
+        and normalises the pooled vector (timm's ``fc_norm`` habit)."""
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
             x = checkpoint(block, x, mask, use_reentrant=False) if recompute else block(x, mask)
-        return self.norm(x)
+        return x
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> int:

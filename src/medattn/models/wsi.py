@@ -8,13 +8,23 @@ the head reads one vector of the bag, chosen by ``readout``:
 
 * ``"cls"`` (the paper's ViT): a class token is prepended (always real) and the head reads it;
 * ``"attention"``: no class token; gated attention pooling (:class:`~medattn.models.layers.GatedAttentionPool`,
-  Ilse et al. 2018) of the encoder's output tokens, ``z = sum_k a_k h_k`` over the real tokens.
+  Ilse et al. 2018) of the tokens, weights a_k from the normalised tokens, ``z = LayerNorm(sum_k a_k x_k)``;
+* ``"max"``: no class token; ``z = max_k x_k``, the channel-wise maximum over the real tokens of the blocks'
+  residual stream (max-pooling MIL, Wang et al. 2018), not normalised, and the head starts at zero (logits 0, the
+  loss a constant predictor's): from the first step the gradient reaches the tiles that stand out in each channel,
+  where attention pooling starts as a mean over the bag. The final LayerNorm is not used: normalising every token
+  (as the class token is) or the pooled vector removes the scale by which a tile with all its features raised (a
+  hot spot) stands out.
+
+Attention pooling weighs the blocks' residual stream x_k with weights from the normalised tokens and normalises
+the pooled vector with the encoder's final LayerNorm (timm's ``fc_norm`` with global pooling).
 
 Why the choice matters (docs/decisions.md, "Bag readout"): under SeqNorm every token's attention output is
 ``Q'_i (K'^T V') / N``, so the class token learns about the bag only through per-channel means and variances of
 q (its own normalisation) and the normalised k-v cross-covariance: bag moments, in which a finding in 2% of
 the tiles is a 2% change. Attention pooling reads each tile's own token (each carries its features through the
-residual path), so a few positive tiles can carry the bag, as in attention-MIL; its cost is O(N).
+residual path), so a few positive tiles can carry the bag, as in attention-MIL; its cost is O(N). Max pooling
+reads them too, and learns where attention pooling, starting as a mean, does not (measured in docs/decisions.md).
 
 Positional information (the paper is silent for WSIs): ``pos_encoding="none"`` (default) treats the
 bag as a set, so the model is permutation invariant; ``"sincos"`` adds a fixed 2D sine-cosine
@@ -40,7 +50,7 @@ from torch import nn
 
 from .layers import Encoder, FeatureStandardizer, GatedAttentionPool
 
-READOUTS = ("cls", "attention")
+READOUTS = ("cls", "attention", "max")
 
 
 def sincos_2d(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -98,8 +108,11 @@ class WSITransformer(nn.Module):
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
                                attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         if readout == "attention":
-            self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))
+            self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))  # "max" has no parameters
         self.head = nn.Linear(embed_dim, num_classes)
+        if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
 
     @property
     def prefix_tokens(self) -> int:
@@ -109,6 +122,11 @@ class WSITransformer(nn.Module):
     def forward_features(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                          coords: torch.Tensor | None = None) -> torch.Tensor:
         """-> (B, prefix_tokens + N, D') normalised tokens, the class token first where there is one."""
+        return self.encoder(*self._tokens(features, mask, coords))
+
+    def _tokens(self, features: torch.Tensor, mask: torch.Tensor | None,
+                coords: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> the encoder's input (B, prefix_tokens + N, D') and its mask (the class token real), checked."""
         if features.ndim != 3 or features.shape[-1] != self.feature_dim:
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         B, N, _ = features.shape
@@ -124,21 +142,33 @@ class WSITransformer(nn.Module):
             tokens = torch.cat([self.cls_token.expand(B, -1, -1), tokens], dim=1)  # (B, 1 + N, D')
             if mask is not None:
                 mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # the class token is real
-        return self.encoder(tokens, mask)
+        return tokens, mask
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                 coords: torch.Tensor | None = None) -> torch.Tensor:
-        tokens = self.forward_features(features, mask, coords)  # (B, prefix + N, D')
         if self.readout == "cls":
-            return self.head(tokens[:, 0])
-        return self.head(self.pool(tokens, mask)[0])
+            return self.head(self.forward_features(features, mask, coords)[:, 0])
+        return self.head(self.pooled(features, mask, coords)[0])
+
+    def pooled(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+               coords: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pooling readouts: -> (z (B, D') the pooled vector, the attention weights a (B, N) or None)."""
+        x = self.encoder.residual_stream(*self._tokens(features, mask, coords))  # (B, N, D')
+        if self.readout == "max":
+            if mask is not None:
+                x = x.masked_fill(~mask.unsqueeze(-1), float("-inf"))
+            return x.amax(dim=1), None
+        a = self.pool(self.encoder.norm(x), mask)[1]  # (B, N), zero on padding
+        if mask is not None:
+            x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach the output or its gradients
+        return self.encoder.norm(torch.einsum("bn,bnd->bd", a, x)), a
 
     def pooling_weights(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                         coords: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N) the attention readout's weight a_k of each instance (zero on padding, summing to one per bag)."""
         if self.readout != "attention":
             raise ValueError("pooling weights exist only with readout='attention'")
-        return self.pool(self.forward_features(features, mask, coords), mask)[1]
+        return self.pooled(features, mask, coords)[1]
 
     # --- streamed inference over one gigantic bag (see the class docstring) -------------------------------------
 
@@ -219,14 +249,18 @@ class WSITransformer(nn.Module):
         if self.readout == "cls":
             cls = self.through_streamed_blocks(self.cls_token, states)
             return self.head(self.encoder.norm(cls)[:, 0])
-        peak, total, weighted = None, None, None  # online softmax: running max, sum of exp(s - max), sum of weighted h
-        for x in self.stream_chunks(features, coords, chunk_size):
-            h = self.encoder.norm(self.through_streamed_blocks(x, states))[0]  # (n_c, D')
-            s = self.pool.scores(h)  # (n_c,)
+        if self.readout == "max":
+            chunks = (self.through_streamed_blocks(x, states)[0].amax(dim=0)
+                      for x in self.stream_chunks(features, coords, chunk_size))
+            return self.head(torch.stack(list(chunks)).amax(dim=0, keepdim=True))
+        peak, total, weighted = None, None, None  # online softmax: running max, sum of exp(s - max), sum of weighted x
+        for chunk in self.stream_chunks(features, coords, chunk_size):
+            x = self.through_streamed_blocks(chunk, states)[0]  # (n_c, D')
+            s = self.pool.scores(self.encoder.norm(x))  # (n_c,)
             new_peak = s.max() if peak is None else torch.maximum(peak, s.max())
             rescale = 0.0 if peak is None else torch.exp(peak - new_peak)
             e = torch.exp(s - new_peak)
             total = e.sum() + (0.0 if total is None else rescale * total)
-            weighted = e @ h + (0.0 if weighted is None else rescale * weighted)
+            weighted = e @ x + (0.0 if weighted is None else rescale * weighted)
             peak = new_peak
-        return self.head((weighted / total).unsqueeze(0))
+        return self.head(self.encoder.norm((weighted / total).unsqueeze(0)))

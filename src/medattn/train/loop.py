@@ -41,6 +41,8 @@ from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
 from medattn.explain.cases import case_heatmaps
 from medattn.models.pretrained import describe, load_pretrained
+from medattn.plan import apply as apply_plan
+from medattn.plan import as_records, fingerprint, plan
 from medattn.runtime import checkpoint, distributed, sliding
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import autocast, open_device
@@ -93,6 +95,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
                             f"an all-test cohort use medattn eval")
     config, chosen = resolve_training(config)
     check_model_config(config["model"])
+    found = fingerprint(bundle)
+    decisions = plan(config, found)  # deterministic: a resumed run plans the same
+    config = apply_plan(config, decisions)
+    chosen.update({d.key: d.value for d in decisions if d.applied})
     if not config["train"]["skip_bad"]:  # with skip_bad the builders decoded every file already
         decode_all(bundle, progress and distributed.is_main())
     if device is None:
@@ -102,7 +108,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     with run_folder(run_dir, resume, overwrite):
         try:
             return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
+                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started,
+                        planned={"fingerprint": found, "decisions": as_records(decisions)})
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -113,9 +120,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict,
-         started: float) -> dict:
+         started: float, planned: dict) -> dict:
     """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
-    ``chosen``: the training values defaults chose (recorded with the data's and the model's)."""
+    ``chosen``: the training values defaults and the plan chose (recorded with the data's and the model's);
+    ``planned``: the fingerprint and the plan's decisions (results.json ``plan``)."""
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     log = log if distributed.is_main() else (lambda message: None)
     if resume:
@@ -142,6 +150,9 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics win
     defaults = {**chosen, **bundle.defaults, **model_defaults(config["model"])}
     log("defaults: " + ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "defaults: none used")
+    for decision in planned["decisions"]:
+        log(f"plan: {decision['key']}={decision['value']}{'' if decision['applied'] else ' (as configured)'}: "
+            f"{decision['reason']}")
     optimizer = make_optimizer(model, train_cfg)
     ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: it starts from those weights
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
@@ -212,7 +223,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
         score_key: state["best_score"],
         "skipped_samples": bundle.skipped, "train_seconds": time.time() - training_started,
         "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report, "warnings": setup_warnings,
-        "defaults": defaults, "feature_standardization": standardized,
+        "defaults": defaults, "feature_standardization": standardized, "plan": planned,
     }
     return test_best(model, config, bundle, run_dir, results, device, progress, log, started)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from medattn import metrics
-from medattn.config import read_config_file
+from medattn.config import flatten, read_config_file
 from medattn.errors import UserError
 from medattn.runtime.build import check_model_config
 
@@ -43,7 +43,9 @@ class Job:
 def job_state(run_dir: Path, config: dict) -> str:
     """``done`` (results.json, same config), ``resume`` (a checkpoint) or ``new``."""
     if (run_dir / "results.json").is_file():  # saved resolved (medattn.train.defaults): compare it so
-        changed = config_diff(read_config_file(run_dir / "config.yaml"), resolve_training(config)[0])
+        requested = resolve_training(config)[0]
+        planned = {k for k, v in flatten(requested).items() if v is None}  # null: the run's plan chose it
+        changed = [k for k in config_diff(read_config_file(run_dir / "config.yaml"), requested) if k not in planned]
         if changed:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")

@@ -1,0 +1,56 @@
+"""A data set's fingerprint (nnU-Net's habit): the numbers a training plan is derived from, read from the built
+data, deterministic for a given data set and config.
+
+=====================  ====================================================================================
+``cases``              training / validation / test cases
+``positive_share``     binary and multi-label tasks: the share of positive training labels per output
+``input_kind``         ``image2d``, ``volume3d`` or ``bag``; ``input_shape`` the model's input (C, *S) or (F,)
+``intensity``          images and volumes: min, max, mean and std of the first ``SAMPLE`` training inputs as
+                       the model sees them (after the reader's scaling and normalisation)
+``bag_sizes``          bags: min, median and max instances per training bag (the whole bag, as stored)
+=====================  ====================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from medattn.data.base import DataBundle
+
+SAMPLE = 32  # training inputs read for the intensity summary
+
+
+def _bag_size(dataset, index: int) -> int:
+    """Instances of training bag ``index`` as stored (the record's file when the dataset keeps records)."""
+    records = getattr(dataset, "records", None)
+    if records is not None:  # wsi_bags: read from the HDF5 headers, whatever max_instances keeps
+        from medattn.data.bags import slide_shape
+
+        return sum(slide_shape(path)[0] for path in records[index].paths)
+    return int(dataset[index]["input"].shape[0])
+
+
+def fingerprint(bundle: DataBundle) -> dict:
+    """The fingerprint of ``bundle`` (module docstring); JSON-able."""
+    task, train = bundle.task, bundle.train
+    found = {"cases": {"train": len(train), "val": len(bundle.val), "test": len(bundle.test)},
+             "task_type": task.task_type, "input_kind": task.input_kind, "input_shape": list(task.input_shape)}
+    if task.task_type in ("binary", "multilabel") and len(train):
+        from medattn.train.sampling import dataset_labels  # train/ imports this module: import on use
+
+        labels = dataset_labels(train).reshape(len(train), -1).float()
+        found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]
+    if task.input_kind == "bag":
+        sizes = np.array([_bag_size(train, i) for i in range(len(train))])
+        found["bag_sizes"] = {"min": int(sizes.min()), "median": int(np.median(sizes)), "max": int(sizes.max())}
+    elif len(train):
+        with torch.random.fork_rng():  # augmentation draws: the training order stays as seeded
+            torch.manual_seed(0)
+            values = torch.stack([train[i]["input"].float() for i in range(min(SAMPLE, len(train)))])
+        found["intensity"] = {"min": float(values.min()), "max": float(values.max()),
+                              "mean": float(values.mean()), "std": float(values.std())}
+        found["voxels"] = math.prod(task.input_shape[1:])
+    return found

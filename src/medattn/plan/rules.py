@@ -1,0 +1,91 @@
+"""The training plan: values for the keys a config leaves null, derived from the data's fingerprint, each with its
+reason, so a user with 180 cases and a user with 18,000 get a run of the length their data needs.
+
+Rules (each measured on the realistic benchmark, docs/realistic.md, "The plan"):
+
+* ``train.epochs`` (null): enough epochs for ``TARGET_STEPS`` optimizer steps of the model's family at the
+  config's batch size, within [``MIN_EPOCHS``, ``MAX_EPOCHS``]. A ViT trained from scratch on a few hundred images
+  needs several times the steps a CNN does: at 30 epochs (360 steps, 180 slices, batch 16) SeqNorm's train loss
+  stayed near a constant predictor's.
+* bags, ``data.max_instances``: not planned (null = whole bags) but checked: a limit below the largest training bag
+  is reported with the share of a bag it keeps, since a finding in 2% of the tiles can then be missed in an epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+#: optimizer steps a run should take, by model family
+TARGET_STEPS = {"transformer": 1800, "other": 600}
+MIN_EPOCHS, MAX_EPOCHS = 20, 300
+FAMILY_TEXT = {"transformer": "a transformer", "other": "a model without attention"}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One planned value: ``key`` (dotted), ``value``, ``reason``; ``applied`` False for a note on a value the
+    config set (the plan never overrides the user)."""
+
+    key: str
+    value: object
+    reason: str
+    applied: bool = True
+
+
+def family(model_cfg: dict) -> str:
+    """``transformer`` for a model with an attention mechanism (ViTs, bag transformers), else ``other``."""
+    from medattn.models import takes_attention
+
+    return "transformer" if takes_attention(model_cfg["name"]) else "other"
+
+
+def plan(config: dict, found: dict) -> list[Decision]:
+    """The decisions for ``config`` on data with fingerprint ``found`` (:func:`~.fingerprint.fingerprint`)."""
+    decisions = []
+    train, cases = config["train"], found["cases"]["train"]
+    steps_per_epoch = max(1, math.ceil(cases / (train["batch_size"] * train["grad_accum"])))
+    kind = family(config["model"])
+    if train["epochs"] is None:
+        target = TARGET_STEPS[kind]
+        epochs = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(target / steps_per_epoch)))
+        decisions.append(Decision("train.epochs", epochs, f"{target} optimizer steps for {FAMILY_TEXT[kind]}: "
+                                  f"{cases} training cases / batch {train['batch_size'] * train['grad_accum']} = "
+                                  f"{steps_per_epoch} steps per epoch (bounded to {MIN_EPOCHS}-{MAX_EPOCHS} epochs)"))
+    if found["input_kind"] == "bag":
+        largest, limit = found["bag_sizes"]["max"], config["data"].get("max_instances")
+        if limit is not None and limit < largest:
+            decisions.append(Decision("data.max_instances", limit, f"keeps {limit} of up to {largest} instances per "
+                                      f"bag and epoch ({limit / largest:.0%} of the largest): a finding in a few "
+                                      f"tiles can be left out of an epoch; null trains on whole bags", False))
+        elif limit is None:
+            decisions.append(Decision("data.max_instances", None, f"whole bags: the largest training bag holds "
+                                      f"{largest} instances", False))
+    return decisions
+
+
+def apply(config: dict, decisions: list[Decision]) -> dict:
+    """A copy of ``config`` with every applied decision's value set."""
+    import copy
+
+    planned = copy.deepcopy(config)
+    for decision in decisions:
+        if decision.applied:
+            section, key = decision.key.split(".", 1)
+            planned[section][key] = decision.value
+    return planned
+
+
+def as_records(decisions: list[Decision]) -> list[dict]:
+    return [asdict(d) for d in decisions]
+
+
+def describe(found: dict, decisions: list[Decision]) -> str:
+    """The fingerprint and the plan as ``medattn plan`` prints them."""
+    lines = ["fingerprint:"]
+    lines += [f"  {key}: {value}" for key, value in found.items()]
+    lines.append("plan (keys the config leaves null; notes on values it sets):")
+    lines += [f"  {d.key} = {d.value}{'' if d.applied else '  [as configured]'}: {d.reason}" for d in decisions]
+    if not decisions:
+        lines.append("  nothing to plan: the config sets every planned key")
+    return "\n".join(lines)
