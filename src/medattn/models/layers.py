@@ -168,7 +168,8 @@ class GatedAttentionPool(nn.Module):
     :class:`~medattn.models.mil.AttentionMIL`'s pooling.
 
     ``forward(h, mask=None)``: h (B, N, dim), mask (B, N) bool (True = real) -> (z (B, dim), a (B, N), exactly
-    zero on padding). ``scores(h)``: (..., N, dim) -> (..., N) the unnormalised s_k (streamed pooling).
+    zero on padding). ``weights(h, mask=None)``: -> a alone. ``scores(h)``: (..., N, dim) -> (..., N) the
+    unnormalised s_k (streamed pooling).
     """
 
     def __init__(self, dim: int, attn_dim: int) -> None:
@@ -180,10 +181,13 @@ class GatedAttentionPool(nn.Module):
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         return self.attention_w(torch.tanh(self.attention_v(h)) * torch.sigmoid(self.attention_u(h))).squeeze(-1)
 
-    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def weights(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N) a_k, the softmax of the scores over the real tokens (exactly 0 on padding)."""
         s = self.scores(h)  # (B, N)
+        return torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.weights(h, mask)
         if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
             h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach the output or its gradients
-        a = torch.softmax(s, dim=-1)  # (B, N)
         return torch.einsum("bn,bnd->bd", a, h), a

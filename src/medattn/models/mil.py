@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from ..attention.base import is_traced
-from .layers import FeatureStandardizer
+from .layers import FeatureStandardizer, GatedAttentionPool
 
 
-class AttentionMIL(nn.Module):
+class AttentionMIL(GatedAttentionPool):
     """Gated attention-MIL classifier over bags of instance features.
 
     Args:
@@ -41,23 +41,23 @@ class AttentionMIL(nn.Module):
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     ``attention_weights(features, mask=None)``: -> (B, N) a_k, zero on padding, summing to one per bag.
+
+    The pooling is :class:`~medattn.models.layers.GatedAttentionPool`'s (this class extends it: its
+    ``attention_v``, ``attention_u`` and ``attention_w`` keep their names in the state dict).
     """
 
     input_contract = "bag"
 
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, attn_dim: int = 128,
                  drop_rate: float = 0.0, standardize_features: bool = True) -> None:
-        super().__init__()
         if min(feature_dim, num_classes, embed_dim, attn_dim) < 1:
             raise ValueError("feature_dim, num_classes, embed_dim and attn_dim must be positive")
+        super().__init__(embed_dim, attn_dim)
         self.feature_dim, self.num_classes = feature_dim, num_classes
         self.feature_norm = FeatureStandardizer(feature_dim) if standardize_features else nn.Identity()
         self.embed = nn.Linear(feature_dim, embed_dim)
         self.act = nn.ReLU()
         self.drop = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
-        self.attention_v = nn.Linear(embed_dim, attn_dim)
-        self.attention_u = nn.Linear(embed_dim, attn_dim)
-        self.attention_w = nn.Linear(attn_dim, 1, bias=False)
         self.head = nn.Linear(embed_dim, num_classes)
 
     def _embed(self, features: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,11 +73,8 @@ class AttentionMIL(nn.Module):
                 raise ValueError("every bag needs at least one real instance (a mask row is all False)")
             features = features.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach values or gradients
         h = self.drop(self.act(self.embed(features)))  # (B, N, M)
-        s = self.attention_w(torch.tanh(self.attention_v(h)) * torch.sigmoid(self.attention_u(h))).squeeze(-1)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))  # (B, N)
-            h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, N, M)
-        return h, torch.softmax(s, dim=-1)  # (B, N, M), (B, N): exactly 0 on padding
+        a = self.weights(h, mask)  # (B, N): exactly 0 on padding
+        return (h if mask is None else h.masked_fill(~mask.unsqueeze(-1), 0.0)), a
 
     def attention_weights(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N) attention a_k of each instance (zero on padding), e.g. for a heatmap."""

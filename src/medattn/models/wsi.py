@@ -37,8 +37,8 @@ Streamed inference (:meth:`WSITransformer.forward_streaming`): a bag of 10^6 pat
 times (the mechanism's ``stream_passes``), layers < l recomputed chunk by chunk from their finished
 statistics, layer l's statistics accumulated. Memory is O(chunk_size); time is O(L^2 / 2 * passes * N) layer
 evaluations. The class token (``readout="cls"``) is token 0 and enters the statistics, as in the unchunked model;
-attention pooling takes one more pass, its softmax accumulated online (running maximum, rescaled sums). The result
-equals :meth:`WSITransformer.forward` up to float rounding.
+the pooling readouts take one more pass (attention's softmax accumulated online: running maximum, rescaled sums;
+max a running maximum). The result equals :meth:`WSITransformer.forward` up to float rounding.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class WSITransformer(nn.Module):
             if mask is not None:
                 x = x.masked_fill(~mask.unsqueeze(-1), float("-inf"))
             return x.amax(dim=1), None
-        a = self.pool(self.encoder.norm(x), mask)[1]  # (B, N), zero on padding
+        a = self.pool.weights(self.encoder.norm(x), mask)  # (B, N), zero on padding
         if mask is not None:
             x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach the output or its gradients
         return self.encoder.norm(torch.einsum("bn,bnd->bd", a, x)), a

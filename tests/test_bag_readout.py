@@ -1,0 +1,63 @@
+"""The bag transformer's readouts (class token, gated attention pooling, max pooling): each equals a slow reference,
+builds only what it uses and is explained by a method that applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medattn.explain import default_method
+from medattn.models import create_model
+from medattn.models.wsi import READOUTS
+
+
+def _model(readout: str, attention: str = "seqnorm"):
+    torch.manual_seed(0)
+    model = create_model("vitwsi_tiny", attention=attention, readout=readout).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the max readout's head starts at zero
+    return model
+
+
+@pytest.mark.parametrize("attention", ["seqnorm", "softmax"])
+def test_pooling_readouts_equal_a_loop_over_the_tokens(attention):
+    bag = torch.randn(1, 30, 16)
+    for readout in ("max", "attention"):
+        model = _model(readout, attention)
+        with torch.no_grad():
+            x = model.encoder.residual_stream(model.feature_proj(model.feature_norm(bag)))[0]  # (N, D')
+            if readout == "max":
+                pooled = torch.tensor([max(float(x[k, c]) for k in range(30)) for c in range(x.shape[1])])
+            else:
+                s = torch.stack([model.pool.scores(model.encoder.norm(x[k])) for k in range(30)])
+                pooled = model.encoder.norm((torch.softmax(s, 0)[:, None] * x).sum(0))
+            torch.testing.assert_close(model(bag)[0], model.head(pooled), rtol=1e-5, atol=1e-5)
+
+
+def test_each_readout_builds_only_what_it_uses_and_bad_names_fail():
+    names = {readout: set(dict(create_model("vitwsi_tiny", readout=readout).named_parameters()))
+             for readout in READOUTS}
+    assert "cls_token" in names["cls"] and not any("pool" in n for n in names["cls"])
+    assert "cls_token" not in names["attention"] and "pool.attention_w.weight" in names["attention"]
+    assert "cls_token" not in names["max"] and not any("pool" in n for n in names["max"])
+    assert not create_model("vitwsi_tiny", readout="max").head.weight.any()  # logits start at 0
+    with pytest.raises(ValueError, match="readout must be one of"):
+        create_model("vitwsi_tiny", readout="mean")
+
+
+def test_pooling_weights_are_a_distribution_over_the_real_instances():
+    model = _model("attention")
+    bag = torch.randn(2, 10, 16)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 6:] = False
+    with torch.no_grad():
+        a = model.pooling_weights(bag, mask)
+    torch.testing.assert_close(a.sum(1), torch.ones(2))
+    assert (a[1, 6:] == 0).all() and (a[mask] > 0).all()
+    with pytest.raises(ValueError, match="only with readout='attention'"):
+        _model("max").pooling_weights(bag)
+
+
+def test_pooling_readouts_are_explained_by_gradient_x_input():
+    assert default_method(_model("cls")) == "gradrollout"
+    assert default_method(_model("max")) == default_method(_model("attention")) == "gradxinput"
+
