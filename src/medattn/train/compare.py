@@ -22,7 +22,9 @@ tested against the reference arm (the first, or ``reference``), difference = arm
 
 Written to DIR: ``compare.json``, ``compare.csv`` (arms), ``compare_tests.csv`` (tests) and ``compare.png`` (each
 arm's metric per seed and its mean; arms that did not learn hatched); the table is
-printed.
+printed. Each arm's row names the config's training values that replaced its model's own settings
+(:func:`replaced_settings`); ``init_from`` starts the arms from one checkpoint or one each
+(:func:`initial_checkpoints`, e.g. ``medattn pretrain`` per mechanism).
 """
 
 from __future__ import annotations
@@ -101,8 +103,10 @@ def replaced_settings(config: dict, arms: dict[str, dict]) -> dict[str, dict[str
 
 def replaced_text(replaced: dict[str, dict]) -> str:
     """``train.weight_decay 0.05 (own 0.0001), ...`` for one arm."""
-    return ", ".join(f"{key} {value['user']:g} (own {value['own']:g})" if not isinstance(value["user"], str)
-                     else f"{key} {value['user']} (own {value['own']})" for key, value in replaced.items())
+    def shown(value) -> str:
+        return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+    return ", ".join(f"{key} {shown(v['user'])} (own {shown(v['own'])})" for key, v in replaced.items())
 
 
 def initial_checkpoints(arms: dict[str, dict], init_from: str | Path | None) -> dict[str, str | None]:

@@ -95,10 +95,6 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
                             f"an all-test cohort use medattn eval")
     config, chosen = resolve_training(config)
     check_model_config(config["model"])
-    found = fingerprint(bundle)
-    decisions = plan(config, found)  # deterministic: a resumed run plans the same
-    config = apply_plan(config, decisions)
-    chosen.update({d.key: d.value for d in decisions if d.applied})
     if not config["train"]["skip_bad"]:  # with skip_bad the builders decoded every file already
         decode_all(bundle, progress and distributed.is_main())
     if device is None:
@@ -108,8 +104,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     with run_folder(run_dir, resume, overwrite):
         try:
             return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started,
-                        planned={"fingerprint": found, "decisions": as_records(decisions)})
+                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -120,10 +115,16 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict,
-         started: float, planned: dict) -> dict:
+         started: float) -> dict:
     """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
-    ``chosen``: the training values defaults and the plan chose (recorded with the data's and the model's);
-    ``planned``: the fingerprint and the plan's decisions (results.json ``plan``)."""
+    ``chosen``: the training values defaults chose (recorded with the data's, the model's and the plan's).
+    The plan (:mod:`medattn.plan`) fills the keys the config leaves null from the data's fingerprint; it is
+    deterministic, so a resumed run plans the same."""
+    found = fingerprint(bundle)  # reads training samples: inside the run folder, whose failure rules apply
+    decisions = plan(config, found)
+    config = apply_plan(config, decisions)
+    chosen = {**chosen, **{d.key: d.value for d in decisions if d.applied}}
+    planned = {"fingerprint": found, "decisions": as_records(decisions)}
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     log = log if distributed.is_main() else (lambda message: None)
     if resume:

@@ -47,7 +47,7 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
 
 
 #: Model arguments whose preset value is recorded with a run when the config does not set them.
-RECORDED_KWARGS = ("stem", "standardize_features")
+RECORDED_KWARGS = ("stem", "standardize_features", "readout")
 
 
 def model_defaults(model_cfg: dict) -> dict:
