@@ -61,3 +61,27 @@ def test_pooling_readouts_are_explained_by_gradient_x_input():
     assert default_method(_model("cls")) == "gradrollout"
     assert default_method(_model("max")) == default_method(_model("attention")) == "gradxinput"
 
+
+
+def test_a_class_token_checkpoint_loads_as_such_when_its_presets_readout_changes(tmp_path, monkeypatch):
+    """A checkpoint saved with a class token and no readout key builds with readout cls even where the preset's
+    default became a pooling readout; without the rule the class token would be an unexpected tensor."""
+    from medattn.config import load_config
+    from medattn.data.base import TaskInfo
+    from medattn.models import presets
+    from medattn.runtime import checkpoint
+    from medattn.runtime.build import build_model
+
+    model = create_model("vitwsi_tiny", attention="seqnorm")  # readout "cls"
+    config = load_config(None, ["data.kind=synthetic_wsi", "model.name=vitwsi_tiny", "model.attention=seqnorm"])
+    task = TaskInfo("binary", "bag", 1, (16,), synthetic=True)
+    checkpoint.save(tmp_path / "old", model, {"config": config, "task": checkpoint.task_to_dict(task)})
+    cls, kwargs = presets.PRESETS["vitwsi_tiny"]
+    monkeypatch.setitem(presets.PRESETS, "vitwsi_tiny", (cls, {**kwargs, "readout": "max"}))
+    meta = checkpoint.load_meta(tmp_path / "old")
+    assert meta["config"]["model"]["kwargs"]["readout"] == "cls"
+    rebuilt = build_model(meta["config"]["model"], task)
+    checkpoint.load_model(tmp_path / "old", rebuilt)
+    bag = torch.randn(1, 9, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(bag), model.eval()(bag))

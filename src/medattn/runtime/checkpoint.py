@@ -161,7 +161,21 @@ def load_meta(folder: Path) -> dict:
     check_meta(meta, str(path))
     _keep_patch_stem(meta["config"]["model"], folder)
     _keep_raw_features(meta["config"]["model"], folder)
+    _keep_class_token(meta["config"]["model"], folder)
     return meta
+
+
+def _keep_class_token(model_cfg: dict, folder: Path) -> None:
+    """A bag transformer's checkpoint written with a class token (``cls_token``) and no ``readout`` key, of a preset
+    whose default readout is another since (issue 40), gets ``readout: cls`` and loads as what it is."""
+    kwargs = model_cfg["kwargs"]
+    if "readout" in kwargs or model_cfg["name"] not in PRESETS:
+        return
+    cls, preset = PRESETS[model_cfg["name"]]
+    readout = inspect.signature(cls).parameters.get("readout")
+    if readout is not None and preset.get("readout", readout.default) != "cls" and "cls_token" in header_shapes(
+            folder):
+        kwargs["readout"] = "cls"
 
 
 def _keep_raw_features(model_cfg: dict, folder: Path) -> None:
