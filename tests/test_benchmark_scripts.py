@@ -49,6 +49,7 @@ SLOW = {"validation_cost.py", "wsi_heatmap_mass.py"}
 #: script -> why it is only asked for --help here.
 HELP_ONLY = {
     "bag_statistics_probe.py": "reads a realistic ihc_bags folder (medattn realistic, a minute to write)",
+    "paired_arms.py": "reads the run folders of two finished experiments",
     "diffusion_scaling.py": "run at a toy size by tests/test_diffusion_bench.py",
     "explain_sanity.py": "reads finished training runs",
     "heatmap_examples.py": "reads the folder a `medattn demo` wrote",
