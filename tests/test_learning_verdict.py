@@ -116,8 +116,8 @@ def test_compare_marks_an_arm_that_did_not_learn_and_leaves_it_out_of_the_paired
 def test_attention_mil_trains_with_its_own_optimiser_unless_the_user_sets_one(tmp_path):
     config = tiny_config("model.name=abmil_tiny", "model.attention=null", "train.lr=null")
     resolved, chosen = resolve_training(config)
-    assert resolved["train"]["optimizer"] == "adam" and resolved["train"]["lr"] == 2e-4
-    assert resolved["train"]["weight_decay"] == 1e-5 and chosen["train.lr"] == 2e-4
+    assert resolved["train"]["optimizer"] == "adamw" and resolved["train"]["lr"] == 2e-4  # decoupled decay
+    assert resolved["train"]["weight_decay"] == 1e-4 and chosen["train.lr"] == 2e-4
     assert resolved["train"]["schedule"] == "constant" and resolved["train"]["grad_clip"] == 0  # as CLAM trains it
     assert "train.warmup_epochs" not in chosen  # tiny_config sets it: the user's value wins
     vit = resolve_training(tiny_config("train.optimizer=null", "train.weight_decay=null"))[0]
@@ -126,7 +126,7 @@ def test_attention_mil_trains_with_its_own_optimiser_unless_the_user_sets_one(tm
     assert resolve_training(resolved)[1] == {}  # resolving twice changes nothing
     results = fit(config, bag_bundle(), tmp_path / "run", progress=False, log=lambda m: None)
     saved = yaml.safe_load((tmp_path / "run/config.yaml").read_text())
-    assert saved["train"]["optimizer"] == "adam" and saved["train"]["lr"] == 2e-4  # config.yaml holds what ran
+    assert saved["train"]["optimizer"] == "adamw" and saved["train"]["lr"] == 2e-4  # config.yaml holds what ran
     assert results["defaults"]["train.lr"] == 2e-4 and results["defaults"]["model.kwargs.standardize_features"]
 
 
