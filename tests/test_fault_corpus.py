@@ -36,8 +36,10 @@ COMMANDS_WITH_FILES = {
     "explain": lambda run, files, out: ["explain", str(run), *map(str, files), "--out", str(out)],
 }
 #: Commands that read no user file per input (configs, checkpoints, slides and volumes are covered elsewhere:
-#: tests/test_bad_input_*.py, tests/test_slides_*.py, tests/test_diffusion_cli.py, tests/test_extras.py).
-COVERED_ELSEWHERE = {"demo", "train", "cv", "compare", "eval", "export", "inpaint", "models", "wsi", "realistic"}
+#: tests/test_bad_input_*.py, tests/test_slides_*.py, tests/test_diffusion_cli.py, tests/test_extras.py; the unlabelled
+#: pool of pretrain and the data plan reads: tests/test_pretrain.py, tests/test_plan.py).
+COVERED_ELSEWHERE = {"demo", "train", "cv", "compare", "eval", "export", "inpaint", "models", "wsi", "realistic",
+                     "pretrain", "plan"}
 
 
 def _good(path: Path, kind: str, seed: int) -> Path:
