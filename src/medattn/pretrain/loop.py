@@ -76,6 +76,29 @@ def build_autoencoder(config: dict, bundle: DataBundle) -> MaskedAutoencoder:
         raise UserError(f"pretrain: {error}") from None
 
 
+def one_epoch(mae: MaskedAutoencoder, optimizer: torch.optim.Optimizer, batches, state: dict,
+              schedule: Callable[[int], float], seed: int, device: torch.device) -> tuple[float, float]:
+    """One pass over ``batches``; ``state["step"]`` counts optimizer steps, sets the rate (``schedule(step)``) and
+    seeds the step's masks. -> (mean loss, the last rate); a UserError if the loss stops being finite."""
+    mae.train()
+    losses, lr = [], None
+    for x in batches:
+        lr = schedule(state["step"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        masks = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])
+        loss = mae(x.to(device), masks)[0]
+        value = loss.item()
+        if not math.isfinite(value):
+            raise UserError(f"pretraining diverged at step {state['step']} (loss {value}); lower pretrain.lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        state["step"] += 1
+        losses.append(value)
+    return sum(losses) / len(losses), lr
+
+
 def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: bool = False,
              overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print,
              on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
@@ -118,25 +141,12 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         last_loss = None
         for epoch in range(state["epoch"] + 1, p["epochs"] + 1):
             started = time.time()
-            mae.train()
-            losses = []
             batches = epoch_loader(dataset, p["batch_size"], seed, epoch)
-            for x in tqdm(batches, desc=f"pretrain epoch {epoch}", leave=False, disable=not progress or bars_off()):
-                lr = lr_at(state["step"], total, warmup, p["lr"], MIN_LR)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                masks = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])
-                loss = mae(x.to(device), masks)[0]
-                if not math.isfinite(loss.item()):
-                    raise UserError(f"pretraining diverged at epoch {epoch} (loss {loss.item()}); lower pretrain.lr")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                state["step"] += 1
-                losses.append(loss.item())
+            last_loss, lr = one_epoch(mae, optimizer, tqdm(batches, desc=f"pretrain epoch {epoch}", leave=False,
+                                                           disable=not progress or bars_off()),
+                                      state, lambda step: lr_at(step, total, warmup, p["lr"], MIN_LR), seed, device)
             seconds = time.time() - started
             state["epoch"], state["seconds"] = epoch, state["seconds"] + seconds
-            last_loss = sum(losses) / len(losses)
             row = {"epoch": epoch, "lr": lr, "loss": last_loss, "seconds": seconds}
             epoch_meta = {**meta, "epoch": epoch}
             checkpoint.save(run_dir / "checkpoints" / "best", mae.encoder, epoch_meta)
