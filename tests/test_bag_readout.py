@@ -117,7 +117,6 @@ def test_the_cpu_bag_preset_finds_a_hot_spot_with_raw_and_with_standardised_feat
     features are standardised. With the class token (the readout it had before issue 40) it did not learn on the
     raw features (test AUROC 0.35-0.50 over 8 epochs) and learned slowly on standardised ones."""
     from engine_data import tiny_config
-
     from medattn.data.base import DataBundle, TaskInfo
     from medattn.train import fit
 
