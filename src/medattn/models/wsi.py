@@ -73,8 +73,8 @@ class WSITransformer(nn.Module):
         activation_checkpointing: as for :class:`VisionTransformer`.
         standardize_features: standardise each feature with the training split's statistics before
             ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine).
-        readout: ``"cls"`` or ``"attention"`` (see the module docstring); ``pool_dim``: the attention pooling's
-            hidden width (L of Ilse et al.; default ``embed_dim // 2``).
+        readout: ``"cls"``, ``"attention"`` or ``"max"`` (see the module docstring); ``pool_dim``: the attention
+            pooling's hidden width (L of Ilse et al.; default ``embed_dim // 2``).
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits;
     ``forward_streaming(features, coords=None, chunk_size=32768)``: one bag (N, F) -> (1, num_classes), streamed.
@@ -114,19 +114,15 @@ class WSITransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 
-    @property
-    def prefix_tokens(self) -> int:
-        """Tokens before the bag's own: 1 (the class token) or 0."""
-        return 1 if self.readout == "cls" else 0
-
     def forward_features(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                          coords: torch.Tensor | None = None) -> torch.Tensor:
-        """-> (B, prefix_tokens + N, D') normalised tokens, the class token first where there is one."""
+        """-> (B, 1 + N, D') normalised tokens, the class token first (``readout="cls"``); (B, N, D') otherwise."""
         return self.encoder(*self._tokens(features, mask, coords))
 
     def _tokens(self, features: torch.Tensor, mask: torch.Tensor | None,
                 coords: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> the encoder's input (B, prefix_tokens + N, D') and its mask (the class token real), checked."""
+        """-> the encoder's input, (B, 1 + N, D') with the class token first or (B, N, D'), and its mask (the class
+        token real), checked."""
         if features.ndim != 3 or features.shape[-1] != self.feature_dim:
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         B, N, _ = features.shape
