@@ -199,7 +199,7 @@ def test_compare_names_the_config_values_that_replace_a_models_own_settings(tmp_
     assert replaced["abmil_tiny"]["train.weight_decay"] == {"user": 0.05, "own": 1e-4}
     assert replaced["abmil_tiny"]["train.warmup_epochs"] == {"user": 1, "own": 0.0}
     assert "train.lr" not in replaced["abmil_tiny"]  # 2e-4 is its own rate
-    assert "train.weight_decay" not in replaced.get("seqnorm", {})  # the ViT's own (vitwsi_small: lr 2e-4)
+    assert replaced["seqnorm"]["train.weight_decay"] == {"user": 0.05, "own": 1e-4}  # vitwsi_small: MIL's too
     results = [write_run(tmp_path / arm / "seed_0", np.array([0.2, 0.8] * 10), np.arange(20) % 2, 1.0)
                for arm in arms]
     summary = summarise(arms, [0], results, tmp_path, config=config)

@@ -108,7 +108,9 @@ class WSITransformer(nn.Module):
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
                                attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         if readout == "attention":
-            self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))  # "max" has no parameters
+            self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))
+        if readout == "max":  # reads the unnormalised residual stream: the final LayerNorm would never run
+            self.encoder.norm = nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes)
         if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
             nn.init.zeros_(self.head.weight)
@@ -116,7 +118,8 @@ class WSITransformer(nn.Module):
 
     def forward_features(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                          coords: torch.Tensor | None = None) -> torch.Tensor:
-        """-> (B, 1 + N, D') normalised tokens, the class token first (``readout="cls"``); (B, N, D') otherwise."""
+        """-> (B, 1 + N, D') normalised tokens, the class token first (``readout="cls"``); (B, N, D') otherwise
+        (``readout="max"``: the residual stream, not normalised)."""
         return self.encoder(*self._tokens(features, mask, coords))
 
     def _tokens(self, features: torch.Tensor, mask: torch.Tensor | None,
