@@ -225,3 +225,15 @@ def test_pretraining_refuses_what_it_cannot_pretrain(tmp_path):
     with pytest.raises(UserError, match="not a ViT preset"):
         pretrain(_config(tmp_path, "model.name=resnet2d_tiny", "model.attention=null"), image_bundle(8),
                  tmp_path / "cnn", progress=False, log=lambda m: None)
+
+
+def test_the_command_pretrains_resumes_and_says_how_to_go_on(tmp_path, capsys):
+    from medattn.cli import main
+
+    argv = ["pretrain", "synthetic_cxr", "data.image_size=32", "data.num_samples={train: 16, val: 8, test: 8}",
+            "model.name=vit2d_tiny", "pretrain.epochs=1", "pretrain.batch_size=8", "train.threads=1",
+            "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    assert f"--init-from {tmp_path / 'run'}" in capsys.readouterr().out
+    assert main(argv) == 2 and "already holds a run" in capsys.readouterr().err  # refused, nothing replaced
+    assert main([*argv, "--resume"]) == 0  # finished: nothing left to run
