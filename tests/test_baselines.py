@@ -95,6 +95,20 @@ def test_resnet_stages_halve_the_resolution():
     assert len(model.stages[1]) == 2
 
 
+def test_the_hybrid_vits_residual_stem_is_the_small_resnets_trunk():
+    """stem="residual" on vit2d_small (64 px, patch 8, width 128): resnet2d_small's stem and four stages, tensor for
+    tensor in shape, then a 1x1 projection; on an anisotropic 3D patch it halves only the axes still to cover."""
+    vit = create_model("vit2d_small", stem="residual")
+    resnet = create_model("resnet2d_small")
+    trunk = [p.shape for p in [*resnet.stem.parameters(), *resnet.stages.parameters()]]
+    assert [p.shape for p in vit.patch_embed.stem.parameters()] == trunk
+    assert vit.patch_embed(torch.randn(2, 1, 64, 64)).shape == (2, 128, 8, 8)
+    vit3d = create_model("vit3d_small", stem="residual")
+    assert vit3d.patch_embed(torch.randn(1, 1, 32, 32, 16)).shape == (1, 128, 4, 4, 4)
+    with pytest.raises(ValueError, match="power-of-two"):
+        create_model("vit2d_small", stem="residual", patch_size=6, img_size=60)
+
+
 def test_resnet_rejects_bad_arguments_and_inputs():
     with pytest.raises(ValueError, match="widths and depths"):
         ResNet(widths=(8, 16), depths=(1,))

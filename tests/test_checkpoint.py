@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine_data import image_bundle, tiny_config
-from medattn.commands.evaluate import load_trained
 from medattn.config import DEFAULTS
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model
 from medattn.runtime import checkpoint
+from medattn.runtime.trained import load_checkpoint
 from medattn.train import fit
 from medattn.train.rundir import RUN_FILES
 
@@ -235,7 +235,7 @@ def test_a_checkpoint_asking_for_a_huge_model_fails_before_allocating_it(tmp_pat
     meta["config"]["model"]["kwargs"].update(depth=1000, embed_dim=65536, attn_dim=65536, mlp_dim=65536)
     path.write_text(json.dumps(meta))
     with pytest.raises(UserError, match="model.safetensors: tensor .* has shape .*, the model expects"):
-        load_trained(tmp_path / "run")
+        load_checkpoint(tmp_path / "run")
 
 
 def test_init_from_needs_a_valid_checkpoint_sharing_tensors(tmp_path):
@@ -357,3 +357,30 @@ def test_a_checkpoint_saved_before_a_config_key_existed_loads_with_its_default(t
     checkpoint.save(tmp_path / "ck2", model, meta)
     with pytest.raises(UserError, match="no_such_key"):
         checkpoint.load_meta(tmp_path / "ck2")
+
+
+def test_resume_of_a_run_killed_inside_its_first_last_checkpoint_trains_it_again(tmp_path):
+    """SIGKILL inside the first ``checkpoints/last`` write, after ``checkpoints/best`` was written: `--resume` said
+    "no checkpoint to resume from" and plain `train` "already holds a run; use --resume", with no way on."""
+    config = tiny_config("train.epochs=2")
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        _fit(config, run, on_epoch_end=_kill_after(1))
+    killed = list(csv.DictReader(open(run / "metrics.csv")))
+    os.replace(run / "checkpoints/last", run / "checkpoints/.last.tmp-99999")  # the state the kill leaves
+    (run / "checkpoints/.last.tmp-99999/model.safetensors").write_text("half written")
+    (run / "notes.txt").write_text("the user's notes")
+    before = _snapshot(run)
+    with pytest.raises(UserError, match="differs from the run's saved config in train.lr"):
+        _fit(tiny_config("train.epochs=2", "train.lr=0.5"), run, resume=True)
+    assert _snapshot(run) == {k: v for k, v in before.items() if ".last.tmp" not in k}  # the killed run, tidied
+    _fit(config, run, resume=True)
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and rows[0] == {**killed[0], "seconds": rows[0]["seconds"]}
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "last"]
+    assert (run / "notes.txt").read_text() == "the user's notes" and not (run / ".previous").exists()
+    # killed before even best: nothing of the run to train again from, and --resume says what to do
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early/config.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match="stopped before its first resumable checkpoint .* again with --overwrite"):
+        _fit(config, tmp_path / "early", resume=True)

@@ -173,7 +173,8 @@ def test_partly_stored_bag_is_refused(tmp_path, layout, stored):
 def test_fully_stored_bags_of_every_layout_are_read(tmp_path):
     import h5py
 
-    from medattn.data.bags import read_slide, stored_rows
+    from medattn.data.bag_rows import stored_rows
+    from medattn.data.bags import read_slide
 
     data = np.arange(5000 * F_DIM, dtype=np.float32).reshape(5000, F_DIM)
     with h5py.File(tmp_path / "gz.h5", "w") as f:  # compressed chunks: stored bytes < declared bytes, all present

@@ -181,3 +181,44 @@ def test_the_diffusion_summary_is_boxed_like_a_supervised_run(tmp_path):
     lines = text.splitlines()
     assert lines[0] == lines[-1] == "=" * 72 and "{" not in text and "SYNTHETIC" in lines[1]
     assert "test diffusion psnr" in text and "21.5000" in text and "test random ssim" in text
+
+
+
+@pytest.fixture(scope="module")
+def stage1(tmp_path_factory):
+    """A tiny first-stage (VQ-AE) run: enough for `inpaint --method random`."""
+    run = tmp_path_factory.mktemp("vqae") / "run"
+    assert main(["train", *STAGE1, "--out", str(run), "--no-progress"]) == 0
+    return run
+
+
+def test_inpaint_gives_volumes_of_one_name_distinct_outputs(stage1, tmp_path):
+    """Volumes of one name from several folders: each its own outputs and scores row, also when one input's own
+    name is another's numbered stem (``x_2``) or differs only in case."""
+    volumes = []
+    for name in ("a/x.nii.gz", "b/x.nii.gz", "c/x_2.nii.gz", "d/X.nii"):
+        (tmp_path / name).parent.mkdir()
+        _nifti(tmp_path / name, (16, 16, 32), np.eye(4))
+        volumes.append(str(tmp_path / name))
+    out = tmp_path / "out"
+    assert main(["inpaint", str(stage1), *volumes, "--method", "random", "--out", str(out)]) == 0
+    cases = [row["case"] for row in csv.DictReader(open(out / "scores.csv"))]
+    assert cases == ["x", "x_2", "x_2_2", "X_3"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["scores.csv", *(f"{case}_{kind}.nii.gz" for case in cases for kind in ("inpainted", "mask"))])
+
+
+def test_inpaint_names_a_truncated_mask_or_volume_in_one_line(stage1, tmp_path, capsys):
+    """A NIfTI file cut short inside its header ended in nibabel's ImageFileError traceback."""
+    volume = tmp_path / "case.nii.gz"
+    _nifti(volume, (16, 16, 32), np.eye(4))
+    mask = np.zeros((16, 16, 32), np.uint8)
+    mask[0, 0, 0] = 1
+    nib.save(nib.Nifti1Image(mask, np.eye(4)), tmp_path / "mask.nii.gz")
+    whole = (tmp_path / "mask.nii.gz").read_bytes()
+    for name, cut in (("head.nii.gz", 40), ("half.nii.gz", len(whole) // 2)):
+        (tmp_path / name).write_bytes(whole[:cut])
+        for argv in (["--mask", str(tmp_path / name), str(volume)], [str(tmp_path / name)]):  # a mask, a volume
+            err = _error(capsys, ["inpaint", str(stage1), *argv, "--method", "random", "--out", str(tmp_path / "o")])
+            assert f"{tmp_path / name}: unreadable NIfTI" in err
+    assert not (tmp_path / "o").exists()

@@ -88,13 +88,16 @@ def test_class_rows_equal_the_explicit_attention_matrix(name, masked):
     torch.testing.assert_close(rows_for(module).row(module, q, k, mask, r), expected, rtol=1e-9, atol=1e-12)
 
 
-def explicit_rollout(model, *inputs, **kwargs):
-    """e_cls^T M_L ... M_1 with M = (I + mean_h A_h) / 2 from the explicit matrices."""
+def explicit_rollout(model, *inputs, start=None, **kwargs):
+    """s^T M_L ... M_1 with M = (I + mean_h A_h) / 2 from the explicit matrices; s = e_cls unless ``start`` (N,)."""
     with torch.no_grad(), record_attention(model) as calls:
         model(*inputs, **kwargs)
     B, N, _ = calls[0].x.shape
     r = torch.zeros(B, 1, N, dtype=torch.float64)
-    r[:, 0, 0] = 1
+    if start is None:
+        r[:, 0, 0] = 1
+    else:
+        r[:, 0] = start
     keep = torch.ones(B, N, dtype=torch.bool) if calls[0].mask is None else calls[0].mask
     for call in reversed(calls):
         q, k, v = call.module.split_heads(call.module.qkv(call.x))
@@ -114,6 +117,22 @@ def test_rollout_equals_the_explicit_matrix_product(name):
     _, r = attention_rollout(model, features, mask=mask)
     torch.testing.assert_close(r, explicit_rollout(model, features, mask=mask), rtol=1e-9, atol=1e-12)
     assert (r[~torch.cat([mask.new_ones(2, 1), mask], 1)] == 0).all()  # padded tiles get nothing
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_rollout_of_an_average_pooled_vit_starts_from_the_patch_tokens(name):
+    """The head reads the mean of the N patch tokens: rollout is (0, 1/N, ..., 1/N)^T M_L ... M_1, not the class
+    token's row (which the head never reads)."""
+    torch.manual_seed(2)
+    model = create_model("vit2d_tiny", attention=name, global_pool="avg").double().eval()
+    perturb_norms(model)
+    x = torch.randn(2, 1, 32, 32, dtype=torch.float64)
+    _, r = attention_rollout(model, x)
+    start = torch.full((17,), 1 / 16, dtype=torch.float64)
+    start[0] = 0
+    torch.testing.assert_close(r, explicit_rollout(model, x, start=start), rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(r, explicit_rollout(model, x), atol=1e-6)  # the class token's row differs
+    torch.testing.assert_close(model(x), model.head(model.forward_features(x)[:, 1:].mean(1)))
 
 
 def explicit_gradient_rollouts(model, target, *inputs, **kwargs):

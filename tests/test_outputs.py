@@ -100,3 +100,71 @@ def test_eval_keeps_an_earlier_evaluation_unless_overwrite(tmp_path, capsys):
     assert main(["eval", str(run), "synthetic_cxr", *TINY, "--out", str(out), "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err and (out / "eval.json").read_bytes() == first
     assert main(["eval", str(run), "synthetic_cxr", *TINY, "--out", str(out), "--no-progress", "--overwrite"]) == 0
+
+
+def _fake_demo(monkeypatch) -> list[str]:
+    """``medattn demo`` without training: each run folder gets a results file and a ROC figure, the scaling section
+    nothing. Returns the run folders trained, in order."""
+    from medattn.commands import demo
+
+    trained = []
+
+    def train_job(job, run_dir, progress):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "results.json").write_text("{}")
+        Image.new("L", (8, 8)).save(run_dir / "roc_test.png")
+        trained.append(run_dir.name)
+        return {"task": job["task"], "task_label": job["label"], "mechanism": job["mechanism"], "auroc": 0.5,
+                "ci_low": None, "ci_high": None, "train_seconds": 0.0, "did_not_learn": ""}
+
+    def scaling_section(out, quick, threads):
+        return ""
+
+    monkeypatch.setattr(demo, "train_job", train_job)
+    monkeypatch.setattr(demo, "scaling_section", scaling_section)
+    return trained
+
+
+def test_demo_replaces_only_what_an_earlier_demo_wrote(tmp_path, monkeypatch, capsys):
+    """`medattn demo --out DIR` deleted DIR/runs, a user's `medattn train` runs included."""
+    trained = _fake_demo(monkeypatch)
+    out = tmp_path / "report"
+    notes = out / "runs/my_study/notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("the user's study")
+    (out / "notes.txt").write_text("the user's notes")
+    demo = ["demo", "--quick", "--jobs", "1", "--no-progress", "--out", str(out)]
+    assert main([*demo, "--tasks", "synthetic_wsi", "synthetic_cxr"]) == 0
+    assert len(trained) == 8 and (out / "runs/synthetic_cxr_sima/results.json").is_file()
+    assert (out / "table.csv").is_file() and (out / "roc_synthetic_cxr_sima.png").is_file()
+    assert main([*demo, "--tasks", "synthetic_wsi"]) == 0  # replaces its own runs; the cxr ones go
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["my_study", *sorted(
+        f"synthetic_wsi_{m}" for m in ("baseline", "softmax", "sima", "seqnorm"))]
+    assert not list(out.glob("roc_synthetic_cxr_*.png")) and (out / "roc_synthetic_wsi_sima.png").is_file()
+    assert notes.read_text() == "the user's study" and (out / "notes.txt").read_text() == "the user's notes"
+    # a user's run where a demo run goes: refused, named, before any training
+    (out / "runs/synthetic_cxr_sima").mkdir()
+    (out / "runs/synthetic_cxr_sima/config.yaml").write_text("the user's run")
+    trained.clear()
+    capsys.readouterr()
+    assert main([*demo, "--tasks", "synthetic_cxr"]) == 2
+    err = capsys.readouterr().err
+    assert "synthetic_cxr_sima exists and an earlier call of this command did not write it" in err
+    assert trained == [] and (out / "runs/synthetic_cxr_sima/config.yaml").read_text() == "the user's run"
+    assert notes.read_text() == "the user's study" and (out / "runs/synthetic_wsi_sima/results.json").is_file()
+
+
+def test_demo_recognises_a_report_folder_written_before_the_manifest(tmp_path, monkeypatch):
+    import json
+
+    from medattn.commands.demo import DATA_NOTE, MANIFEST
+
+    _fake_demo(monkeypatch)
+    out = tmp_path / "report"
+    assert main(["demo", "--quick", "--jobs", "1", "--no-progress", "--tasks", "synthetic_wsi", "--out", str(out)]) == 0
+    (out / MANIFEST).unlink()  # as an earlier version left it: its table.json names its runs
+    assert json.loads((out / "table.json").read_text())["data"] == DATA_NOTE
+    assert main(["demo", "--quick", "--jobs", "1", "--no-progress", "--tasks", "synthetic_wsi", "--out", str(out)]) == 0
+    (out / MANIFEST).unlink()
+    (out / "table.json").write_text('{"data": "the user\'s own table"}')
+    assert main(["demo", "--quick", "--jobs", "1", "--no-progress", "--tasks", "synthetic_wsi", "--out", str(out)]) == 2

@@ -45,8 +45,8 @@ def test_the_loss_reaches_only_masked_patches():
     torch.testing.assert_close(loss, expected)
 
 
-@pytest.mark.parametrize("name, stem", [("vit2d_tiny", "patch"), ("vit2d_small", "conv"), ("vit3d_tiny", "patch"),
-                                        ("vit3d_small", "conv")])
+@pytest.mark.parametrize("name, stem", [("vit2d_tiny", "patch"), ("vit2d_small", "conv"), ("vit2d_small", "residual"),
+                                        ("vit3d_tiny", "patch"), ("vit3d_small", "conv"), ("vit3d_small", "residual")])
 def test_the_encoder_sees_only_the_kept_patches(name, stem):
     """Changing every masked patch's pixels leaves the encoder's tokens unchanged (the conv stem included); the
     model's own loss has no gradient on the predictions of kept patches."""

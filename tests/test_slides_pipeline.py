@@ -188,3 +188,23 @@ def test_skip_bad_says_in_the_last_line_that_slides_failed(tmp_path, capsys):
                  "--no-progress"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("WARNING: 1 of 3 slide(s) failed") and "--skip-bad" in last
+
+
+def test_synthetic_refuses_a_users_slide_or_table_unless_overwrite(tmp_path, capsys):
+    """`wsi synthetic DIR` replaced a user's own slide_table.csv and slide_000.tif with exit 0."""
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    (slides / "slide_000.tif").write_bytes(b"the user's slide")
+    (slides / "slide_table.csv").write_text("the user's table")
+    assert main(["wsi", "synthetic", str(slides), "--count", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "slide_000.tif exists" in err and "--overwrite" in err and "\n" not in err
+    (slides / "slide_000.tif").unlink()
+    assert main(["wsi", "synthetic", str(slides), "--count", "1"]) == 2  # checked before the first slide is written
+    assert "slide_table.csv exists" in capsys.readouterr().err and not (slides / "slide_000.tif").exists()
+    assert (slides / "slide_table.csv").read_text() == "the user's table"
+    assert main(["wsi", "synthetic", str(slides), "--count", "1", "--overwrite"]) == 0
+    assert (slides / "slide_table.csv").read_text().splitlines() == ["PATIENT,FILENAME", "patient_000,slide_000"]
+    assert sorted(p.name for p in slides.iterdir()) == ["clinical_table.csv", "slide_000.tif", "slide_table.csv",
+                                                        "truth"]
+    assert load_truth(slides / "slide_000.tif")["tissue"].any()

@@ -12,7 +12,9 @@ settings, :mod:`medattn.train.defaults`). Runs train ``--jobs`` at a time, each 
 A run that did not learn (:mod:`medattn.train.verdict`) shows as such, not as a number.
 The report folder (--out) gets table.csv, table.json, roc_<task>_<mechanism>.png and the runs, and, to show
 why one would pick linear attention, scaling.csv/json/png: the time and peak memory of one SeqNorm and one
-softmax attention layer as the token count grows, measured in the same run.
+softmax attention layer as the token count grows, measured in the same run. What a demo writes there is recorded
+in ``.medattn-demo.json``; a later demo replaces only that (:meth:`OutputFolder.claim`): a user's file or run in the
+folder stays, and one in the way of a demo output is refused, named.
 --quick is a seconds-long smoke version (tiny models and data; its numbers mean nothing).
 """
 
@@ -26,9 +28,9 @@ import shutil
 import time
 from pathlib import Path
 
+from medattn.cli_args import positive_int
 from medattn.config import load_config
-
-from .evaluate import positive_int
+from medattn.runtime.outputs import OutputFolder
 
 MECHANISMS = {"softmax": "ViT (softmax)", "sima": "SimA", "seqnorm": "SeqNorm (ours)"}
 #: The table's columns: the baseline, then the mechanisms.
@@ -62,10 +64,18 @@ QUICK = ["data.num_samples={train: 24, val: 16, test: 16}", "train.epochs=1", "t
 #: Why one would pick SeqNorm: one attention layer (dim 512, 8 heads of 64, forward + backward, batch 1) as the
 #: token count grows, measured in this run (--quick: small N, numbers mean little).
 SCALING = {"mechanisms": ["softmax", "seqnorm"], "seq_lens": (1024, 4096), "quick_seq_lens": (256, 512)}
+#: The file in --out that records what demos wrote there (the only entries a later demo replaces).
+MANIFEST = ".medattn-demo.json"
+#: The files of every demo besides its runs and ROC figures.
+REPORT_FILES = ("table.csv", "table.json", "table.txt", "scaling.csv", "scaling.json", "scaling.png")
+#: table.json's "data" value: it marks a folder written by a demo from before the manifest.
+DATA_NOTE = "SYNTHETIC (medattn built-in benchmark; not real patients)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="reports/demo", help="report folder (default: reports/demo; replaced)")
+    parser.add_argument("--out", default="reports/demo",
+                        help="report folder (default: reports/demo; an earlier demo's outputs there are replaced, "
+                             "nothing else)")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version (numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1,
@@ -111,6 +121,26 @@ def _bundle(data: str, seed: int):
     return build_datasets(json.loads(data), seed=seed)
 
 
+def demo_outputs(jobs: list[dict]) -> list[str]:
+    """What a demo of ``jobs`` (or of table.json's rows) writes into --out, as paths relative to it."""
+    runs = [f"{job['task']}_{job['mechanism']}" for job in jobs]
+    return [*(f"runs/{run}" for run in runs), *(f"roc_{run}.png" for run in runs), *REPORT_FILES]
+
+
+def report_folder(folder: Path) -> OutputFolder:
+    """--out, holding what earlier demos wrote there (its manifest; a folder written before the manifest existed
+    is recognised by its table.json, and its runs and files recorded as a demo's)."""
+    out = OutputFolder(folder, manifest=MANIFEST)
+    if not out.recorded and (folder / "table.json").is_file():
+        try:
+            table = json.loads((folder / "table.json").read_text())
+            rows = table["rows"] if table.get("data") == DATA_NOTE else []
+            out.recorded = demo_outputs([{"task": r["task"], "mechanism": r["mechanism"]} for r in rows])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # not a demo's table: nothing in the folder is the demo's to replace
+    return out
+
+
 def train_job(job: dict, run_dir: Path, progress: bool) -> dict:
     """Train one demo run (a full `medattn train` run: best validation epoch tested, bootstrap CI) -> its row."""
     import torch
@@ -147,24 +177,23 @@ def run(args: argparse.Namespace) -> int:
 
     from medattn.bench.common import environment
 
-    out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out / "runs", ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
     jobs = demo_jobs(args.tasks, args.quick, args.seed, args.threads)
+    out = report_folder(Path(args.out))
+    out.claim(demo_outputs(jobs))  # refuses a user's file or run in the way before any training
+    started = time.time()
     workers = min(len(jobs), args.jobs or default_jobs(args.threads))
     print(f"training {len(jobs)} runs, {workers} at a time with {args.threads} thread(s) each", flush=True)
     rows = {}
 
     def folder(job: dict) -> Path:
-        return out / "runs" / f"{job['task']}_{job['mechanism']}"
+        return out.entry(f"runs/{job['task']}_{job['mechanism']}")
 
     def done(job: dict, row: dict) -> None:
         rows[job["task"], job["mechanism"]] = row
         png = folder(job) / "roc_test.png"
         if png.exists():
-            shutil.copyfile(png, out / f"roc_{job['task']}_{job['mechanism']}.png")
+            with out.write(f"roc_{job['task']}_{job['mechanism']}.png") as tmp:
+                shutil.copyfile(png, tmp)
         print(f"[{time.time() - started:6.0f} s] {job['task']}: {job['mechanism']} ({job['config']['model']['name']}) "
               f"trained in {row['train_seconds']:.0f} s", flush=True)
 
@@ -180,22 +209,25 @@ def run(args: argparse.Namespace) -> int:
     runtime = time.time() - started
     table = format_table(rows, args.tasks, args.quick)
     print(table)
-    print(f"AUROC runs {runtime:.0f} s; report in {out}")
-    with open(out / "table.csv", "w", newline="") as f:
+    print(f"AUROC runs {runtime:.0f} s; report in {out.folder}")
+    with out.write("table.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "table.json").write_text(json.dumps({
-        "data": "SYNTHETIC (medattn built-in benchmark; not real patients)", "quick": args.quick,
-        "seed": args.seed, "runtime_seconds": round(runtime, 1), "jobs": workers, "threads_per_run": args.threads,
-        "environment": environment(), "rows": rows, "table": table}, indent=1))
-    (out / "table.txt").write_text(table + "\n")
+    with out.write("table.json") as tmp:
+        tmp.write_text(json.dumps({
+            "data": DATA_NOTE, "quick": args.quick, "seed": args.seed, "runtime_seconds": round(runtime, 1),
+            "jobs": workers, "threads_per_run": args.threads, "environment": environment(), "rows": rows,
+            "table": table}, indent=1))
+    with out.write("table.txt") as tmp:
+        tmp.write_text(table + "\n")
     print(scaling_section(out, args.quick, args.threads))
+    out.settle(demo_outputs(jobs))  # an earlier demo's runs of other tasks go
     print(f"total runtime {time.time() - started:.0f} s")
     return 0
 
 
-def scaling_section(out: Path, quick: bool, threads: int) -> str:
+def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
     """Time and memory of one SeqNorm and one softmax attention layer as N grows (:data:`SCALING`), measured now,
     each (mechanism, N) in a fresh process for its memory; writes scaling.csv, scaling.json and scaling.png."""
     from medattn.bench.attention import run_attention_bench
@@ -208,11 +240,14 @@ def scaling_section(out: Path, quick: bool, threads: int) -> str:
                                budget_s=20.0, memory_budget_gb=4.0, include_peers=False, threads=threads,
                                rates=measure_rates(("fp32",), matmul_size=1024, bandwidth_megabytes=64, repeats=3))
     keys = ["mechanism", "n", "status", "median_s", "peak_mem_mb"]
-    write_csv(out / "scaling.csv", keys, [[row.get(k) for k in keys] for row in rows])
-    (out / "scaling.json").write_text(json.dumps(rows, indent=1, default=str))
+    with out.write("scaling.csv") as tmp:
+        write_csv(tmp, keys, [[row.get(k) for k in keys] for row in rows])
+    with out.write("scaling.json") as tmp:
+        tmp.write_text(json.dumps(rows, indent=1, default=str))
     title = (f"one attention layer (dim 512, 8 heads), forward+backward, batch 1, {threads} thread(s)"
              + (" [--quick: small N]" if quick else ""))
-    plot_attention_scaling(rows, out / "scaling.png", title)
+    with out.write("scaling.png") as tmp:
+        plot_attention_scaling(rows, tmp, title)
     by = {(r["mechanism"], r["n"]): r for r in rows}
     table = [{"n": n, **{f"{m}_ms": by[m, n].get("median_s", 0) * 1000 if by[m, n]["status"] == "ok" else None
                          for m in SCALING["mechanisms"]},

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from medattn.cli_args import positive_int
 from medattn.config import load_config
 
 
@@ -29,26 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=None, help="default: the run's eval batch size")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
     parser.add_argument("--no-progress", action="store_true")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def load_trained(path):
-    """(model, run config, task, checkpoint folder) of a checkpoint; the model is in eval mode
-    (:func:`medattn.deploy.load_checkpoint`: nothing in the folder is trusted, shapes are checked first)."""
-    from medattn.runtime.trained import load_checkpoint
-
-    trained = load_checkpoint(path)
-    return trained.model, trained.config, trained.task, trained.folder
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from .evaluate import positive_int
+from medattn.cli_args import positive_int
 
 METHOD_CHOICES = ("auto", "gradrollout", "rollout", "gradxinput")
 

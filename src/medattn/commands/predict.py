@@ -19,9 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from medattn.cli_args import positive_int
 from medattn.errors import UserError
-
-from .evaluate import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

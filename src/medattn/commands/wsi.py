@@ -82,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synthetic.add_argument("--out", type=Path, dest="out_option", help="output folder")
     synthetic.add_argument("--count", type=int, default=8, help="number of slides, every other with a tumour")
     synthetic.add_argument("--seed", type=int, default=0)
+    synthetic.add_argument("--overwrite", action="store_true",
+                           help="replace slides and tables of the same names already in the folder")
     synthetic.set_defaults(wsi_run=run_synthetic)
 
 
@@ -175,7 +177,7 @@ def run_synthetic(args: argparse.Namespace) -> int:
     if (args.out is None) == (args.out_option is None):
         raise UserError("give the output folder once: medattn wsi synthetic DIR, or --out DIR")
     out = args.out or args.out_option
-    paths = write_synthetic_cohort(out, args.count, args.seed)
+    paths = write_synthetic_cohort(out, args.count, args.seed, overwrite=args.overwrite)
     print(f"wrote {len(paths)} SYNTHETIC slides, slide_table.csv and clinical_table.csv to {out}")
     return 0
 

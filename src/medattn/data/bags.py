@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .bag_rows import check_stored
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
@@ -53,37 +54,9 @@ def feature_key(h5file) -> str:
                      f"datasets are {sorted(h5file.keys())}")
 
 
-def stored_rows(dataset) -> int | None:
-    """None when every element of an HDF5 dataset is stored, else the rows (axis 0) that hold data.
-
-    A dataset declared larger than what was written (a crashed writer, a resized dataset never filled)
-    reads its unwritten part as the fill value, zeros that look like real patches. HDF5 tracks the
-    allocation (``H5Dget_space_status``): compact and written contiguous data are allocated whole,
-    chunked data per chunk. For a partly allocated chunked dataset the stored rows are the end of the
-    last allocated chunk along axis 0 (rows before it in unallocated chunks are not counted back).
-    """
-    import h5py
-
-    status = dataset.id.get_space_status()
-    if status == h5py.h5d.SPACE_STATUS_ALLOCATED or dataset.size == 0:
-        return None
-    if dataset.chunks is None or status == h5py.h5d.SPACE_STATUS_NOT_ALLOCATED:
-        return 0
-    chunks = (dataset.id.get_chunk_info(i) for i in range(dataset.id.get_num_chunks()))
-    return min(dataset.shape[0], max((c.chunk_offset[0] + dataset.chunks[0] for c in chunks), default=0))
-
-
-def check_stored(name: str, dataset) -> None:
-    """ValueError naming ``name`` unless the HDF5 ``dataset`` is stored in full (:func:`stored_rows`)."""
-    rows = stored_rows(dataset)
-    if rows is not None:
-        raise ValueError(f"dataset {name!r} declares {dataset.shape[0]} rows but the file stores data for "
-                         f"{rows} (the rest would read as fill values); rewrite the file with its real length")
-
-
 def slide_shape(path: Path) -> tuple[int, int]:
     """Cheap check: -> (N, F) from the HDF5 header; ValueError for a bad layout, an empty bag or a dataset
-    not stored in full (:func:`stored_rows`)."""
+    not stored in full (:func:`~medattn.data.bag_rows.stored_rows`)."""
     import h5py
 
     check_regular(path)
@@ -115,14 +88,6 @@ def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         bad = int((~torch.isfinite(features)).any(dim=1).sum())
         raise ValueError(f"NaN or Inf in the features of {bad} of {features.shape[0]} patches")
     return features, coords
-
-
-def read_rows(source, start: int, stop: int) -> torch.Tensor:
-    """Rows [start, stop) of a bag held as a tensor, a NumPy array or memory map, or an ``h5py`` dataset read
-    straight from disk, as a float32 tensor (streamed inference reads a bag so, chunk by chunk)."""
-    if torch.is_tensor(source):
-        return source[start:stop].float()
-    return torch.from_numpy(np.array(source[start:stop], dtype=np.float32))
 
 
 class BagLoader:

@@ -86,6 +86,15 @@ class DataBundle:
     preprocessing: Preprocessing | None = None
 
 
+def dataset_labels(dataset: Dataset) -> torch.Tensor:
+    """(N, K) float labels (binary / multi-label) or (N,) class indices of a training set: the records'
+    labels where the dataset keeps them (tables, bags), else each sample's ``label`` (synthetic data)."""
+    records = getattr(dataset, "records", None)
+    if records is not None and all(r.label is not None for r in records):
+        return torch.stack([torch.as_tensor(r.label) for r in records])
+    return torch.stack([torch.as_tensor(dataset[i]["label"]) for i in range(len(dataset))])
+
+
 def collate(samples: list[dict]) -> dict:
     """Stack samples into a batch; bags of unequal length are zero-padded and get a (B, N_max) mask."""
     batch: dict = {

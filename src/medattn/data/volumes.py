@@ -191,7 +191,10 @@ def check_volume_header(path: Path) -> tuple[tuple[int, ...], tuple[float, ...]]
         raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
     import nibabel as nib
 
-    image = nib.load(path)
+    try:
+        image = nib.load(path)
+    except nib.filebasedimages.ImageFileError:  # nibabel's word for a header cut short: "cannot work out file type"
+        raise ValueError("its header does not read: the file is truncated, or not NIfTI") from None
     shape = image.shape
     if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)):
         raise ValueError(f"expected a 3D volume, the header says shape {shape}")

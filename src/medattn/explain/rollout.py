@@ -8,7 +8,9 @@ tokens as the row ``e_cls^T M_L ... M_1``. Going down from the top:
 
     r_L = e_cls,        r_{l-1} = (r_l + rowmean_l(r_l)) / 2,     rowmean_l(r) = mean_h r^T A_h
 
-and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps).
+and the relevance of input token j is ``r_0[j]`` (``r_0[cls]`` is the share the class token keeps). A ViT whose head
+reads the mean of the patch tokens (``global_pool="avg"``) starts from those weights instead of ``e_cls``:
+``r_L = (0, 1/N, ..., 1/N)`` (:func:`readout_start`); everything below is linear in r and unchanged.
 Only row vectors ever meet A, so linear attention needs ``r^T A_h = s (r^T phi_q) phi_k^T``, O(N d)
 (:mod:`medattn.attention.rows`, each mechanism's ``rollout_rule``); softmax forms its weights a block of
 queries at a time. Softmax weights are row-stochastic, so r stays a probability vector; linear-attention
@@ -138,11 +140,20 @@ def check_rollout_model(model: nn.Module) -> None:
         rows_for(module)
 
 
-def rollout_from_calls(calls: list[AttentionCall]) -> torch.Tensor:
-    """r_0 (B, N) float64 from the recorded attention calls of one forward (module docstring)."""
-    B, N, _ = calls[0].x.shape
-    r = calls[0].x.new_zeros(B, N, dtype=torch.float64)
+def readout_start(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, N) float64: the relevance rollout starts from at the last layer, the weights with which the head reads the
+    final tokens (``model.readout_weights(N)``; the class token alone for a model without it)."""
+    B, N, _ = x.shape
+    if hasattr(model, "readout_weights"):
+        return model.readout_weights(N).to(x.device).expand(B, N).clone()
+    r = x.new_zeros(B, N, dtype=torch.float64)
     r[:, 0] = 1.0
+    return r
+
+
+def rollout_from_calls(model: nn.Module, calls: list[AttentionCall]) -> torch.Tensor:
+    """r_0 (B, N) float64 from the recorded attention calls of one forward of ``model`` (module docstring)."""
+    r = readout_start(model, calls[0].x)
     for call in reversed(calls):
         q, k = call.qk()
         r = 0.5 * (r + rows_for(call.module).row(call.module, q, k, call.mask, r))
@@ -162,7 +173,7 @@ def attention_rollout(model: nn.Module, *inputs, **kwargs) -> tuple[torch.Tensor
     with record_attention(model) as calls:
         logits = model(*inputs, **kwargs)
     check_calls(model, calls)
-    return logits, rollout_from_calls(calls)
+    return logits, rollout_from_calls(model, calls)
 
 
 @contextlib.contextmanager
@@ -192,9 +203,7 @@ def gradient_rollout(model: nn.Module, *inputs, target: int | None = None,
         index = target_index(logits, target)
         check_calls(model, calls)
         grads = torch.autograd.grad(logits.gather(1, index[:, None]).sum(), [call.probe for call in calls])
-    B, N, _ = calls[0].x.shape
-    r = calls[0].x.new_zeros(B, N, dtype=torch.float64)
-    r[:, 0] = 1.0
+    r = readout_start(model, calls[0].x)
     with torch.no_grad():
         for call, grad in zip(reversed(calls), reversed(grads)):
             q, k, v = call.qkv()

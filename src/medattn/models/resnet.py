@@ -22,11 +22,11 @@ from torch import nn
 class BasicBlock(nn.Module):
     """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``; 3x3 convolutions, ``stride`` in the first.
 
-    The shortcut is a strided 1x1 convolution with BatchNorm when the width or resolution changes.
-    Shapes: (B, in_chs, *S) -> (B, out_chs, *ceil(S / stride)).
+    The shortcut is a strided 1x1 convolution with BatchNorm when the width or resolution changes. ``stride``: one
+    int for every axis or one per axis. Shapes: (B, in_chs, *S) -> (B, out_chs, *ceil(S / stride)).
     """
 
-    def __init__(self, in_chs: int, out_chs: int, stride: int, spatial_dims: int) -> None:
+    def __init__(self, in_chs: int, out_chs: int, stride: int | tuple[int, ...], spatial_dims: int) -> None:
         super().__init__()
         conv = nn.Conv2d if spatial_dims == 2 else nn.Conv3d
         norm = nn.BatchNorm2d if spatial_dims == 2 else nn.BatchNorm3d
@@ -35,7 +35,7 @@ class BasicBlock(nn.Module):
         self.conv2 = conv(out_chs, out_chs, 3, padding=1, bias=False)
         self.bn2 = norm(out_chs)
         self.act = nn.ReLU(inplace=True)
-        if stride != 1 or in_chs != out_chs:
+        if stride not in (1, (1,) * spatial_dims) or in_chs != out_chs:
             self.downsample = nn.Sequential(conv(in_chs, out_chs, 1, stride=stride, bias=False), norm(out_chs))
         else:
             self.downsample = nn.Identity()
@@ -44,6 +44,47 @@ class BasicBlock(nn.Module):
         out = self.act(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.act(out + self.downsample(x))
+
+
+class ResidualStem(nn.Module):
+    """A hybrid ViT's stem (Dosovitskiy et al. 2021, section 3.1: the tokens are a CNN's feature map): the small
+    ResNet's trunk down to the patch grid, then a 1x1 convolution to the token width.
+    (B, C, *spatial) -> (B, embed_dim, *spatial / patch_size).
+
+    ``3x3 conv (stride 1) -> BN -> ReLU -> BasicBlock at full resolution -> k BasicBlocks``, each halving every axis
+    whose patch is not yet covered (``k = log2(max(patch_size))``, power-of-two patches), widths doubling to
+    ``embed_dim`` (``embed_dim / 2^k`` first, at least 8): for ``vit2d_small`` (64 px, patch 8, width 128) exactly
+    ``resnet2d_small``'s stem and stages. Unlike the early convolutions of :class:`~medattn.models.layers.ConvStem`
+    (stride 2 from the first layer) it looks at the image at full resolution, where a lesion of a few pixels is.
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: tuple[int, ...]) -> None:
+        super().__init__()
+        if any(p & (p - 1) for p in patch_size):
+            raise ValueError(f"the residual stem needs power-of-two patch sizes, got {patch_size} "
+                             f"(stem='patch' takes any)")
+        dims = len(patch_size)
+        conv = nn.Conv2d if dims == 2 else nn.Conv3d
+        norm = nn.BatchNorm2d if dims == 2 else nn.BatchNorm3d
+        steps = max(p.bit_length() - 1 for p in patch_size)
+        width = max(8, embed_dim // 2 ** steps)
+        layers = [conv(in_chans, width, 3, padding=1, bias=False), norm(width), nn.ReLU(inplace=True),
+                  BasicBlock(width, width, 1, dims)]
+        remaining = list(patch_size)
+        for i in range(1, steps + 1):
+            stride = tuple(2 if r > 1 else 1 for r in remaining)
+            remaining = [r // s for r, s in zip(remaining, stride)]
+            out = max(8, embed_dim // 2 ** (steps - i))
+            layers.append(BasicBlock(width, out, stride, dims))
+            width = out
+        self.stem = nn.Sequential(*layers)
+        self.proj = conv(width, embed_dim, kernel_size=1)
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.Conv3d)) and module is not self.proj:
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.stem(x))  # (B, embed_dim, *grid)
 
 
 class ResNet(nn.Module):

@@ -3,7 +3,8 @@
 Layout follows MONAI: 2D input (B, C, H, W), 3D input (B, C, H, W, D); ``patch_size`` is given in
 the same axis order, e.g. (16, 16, 4) on H x W x D for the paper's ViT_3D.
 
-``x -> conv patch embedding (B, N, D') -> [cls] + tokens + pos_embed -> blocks -> norm -> head(cls)``
+``x -> stem (B, N, D') -> [cls] + tokens + pos_embed -> blocks -> norm -> pool (cls, or the patch tokens' mean)
+-> head``
 
 The learned positional embedding is stored for the training grid; at another input size it is
 interpolated (bicubic in 2D, trilinear in 3D; the class token's position is kept), so a model
@@ -19,6 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import ConvStem, Encoder
+from .resnet import ResidualStem
+
+GLOBAL_POOLS = ("token", "avg")
 
 
 def _as_tuple(value, spatial_dims: int, name: str) -> tuple[int, ...]:
@@ -56,12 +60,16 @@ class VisionTransformer(nn.Module):
         attention: registry name of the mechanism; ``attention_kwargs`` go to its constructor.
         spatial_dims: 2 or 3.
         qkv_bias, drop_rate, attn_drop_rate: as in timm.
-        stem: ``"patch"`` (one strided convolution, the ViT's patchify) or ``"conv"`` (early convolutions,
+        stem: ``"patch"`` (one strided convolution, the ViT's patchify), ``"conv"`` (early convolutions,
             :class:`~medattn.models.layers.ConvStem`, Xiao et al. 2021: 3x3 stride-2 convolutions down to
-            the same token grid; helps ViTs trained on little data; power-of-two patch sizes).
+            the same token grid; helps ViTs trained on little data; power-of-two patch sizes) or ``"residual"``
+            (a hybrid ViT: the small ResNet's trunk down to the token grid,
+            :class:`~medattn.models.resnet.ResidualStem`).
         activation_checkpointing: recompute each block's activations in the backward pass instead of
             storing them (less memory, about one more forward of compute; see
             :class:`~medattn.models.layers.Encoder`); ``train.activation_checkpointing`` sets it.
+        global_pool: what the head reads (timm's argument): ``"token"`` the class token, or ``"avg"`` the mean of
+            the normalised patch tokens (the class token still takes part in attention). See :meth:`pool`.
 
     ``forward(x)``: (B, C, *spatial) -> (B, num_classes) logits.
     ``forward_features(x)``: -> (B, 1 + N, D') normalised tokens, the class token first.
@@ -71,10 +79,13 @@ class VisionTransformer(nn.Module):
                  depth: int = 12, num_heads: int = 12, attn_dim: int | None = None, mlp_dim: int = 3072,
                  attention: str = "softmax", attention_kwargs: dict | None = None, spatial_dims: int = 2,
                  qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 stem: str = "patch", activation_checkpointing: bool = False) -> None:
+                 stem: str = "patch", activation_checkpointing: bool = False, global_pool: str = "token") -> None:
         super().__init__()
-        if stem not in ("patch", "conv"):
-            raise ValueError(f"stem must be 'patch' or 'conv', got {stem!r}")
+        if stem not in ("patch", "conv", "residual"):
+            raise ValueError(f"stem must be 'patch', 'conv' or 'residual', got {stem!r}")
+        if global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {', '.join(GLOBAL_POOLS)}, got {global_pool!r}")
+        self.global_pool = global_pool
         if spatial_dims not in (2, 3):
             raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
         if num_classes < 1:
@@ -89,6 +100,8 @@ class VisionTransformer(nn.Module):
         conv = nn.Conv2d if spatial_dims == 2 else nn.Conv3d
         if stem == "conv":
             self.patch_embed = ConvStem(in_chans, embed_dim, self.patch_size)
+        elif stem == "residual":
+            self.patch_embed = ResidualStem(in_chans, embed_dim, self.patch_size)
         else:
             self.patch_embed = conv(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
@@ -123,5 +136,21 @@ class VisionTransformer(nn.Module):
         tokens = self.pos_drop(tokens + self.position_embedding(grid))
         return self.encoder(tokens)
 
+    def readout_weights(self, tokens: int) -> torch.Tensor:
+        """(tokens,) float64: the weights with which the head's input combines the final tokens (class token first):
+        one-hot on the class token (``global_pool="token"``) or 1/N on each patch token (``"avg"``). Attention
+        rollout starts from them (:mod:`medattn.explain.rollout`)."""
+        weights = torch.zeros(tokens, dtype=torch.float64)
+        if self.global_pool == "token":
+            weights[0] = 1.0
+        else:
+            weights[1:] = 1.0 / (tokens - 1)
+        return weights
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, 1 + N, D') normalised tokens -> (B, D') the vector the head reads: the class token
+        (``global_pool="token"``) or the mean of the patch tokens (``"avg"``)."""
+        return tokens[:, 0] if self.global_pool == "token" else tokens[:, 1:].mean(dim=1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.forward_features(x)[:, 0])
+        return self.head(self.pool(self.forward_features(x)))

@@ -175,7 +175,7 @@ class WSITransformer(nn.Module):
         """ValueError unless ``features`` is one non-empty (N, F) bag every block can stream."""
         import h5py
 
-        from ..data.bags import check_stored
+        from ..data.bag_rows import check_stored
 
         if len(features.shape) != 2 or features.shape[1] != self.feature_dim:
             raise ValueError(f"expected a single bag of features (N, {self.feature_dim}), got {tuple(features.shape)}")
@@ -193,7 +193,7 @@ class WSITransformer(nn.Module):
 
     def stream_chunks(self, features, coords, chunk_size: int) -> Iterator[torch.Tensor]:
         """The class token (if there is one), then the projected features chunk by chunk, each (1, n_c, D')."""
-        from ..data.bags import read_rows
+        from ..data.bag_rows import read_rows
 
         parameter = self.head.weight
         if self.readout == "cls":

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from medattn.data.base import DataBundle
+from medattn.data.base import DataBundle, dataset_labels
 
 SAMPLE = 32  # training inputs read for the intensity summary
 
@@ -39,7 +39,6 @@ def fingerprint(bundle: DataBundle) -> dict:
     found = {"cases": {"train": len(train), "val": len(bundle.val), "test": len(bundle.test)},
              "task_type": task.task_type, "input_kind": task.input_kind, "input_shape": list(task.input_shape)}
     if task.task_type in ("binary", "multilabel") and len(train):
-        from medattn.train.sampling import dataset_labels  # train/ imports this module: import on use
 
         labels = dataset_labels(train).reshape(len(train), -1).float()
         found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]

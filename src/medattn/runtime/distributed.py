@@ -78,13 +78,3 @@ def all_gather_strings(strings: list[str]) -> list[str]:
         rows[i, 1 : 1 + len(b)] = torch.tensor(list(b), dtype=torch.long)
     gathered = all_gather_rows(rows)
     return [bytes(row[1 : 1 + int(row[0])].tolist()).decode("utf-8") for row in gathered]
-
-
-def broadcast_flag(flag: bool) -> bool:
-    """Rank 0's boolean on every rank."""
-    if world_size() == 1:
-        return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    value = torch.tensor([int(flag)], device=device)
-    dist.broadcast(value, 0)
-    return bool(value.item())

@@ -19,6 +19,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..extras import require
+from ..runtime.outputs import OutputFolder
 
 BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
@@ -119,24 +120,35 @@ def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=
     return SyntheticSlide(path=path, mpp=mpp, **masks)
 
 
-def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1536, 2048)) -> list[Path]:
+def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1536, 2048),
+                           overwrite: bool = False) -> list[Path]:
     """``count`` SYNTHETIC slides ``slide_000.tif``... in ``folder``, every other one with a tumour, plus
     ``slide_table.csv`` (PATIENT, FILENAME) and ``clinical_table.csv`` (PATIENT, TUMOUR 0/1) in the
     layout of the ``wsi_bags`` data kind, so extracted features train with ``medattn train``, and the
-    ground truth of each slide as ``truth/<stem>.npz`` (:func:`load_truth`)."""
-    folder = Path(folder)
-    (folder / TRUTH_DIR).mkdir(parents=True, exist_ok=True)
+    ground truth of each slide as ``truth/<stem>.npz`` (:func:`load_truth`).
+
+    The output policy (:class:`~medattn.runtime.outputs.OutputFolder`): an existing file of one of these names is
+    refused unless ``overwrite`` (every name checked before the first slide is written); each file is written
+    atomically."""
+    out = OutputFolder(folder, overwrite=overwrite)
+    truth = OutputFolder(out.folder / TRUTH_DIR, overwrite=overwrite)
+    stems = [f"slide_{i:03d}" for i in range(count)]
+    for stem in stems:
+        out.path(f"{stem}.tif")
+        truth.path(f"{stem}.npz")
+    out.path("slide_table.csv")
+    out.path("clinical_table.csv")
     paths, rows = [], []
-    for i in range(count):
-        path = folder / f"slide_{i:03d}.tif"
-        slide = write_synthetic_slide(path, tumour=i % 2 == 1, seed=seed * 100_003 + i, shape=shape)
-        np.savez_compressed(folder / TRUTH_DIR / f"{path.stem}.npz",
-                            **{name: getattr(slide, name) for name in MASKS})
-        paths.append(path)
-        rows.append((f"patient_{i:03d}", path.stem, int(i % 2 == 1)))
-    with open(folder / "slide_table.csv", "w", newline="") as f:
+    for i, stem in enumerate(stems):
+        with out.write(f"{stem}.tif") as tmp:
+            slide = write_synthetic_slide(tmp, tumour=i % 2 == 1, seed=seed * 100_003 + i, shape=shape)
+        with truth.write(f"{stem}.npz") as tmp:
+            np.savez_compressed(tmp, **{name: getattr(slide, name) for name in MASKS})
+        paths.append(out.folder / f"{stem}.tif")
+        rows.append((f"patient_{i:03d}", stem, int(i % 2 == 1)))
+    with out.write("slide_table.csv") as tmp, open(tmp, "w", newline="") as f:
         csv.writer(f).writerows([("PATIENT", "FILENAME"), *((p, s) for p, s, _ in rows)])
-    with open(folder / "clinical_table.csv", "w", newline="") as f:
+    with out.write("clinical_table.csv") as tmp, open(tmp, "w", newline="") as f:
         csv.writer(f).writerows([("PATIENT", "TUMOUR"), *((p, t) for p, _, t in rows)])
     return paths
 

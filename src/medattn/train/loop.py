@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
-from medattn.data.base import DataBundle, TaskInfo
+from medattn.data.base import DataBundle, TaskInfo, dataset_labels
 from medattn.data.patches import RandomPatches
 from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
@@ -59,8 +59,8 @@ from .model_notes import model_defaults, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
 from .page import run_page
-from .rundir import RUN_FILES, config_diff, run_folder
-from .sampling import class_keys, dataset_labels, drop_instances, positive_weight
+from .rundir import RUN_FILES, config_diff, run_folder, stopped_before_last
+from .sampling import class_keys, drop_instances, positive_weight
 from .standardize import fit_feature_norm
 
 
@@ -82,6 +82,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     the model starts from another checkpoint's shared tensors, or from a plain weights file of a timm,
     DINO, MAE or MONAI ViT (:func:`medattn.models.pretrained.load_pretrained`).
 
+    ``resume`` of a run killed before its first resumable checkpoint (``checkpoints/best`` written, ``last`` not:
+    :func:`medattn.train.rundir.stopped_before_last`) trains it again from epoch 1 as an overwrite (the killed run's
+    files come back on failure), if the config is the one its best checkpoint saved.
+
     ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
     the run saves and reports the resolved config. ``started`` (``time.time()`` when the command began; default:
     now) makes the summary's elapsed time the whole command's, not only training's.
@@ -100,11 +104,18 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     if device is None:
         device = open_device(config["train"]["device"])  # joins the process group: ranks known from here
     run_dir = Path(run_dir)
+    restart_of = None  # the saved config of a run --resume trains again from epoch 1
+    if resume:
+        if stopped_before_last(run_dir):
+            restart_of = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "best"))["config"]
+            resume, overwrite = False, True
+        distributed.barrier()  # every rank has looked before the main rank sets a killed run aside
     replacing = overwrite and any((run_dir / name).exists() for name in RUN_FILES)
     with run_folder(run_dir, resume, overwrite):
         try:
             return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
-                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started)
+                        device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started,
+                        restart_of=restart_of)
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -115,9 +126,10 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict,
-         started: float) -> dict:
+         started: float, restart_of: dict | None = None) -> dict:
     """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
     ``chosen``: the training values defaults chose (recorded with the data's, the model's and the plan's).
+    ``restart_of``: the saved config of the killed run this one trains again (it must be the same).
     The plan (:mod:`medattn.plan`) fills the keys the config leaves null from the data's fingerprint; it is
     deterministic, so a resumed run plans the same."""
     found = fingerprint(bundle)  # reads training samples: inside the run folder, whose failure rules apply
@@ -127,11 +139,13 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     planned = {"fingerprint": found, "decisions": as_records(decisions)}
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
     log = log if distributed.is_main() else (lambda message: None)
-    if resume:
-        saved = checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
+    if resume or restart_of is not None:
+        saved = restart_of or checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
         changed = config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
+    if restart_of is not None:
+        log(f"{run_dir} stopped before its first resumable checkpoint: training it again from epoch 1")
     set_threads(train_cfg["threads"], log)
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(seed)

@@ -1,5 +1,9 @@
 """The run folder: one run at a time (a lock), ``--overwrite`` as a transaction, tidy after a kill.
 
+A run killed before its first ``checkpoints/last`` has nothing to resume: ``--resume`` trains it again from epoch 1
+when it holds a ``checkpoints/best`` of the same config (:func:`stopped_before_last`), and otherwise says to start
+it again with ``--overwrite``.
+
 Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
 
     config.yaml             resolved config
@@ -39,12 +43,27 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise UserError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"output folder {run_dir} is a file, not a folder")
-    if resume:
-        if not (run_dir / "checkpoints" / "last").exists() and not (run_dir / "checkpoints" / "last.old").exists():
-            raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
-    elif not overwrite and any((run_dir / name).exists() for name in RUN_FILES):
+    if resume and not _resumable(run_dir):
+        if any((run_dir / name).exists() for name in RUN_FILES):
+            raise UserError(f"--resume: the run in {run_dir} stopped before its first resumable checkpoint "
+                            f"({run_dir / 'checkpoints' / 'last'}), so there is no checkpoint to resume from: start "
+                            f"it again with --overwrite")
+        raise UserError(f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints' / 'last'}")
+    elif not resume and not overwrite and any((run_dir / name).exists() for name in RUN_FILES):
         raise UserError(f"output folder {run_dir} already holds a run; use --resume to continue it or "
                         f"--overwrite to replace it")
+
+
+def _resumable(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a training checkpoint (``checkpoints/last``, or its copy left by a kill)."""
+    return any((Path(run_dir) / "checkpoints" / name).exists() for name in ("last", "last.old"))
+
+
+def stopped_before_last(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run stopped (killed) after writing its first ``checkpoints/best`` and before its
+    first ``checkpoints/last`` was complete: nothing to resume, but its config (in best) to train it again."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return not _resumable(run_dir) and any((checkpoints / name).is_dir() for name in ("best", "best.old"))
 
 
 @contextlib.contextmanager

@@ -18,18 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Sampler
 
 from medattn.errors import UserError
-
-
-def dataset_labels(dataset: Dataset) -> torch.Tensor:
-    """(N, K) float labels (binary / multi-label) or (N,) class indices of a training set: the records'
-    labels where the dataset keeps them (tables, bags), else each sample's ``label`` (synthetic data)."""
-    records = getattr(dataset, "records", None)
-    if records is not None and all(r.label is not None for r in records):
-        return torch.stack([torch.as_tensor(r.label) for r in records])
-    return torch.stack([torch.as_tensor(dataset[i]["label"]) for i in range(len(dataset))])
 
 
 def class_keys(labels: torch.Tensor) -> torch.Tensor:
