@@ -3,6 +3,7 @@ recorded with the run, printed by medattn plan; bag limits that can drop a needl
 
 from __future__ import annotations
 
+import json
 import math
 
 import yaml
@@ -60,6 +61,9 @@ def test_training_applies_and_records_the_plan(tmp_path, monkeypatch):
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert yaml.safe_load(saved)["train"]["epochs"] == epochs and f"# default: train.epochs={epochs}" in saved
     assert any(line.startswith("plan: train.epochs=") for line in lines)
+    # the checkpoint records the design the preset gave (applied on load if the preset's default changes later)
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "best" / "checkpoint.json").read_text())
+    assert meta["model_defaults"] == {"stem": "patch", "global_pool": "token"}
 
 
 def test_medattn_plan_prints_the_fingerprint_and_the_plan(capsys):

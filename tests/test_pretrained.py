@@ -233,11 +233,12 @@ def test_mismatched_architecture_is_one_line_naming_the_tensor(tmp_path, change,
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing written
 
 
-def test_a_patch_embedding_into_the_conv_stem_is_one_line_naming_the_fix(tmp_path):
+@pytest.mark.parametrize("stem", ["conv", "residual"])
+def test_a_patch_embedding_into_the_conv_stem_is_one_line_naming_the_fix(tmp_path, stem):
     save_file(timm_state(), tmp_path / "vit.safetensors")
-    with pytest.raises(UserError, match=r"vit.safetensors: holds a patch embedding, but the model starts with the "
+    with pytest.raises(UserError, match=r"vit.safetensors: holds a patch embedding, but the model starts with a "
                                         r"convolutional stem .* set model.kwargs.stem=patch"):
-        load_pretrained(tiny(stem="conv"), tmp_path / "vit.safetensors")
+        load_pretrained(tiny(stem=stem), tmp_path / "vit.safetensors")
 
 
 def test_files_that_are_not_plain_weights_are_refused(tmp_path):

@@ -121,27 +121,58 @@ def test_image_kinds_default_to_the_papers_and_volume_kinds_to_strong_augmentati
     assert any(not torch.equal(d.flatten().sort().values, plain.flatten().sort().values) for d in draws)
 
 
-def test_small_vits_start_with_the_conv_stem_and_older_checkpoints_keep_their_patch_stem(tmp_path):
+@pytest.mark.parametrize("older", [{"stem": "patch"}, {"stem": "conv"}, {"stem": "conv", "global_pool": "avg"}])
+def test_small_vits_are_hybrid_and_older_checkpoints_keep_their_design(tmp_path, older):
+    """vit2d_small / vit3d_small start with the residual stem and read the mean of the patch tokens (issue 40); a
+    checkpoint written before (no ``model_defaults`` in its metadata, no ``stem`` in its config) builds what its
+    weights show, with the class token as readout unless its config says otherwise."""
+    from engine_data import tiny_config
+    from medattn.data.base import TaskInfo
+    from medattn.models.resnet import ResidualStem
+    from medattn.runtime import checkpoint
+    from medattn.runtime.build import build_model
+    from medattn.runtime.trained import load_checkpoint
+
+    for name in checkpoint.SMALL_VIT_PRESETS:
+        model = create_model(name, attention="seqnorm")
+        assert isinstance(model.patch_embed, ResidualStem) and model.global_pool == "avg"
+    task = TaskInfo("binary", "volume3d", 1, (1, 32, 32, 16), ["lesion"])
+    meta = {"config": tiny_config("model.name=vit3d_small", "model.attention=seqnorm"),
+            "task": checkpoint.task_to_dict(task)}
+    torch.manual_seed(0)
+    written = build_model({**meta["config"]["model"], "kwargs": {"global_pool": "token", **older}}, task)  # as then
+    kept = {k: v for k, v in older.items() if k != "stem"}  # the stem was the preset's then: not in the config
+    stored = {**meta, "config": {**meta["config"], "model": {**meta["config"]["model"], "kwargs": kept}}}
+    checkpoint.save(tmp_path / "old", written, stored)
+    assert checkpoint.load_meta(tmp_path / "old")["config"]["model"]["kwargs"] == {"global_pool": "token", **older}
+    x = torch.randn(2, 1, 32, 32, 16)
+    torch.testing.assert_close(load_checkpoint(tmp_path / "old").model(x), written.eval()(x))
+
+
+def test_a_checkpoint_builds_the_design_it_was_trained_with_after_the_preset_changes(tmp_path):
+    """``model_defaults`` (the preset's values the config left to it, written by training) are applied on load: a
+    run of the conv-stem, class-token vit2d_small of a few days ago keeps its design under today's preset."""
     from engine_data import tiny_config
     from medattn.data.base import TaskInfo
     from medattn.runtime import checkpoint
     from medattn.runtime.build import build_model
+    from medattn.runtime.trained import load_checkpoint
 
-    for name in checkpoint.CONV_STEM_PRESETS:
-        assert isinstance(create_model(name, attention="seqnorm").patch_embed, ConvStem)
-    task = TaskInfo("binary", "volume3d", 1, (1, 32, 32, 16), ["lesion"])
-    meta = {"config": tiny_config("model.name=vit3d_small", "model.attention=seqnorm"),
-            "task": checkpoint.task_to_dict(task)}
-    older = build_model({**meta["config"]["model"], "kwargs": {"stem": "patch"}}, task)  # vit3d_small until now
-    checkpoint.save(tmp_path / "old", older, meta)
-    loaded = checkpoint.load_meta(tmp_path / "old")["config"]["model"]
-    assert loaded["kwargs"] == {"stem": "patch"}
-    rebuilt = build_model(loaded, task)
-    checkpoint.load_model(tmp_path / "old", rebuilt)
-    x = torch.randn(2, 1, 32, 32, 16)
-    torch.testing.assert_close(rebuilt.eval()(x), older.eval()(x))
-    checkpoint.save(tmp_path / "new", build_model(meta["config"]["model"], task), meta)
-    assert checkpoint.load_meta(tmp_path / "new")["config"]["model"]["kwargs"] == {}
+    task = TaskInfo("binary", "image2d", 1, (1, 64, 64), ["lesion"])
+    config = tiny_config("model.name=vit2d_small", "model.attention=softmax")
+    design = {"stem": "conv", "global_pool": "token"}
+    torch.manual_seed(1)
+    written = build_model({**config["model"], "kwargs": design}, task)
+    checkpoint.save(tmp_path / "run", written, {"config": config, "task": checkpoint.task_to_dict(task),
+                                                "model_defaults": design})
+    assert checkpoint.load_meta(tmp_path / "run")["config"]["model"]["kwargs"] == {}  # the config as written
+    trained = load_checkpoint(tmp_path / "run")
+    assert isinstance(trained.model.patch_embed, ConvStem) and trained.model.global_pool == "token"
+    x = torch.randn(2, 1, 64, 64)
+    torch.testing.assert_close(trained.model(x), written.eval()(x))
+    bad = {"config": config, "task": checkpoint.task_to_dict(task), "model_defaults": {"stem": ["conv"]}}
+    with pytest.raises(Exception, match="model_defaults"):
+        checkpoint.check_meta(bad, "checkpoint.json")
 
 
 # ---- training options -------------------------------------------------------------------------------

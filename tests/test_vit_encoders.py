@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from medattn.errors import UserError
+from medattn.slides.encoders import ENCODERS, HEADS
 from medattn.slides.extractors import build_extractor
 from medattn.slides.vit_encoder import TileViT, infer_architecture, load_tile_vit
 from stand_ins.torchvision import import_timm
@@ -22,18 +23,17 @@ def swiglu():
     return {"mlp_layer": SwiGLUPacked, "act_layer": torch.nn.SiLU}
 
 
-#: publisher -> (timm architecture, keyword arguments of its layout (model cards), pooling)
-LAYOUTS = {
-    "vit-b16": ("vit_base_patch16_224", {}, "cls"),
-    "uni": ("vit_large_patch16_224", {"init_values": 1e-5}, "cls"),
-    "virchow2": ("vit_huge_patch14_224", {"init_values": 1e-5, "reg_tokens": 4, "mlp_ratio": 5.3375, **swiglu()},
-                 "cls+mean"),
-    "uni2-h": ("vit_huge_patch14_224", {"embed_dim": 1536, "num_heads": 24, "mlp_ratio": 2.66667 * 2,
-                                        "init_values": 1e-5, "reg_tokens": 8, "no_embed_class": True, **swiglu()},
-               "cls"),
-    "h-optimus-0": ("vit_giant_patch14_reg4_dinov2", {"init_values": 1e-5}, "cls"),
-    "prov-gigapath": ("vit_giant_patch14_dinov2", {"init_values": 1e-5}, "cls"),
-}
+def timm_kwargs(card) -> dict:
+    """timm's keyword arguments for the card's layout (medattn.slides.encoders): the card is the one source."""
+    fc1 = card.mlp_hidden * (2 if card.swiglu else 1)
+    return {"embed_dim": card.dim, "num_heads": HEADS[card.dim], "patch_size": card.patch,
+            "mlp_ratio": (fc1 + 0.5) / card.dim,  # timm takes int(dim * mlp_ratio)
+            "reg_tokens": card.registers, "no_embed_class": not card.embed_prefix,
+            **({"init_values": 1e-5} if card.layer_scale else {}), **(swiglu() if card.swiglu else {})}
+
+
+#: publisher -> (timm architecture, keyword arguments of its layout, pooling), from the cards with a timm architecture
+LAYOUTS = {name: (card.timm, timm_kwargs(card), card.pooling) for name, card in ENCODERS.items() if card.timm}
 
 
 def timm_encoder(name: str):

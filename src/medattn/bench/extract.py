@@ -1,13 +1,13 @@
 """Tile-encoder throughput on this machine: tiles per second per encoder and precision, against its matmul rate.
 
-For each encoder (random weights in the publisher's architecture, :data:`ARCHITECTURES`; nothing is read or
-downloaded) and precision, batches of ``--batch-size`` 224 x 224 tiles run through the encoder as ``medattn wsi
-extract`` runs them (inference mode; CNNs channels-last; bf16 as autocast, timed only where the CPU multiplies
-bf16 in hardware, :func:`~medattn.bench.common.cpu_bf16_support`; int8 as the dynamic quantisation of the ViTs'
-Linear layers that ``wsi extract --precision int8`` runs, compared with fp32's matmul rate). Timed in rounds,
-one batch of every configuration and one matmul of every precision per round
-(:func:`~medattn.bench.roofline.matmul_probe`), so the rate each encoder is compared with was measured beside
-it; medians over the rounds.
+For each encoder (random weights in the publisher's architecture, its card in
+:data:`~medattn.slides.encoders.ENCODERS`; nothing is read or downloaded) and precision, batches of ``--batch-size``
+224 x 224 tiles run through the encoder as ``medattn wsi extract`` runs them (inference mode; CNNs channels-last;
+bf16 as autocast, timed only where the CPU multiplies bf16 in hardware,
+:func:`~medattn.bench.common.cpu_bf16_support`; int8 as the dynamic quantisation of the ViTs' Linear layers that
+``wsi extract --precision int8`` runs, compared with fp32's matmul rate). Timed in rounds, one batch of every
+configuration and one matmul of every precision per round (:func:`~medattn.bench.roofline.matmul_probe`), so the
+rate each encoder is compared with was measured beside it; medians over the rounds.
 
 Reported per row: ``tiles_per_s``, the FLOPs one tile costs (counted by PyTorch's ``FlopCounterMode``),
 ``fraction_of_matmul`` = achieved FLOP/s over the interleaved matmul rate (1.0: the encoder runs at the speed
@@ -29,45 +29,22 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from medattn.errors import UserError
-from medattn.slides.ctranspath import CTransPath
+from medattn.slides.encoders import ENCODERS
 from medattn.slides.extractors import PRECISIONS, with_precision
-from medattn.slides.resnet import ResNet50Features
-from medattn.slides.vit_encoder import ENCODERS, HEADS, Architecture, TileViT
 from medattn.threads import set_threads
 
 from .common import comma_list, cpu_bf16_support, environment, write_results
 from .roofline import matmul_probe
 
-
-def _vit(dim: int, depth: int, patch: int, registers: int, hidden: int, swiglu: bool, layer_scale: bool,
-         embed_prefix: bool) -> Architecture:
-    """A 224 px ViT's :class:`~medattn.slides.vit_encoder.Architecture`, heads by width as the publishers chose."""
-    return Architecture(dim, depth, HEADS[dim], patch, 224 // patch, registers, embed_prefix, hidden, swiglu,
-                        layer_scale)
-
-
-#: encoder -> its ViT architecture, or the module class of the others (ResNet-50 runs channels-last).
-ARCHITECTURES = {
-    "vit-b16": _vit(768, 12, 16, 0, 3072, swiglu=False, layer_scale=False, embed_prefix=True),
-    "uni": _vit(1024, 24, 16, 0, 4096, swiglu=False, layer_scale=True, embed_prefix=True),  # ViT-L/16
-    "virchow2": _vit(1280, 32, 14, 4, 6832, swiglu=True, layer_scale=True, embed_prefix=True),  # ViT-H/14
-    "uni2-h": _vit(1536, 24, 14, 8, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-H/14, 1536 wide
-    "h-optimus-0": _vit(1536, 40, 14, 4, 4096, swiglu=True, layer_scale=True, embed_prefix=False),  # ViT-g/14
-    "prov-gigapath": _vit(1536, 40, 14, 0, 4096, swiglu=True, layer_scale=True, embed_prefix=True),  # ViT-g/14
-    "ctranspath": CTransPath,  # Swin-T with a convolutional stem
-    "resnet50": ResNet50Features,
-}
+#: The encoders timed: every card whose whole architecture is known (a ViT card that leaves its shape open is not).
+ARCHITECTURES = [name for name, card in ENCODERS.items() if card.buildable]
 SLIDE_TILES = 15_000
 
 
 def build(name: str) -> torch.nn.Module:
-    """``name``'s encoder with random weights, in eval mode (pooled as its publisher pools, :data:`ENCODERS`)."""
-    architecture = ARCHITECTURES[name]
-    if architecture is ResNet50Features:
-        return ResNet50Features().eval().to(memory_format=torch.channels_last)
-    if not isinstance(architecture, Architecture):
-        return architecture().eval()
-    return TileViT(architecture, ENCODERS.get(name, ENCODERS["vit"]).pooling).eval()
+    """``name``'s encoder with random weights, in eval mode, as its card builds it (pooled as its publisher pools;
+    convolutions channels-last)."""
+    return ENCODERS[name].build()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         with torch.inference_mode():
             reference = model(tiles)
         for precision in precisions:
-            if precision == "int8" and ARCHITECTURES[name] is ResNet50Features:
+            if precision == "int8" and "int8" not in ENCODERS[name].precisions:
                 print(f"{name}: int8 quantises Linear layers, and a ResNet's work is convolutions: not timed")
                 continue
             forward = with_precision(model, precision, name)

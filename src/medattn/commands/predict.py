@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from medattn.data import input_kinds
     from medattn.data.preprocessing import BadInputFile, sample_paths
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.patients is not None:
         from medattn.data.bags import patient_bags
 
-        if prep.input_kind != "bag":
+        if not input_kinds.of(prep.input_kind).joins_files:
             raise UserError(f"--patients joins a patient's slides for bag models; this one takes {prep.input_kind}")
         inputs, names = patient_bags([paths[0] for paths in inputs], Path(args.patients), args.patient_column,
                                      args.filename_column)

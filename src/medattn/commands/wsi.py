@@ -51,6 +51,8 @@ def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from medattn.slides.encoders import PRECISIONS, extractor_help  # the cards, without torch
+
     sub = parser.add_subparsers(dest="wsi_command", required=True)
     tile = sub.add_parser("tile", help="tissue mask, patch grid and quality filter per slide")
     _tiling_arguments(tile)
@@ -59,11 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract = sub.add_parser("extract", help="patch features per slide as CLAM-layout HDF5")
     _tiling_arguments(extract)
     extract.add_argument("--tiles", type=Path, help="use the tiles written by `medattn wsi tile` to this folder")
-    extract.add_argument("--extractor", default="descriptor",
-                         help="descriptor (default), a FILE (state dict, TorchScript, .onnx) or resnet50:FILE, "
-                              "torchscript:FILE, onnx:FILE, timm:MODEL_NAME:FILE (where timm is installed), the "
-                              "pathology encoders uni:FILE, uni2-h:FILE, virchow2:FILE, h-optimus-0:FILE, "
-                              "prov-gigapath:FILE, vit:FILE (any timm-layout ViT) and ctranspath:FILE")
+    extract.add_argument("--extractor", default="descriptor", help=extractor_help())
     extract.add_argument("--input-norm", choices=("imagenet", "none"), default="imagenet",
                          help="normalisation of CNN inputs (default imagenet; the descriptor takes raw pixels)")
     extract.add_argument("--stain-norm", choices=("none", "macenko"), default="none", help="stain normalisation")
@@ -72,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "in microns)")
     extract.add_argument("--batch-size", type=int, default=64)
     extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
-    extract.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+    extract.add_argument("--precision", choices=PRECISIONS, default="fp32",
                          help="transformer encoders: bf16 autocast (fast only on CPUs with bf16 hardware and GPUs) "
                               "or int8 dynamic quantisation of the Linear layers (CPU; cosine to fp32: docs/slides.md)")
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
@@ -113,7 +111,8 @@ def _summary(results: list, started: float, tail: str = "") -> str:
 def run_tile(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from medattn.slides.extract import SlideResult, rank_and_world, shard
+    from medattn.runtime.distributed import rank_and_world
+    from medattn.slides.extract import SlideResult, shard
     from medattn.slides.reader import list_slides
     from medattn.slides.tiling import tile_slide, tiles_done, write_tiles
 
@@ -141,7 +140,8 @@ def run_tile(args: argparse.Namespace) -> int:
 
 
 def run_extract(args: argparse.Namespace) -> int:
-    from medattn.slides.extract import extract_slides, rank_and_world
+    from medattn.runtime.distributed import rank_and_world
+    from medattn.slides.extract import extract_slides
     from medattn.slides.extractors import build_extractor
     from medattn.slides.reader import list_slides
 

@@ -75,6 +75,19 @@ def slide_shape(path: Path) -> tuple[int, int]:
         return tuple(features.shape)
 
 
+def bag_header(path: Path) -> tuple[int, dict]:
+    """(tiles, HDF5 attributes) of a bag file, from its header; UserError naming the file otherwise."""
+    import h5py
+
+    try:
+        rows, _ = slide_shape(path)
+        with h5py.File(path, "r") as f:
+            return rows, dict(f.attrs)
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"{path}: {error}") from None
+
 def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (features (N, F) float32, coords (N, 2) float32, zeros if the file has none)."""
     import h5py

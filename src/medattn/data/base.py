@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import Dataset
 
+from .input_kinds import KINDS
+
 if TYPE_CHECKING:
     from .preprocessing import Preprocessing
 
 TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation")
-INPUT_KINDS = ("image2d", "volume3d", "bag")
+#: The stored names of the input kinds (:mod:`medattn.data.input_kinds`, where each is a class).
+INPUT_KINDS = tuple(KINDS)
 
 
 @dataclass

@@ -43,7 +43,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-from .base import INPUT_KINDS, TASK_TYPES, TaskInfo, task_problem
+from . import input_kinds
+from .base import TASK_TYPES, TaskInfo, task_problem
 
 VERSION = 1
 NORMALISATIONS = ("zscore", "percentile", "none")
@@ -114,18 +115,19 @@ def from_dict(data, source: str) -> Preprocessing:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
 
     shape = data.get("input_shape")
-    kind = data.get("input_kind")
+    kind = input_kinds.known(data.get("input_kind"))
     # per-channel mean/std: images read as they are (a slice model normalises each file as a whole instead)
-    reads_images = kind == "image2d" and data.get("slice_axis") is None and not data.get("unpredictable")
-    channels = shape[0] if reads_images and isinstance(shape, list) else 0
+    reads_channels = kind is not None and kind.channel_statistics and data.get("slice_axis") is None \
+        and not data.get("unpredictable")
+    channels = shape[0] if reads_channels and isinstance(shape, list) else 0
     checks = {
         "data_kind": isinstance(data.get("data_kind"), str),
-        "input_kind": kind in INPUT_KINDS,
+        "input_kind": kind is not None,
         "task_type": data.get("task_type") in TASK_TYPES,
         "num_outputs": isinstance(data.get("num_outputs"), int) and 1 <= data["num_outputs"] <= 1 << 16,
         "class_names": isinstance(data.get("class_names"), list)
         and all(isinstance(c, str) for c in data["class_names"]),
-        "input_shape": isinstance(shape, list) and len(shape) == {"image2d": 3, "volume3d": 4, "bag": 1}.get(kind)
+        "input_shape": isinstance(shape, list) and kind is not None and len(shape) == kind.spatial_dims + 1
         and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 16 for v in shape),
         "synthetic": isinstance(data.get("synthetic", False), bool),
         "mean": numbers(data.get("mean", []), channels),
@@ -181,17 +183,7 @@ def file_loader(prep: Preprocessing):
         from .slices import SliceFileLoader
 
         return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis)
-    if prep.input_kind == "image2d":
-        from .images import ImageLoader
-
-        return ImageLoader(tuple(prep.input_shape[1:]), prep.input_shape[0], list(prep.mean), list(prep.std))
-    if prep.input_kind == "volume3d":
-        from .volumes import VolumeLoader
-
-        return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize)
-    from .bags import BagLoader
-
-    return BagLoader(prep.input_shape[0])
+    return input_kinds.of(prep.input_kind).loader(prep)
 
 
 def sample_paths(prep: Preprocessing, files: list, subtract: list | None = None) -> list[tuple[Path, ...]]:
@@ -212,25 +204,25 @@ class BadInputFile(UserError):
     """An input file that cannot be read or prepared (``--skip-bad`` leaves such files out)."""
 
 
-#: File suffixes a folder given to predict or explain is searched for, by input kind (a volume model takes a
-#: folder as one DICOM series instead).
-FOLDER_SUFFIXES = {"image2d": (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".dcm"), "bag": (".h5", ".hdf5")}
+def reads_folders(prep: Preprocessing) -> bool:
+    """Whether a folder is one input of this model (a volume's DICOM series; a slice model reads volumes)."""
+    return input_kinds.of(prep.input_kind).reads_folders or prep.slice_axis is not None
 
 
 def expand_folders(prep: Preprocessing, files: list) -> list[Path]:
-    """``files`` with each folder replaced by its files of the model's kind (:data:`FOLDER_SUFFIXES`, sorted, not
+    """``files`` with each folder replaced by its files of the model's kind (its ``folder_suffixes``, sorted, not
     recursive); a volume model's folder stays (a DICOM series), as does a slice model's. An empty folder is a
     UserError."""
+    suffixes = input_kinds.of(prep.input_kind).folder_suffixes
     out = []
     for name in files:
         path = Path(name)
-        if not path.is_dir() or prep.input_kind == "volume3d" or prep.slice_axis is not None:
+        if not path.is_dir() or reads_folders(prep):
             out.append(path)
             continue
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(
-            FOLDER_SUFFIXES[prep.input_kind]))
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(suffixes))
         if not found:
-            raise UserError(f"{path}: a folder with no {' / '.join(FOLDER_SUFFIXES[prep.input_kind])} file")
+            raise UserError(f"{path}: a folder with no {' / '.join(suffixes)} file")
         out += found
     return out
 
@@ -253,9 +245,10 @@ def items(prep: Preprocessing, inputs: list[tuple[Path, ...]], names: list[str] 
     """The samples of ``inputs`` (one tuple of ``prep.inputs_per_sample`` paths each; a bag model's tuple may hold
     several slides of one patient, joined as training joined them), two per input with ``split_sides``; ``names``:
     their ids (default: the first file). A tuple of the wrong length is a UserError naming it."""
+    joins = input_kinds.of(prep.input_kind).joins_files
     out = []
     for index, paths in enumerate(inputs):
-        if len(paths) != prep.inputs_per_sample and not (prep.input_kind == "bag" and paths):
+        if len(paths) != prep.inputs_per_sample and not (joins and paths):
             what = ("two volumes (the second is subtracted from the first, as training's subtract_column was)"
                     if prep.subtract else "one file")
             raise UserError(f"{', '.join(map(str, paths))}: this model takes {what} per sample")
@@ -289,7 +282,7 @@ class InferenceDataset(Dataset):
     def _read(self, item: Item) -> dict:
         for path in item.paths:  # before anything opens them: a named pipe would block the reader
             try:
-                self._check(path, folders=self.prep.input_kind == "volume3d" or self.prep.slice_axis is not None)
+                self._check(path, folders=reads_folders(self.prep))
             except FileNotFoundError:
                 raise BadInputFile(f"{path}: no such file") from None
             except ValueError as error:
@@ -305,9 +298,7 @@ class InferenceDataset(Dataset):
                 from None
 
     def placeholder(self) -> dict:
-        if self.prep.input_kind == "bag":
-            return {"input": torch.zeros(1, self.prep.input_shape[0]), "coords": torch.zeros(1, 2)}
-        return {"input": torch.zeros(self.prep.input_shape)}
+        return input_kinds.of(self.prep.input_kind).placeholder(self.prep.input_shape)
 
     def __getitem__(self, index: int) -> dict:
         item = self.items[index]

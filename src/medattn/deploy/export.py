@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from medattn import __version__
+from medattn.data import input_kinds
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError
 from medattn.extras import require
@@ -53,9 +54,6 @@ FORMATS = ("onnx", "pt2")
 OPSET = 18
 METADATA_KEY = "medattn"
 PT2_EXTRA = "medattn.json"
-MAX_DIM = 1 << 20
-#: The graph's input names by input kind (``predict`` on an exported file checks the graph against them).
-INPUT_NAMES = {"bag": ["features", "mask", "coords"], "image2d": ["x"], "volume3d": ["x"]}
 
 
 class Deployable(nn.Module):
@@ -79,25 +77,11 @@ def any_input_size(model: nn.Module) -> bool:
 
 def example_inputs(prep: Preprocessing, model: nn.Module, batch: int = 2, tokens: int = 10,
                    generator: torch.Generator | None = None) -> tuple[tuple[torch.Tensor, ...], tuple, list[str]]:
-    """-> (random example inputs, their dynamic shapes for ``torch.export``, input names).
-
-    Example sizes differ from one another (batch 2, 10 tokens, a 6 x 9 image for any-size models) so no
-    dynamic axis is mistaken for another or specialised to 1."""
-    dim = torch.export.Dim
-    b = dim("batch", min=1, max=MAX_DIM)
-    if prep.input_kind == "bag":
-        n = dim("tokens", min=1, max=MAX_DIM)
-        features = torch.randn(batch, tokens, prep.input_shape[0], generator=generator)
-        mask = torch.ones(batch, tokens, dtype=torch.bool)
-        mask[-1, tokens // 2:] = False  # a padded bag, as batches of unequal bags are
-        coords = torch.rand(batch, tokens, 2, generator=generator) * 1000
-        return (features, mask, coords), ({0: b, 1: n}, {0: b, 1: n}, {0: b, 1: n}), INPUT_NAMES["bag"]
-    shape = list(prep.input_shape)
-    axes = {0: b}
-    if prep.input_kind == "image2d" and any_input_size(model):
-        shape[1:] = [6, 9]
-        axes.update({2: dim("height", min=1, max=MAX_DIM), 3: dim("width", min=1, max=MAX_DIM)})
-    return (torch.randn(batch, *shape, generator=generator),), (axes,), INPUT_NAMES[prep.input_kind]
+    """-> (random example inputs, their dynamic shapes for ``torch.export``, input names), as the input kind
+    makes them (:meth:`~medattn.data.input_kinds.InputKind.example_inputs`: batch 2, 10 tokens, a 6 x 9 image for
+    any-size models, so no dynamic axis is mistaken for another or specialised to 1)."""
+    return input_kinds.of(prep.input_kind).example_inputs(prep.input_shape, any_input_size(model), batch, tokens,
+                                                          generator)
 
 
 def metadata(prep: Preprocessing, thresholds: list[float | None] | None, model_id: str, checkpoint_sha256: str,

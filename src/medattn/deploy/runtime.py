@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from medattn.data import input_kinds
 from medattn.data.preprocessing import Preprocessing, from_dict
 from medattn.errors import UserError
 from medattn.extras import require
 from medattn.runtime.threshold import checked_thresholds
 
-from .export import INPUT_NAMES, read_metadata
+from .export import read_metadata
 
 
 def onnx_session(path: str | Path):
@@ -48,12 +49,6 @@ class Runner:
     def probabilities(self, batch: dict) -> np.ndarray:
         """Collated batch (``input``; bags also ``mask``, ``coords``) -> probabilities (B, K) or (B, K, H, W, D)."""
         return self.run(batch)
-
-
-def _inputs(batch: dict, input_kind: str) -> tuple[torch.Tensor, ...]:
-    if input_kind == "bag":
-        return batch["input"], batch["mask"], batch["coords"]
-    return (batch["input"],)
 
 
 def _torch_runner(path: str | Path) -> Runner:
@@ -108,10 +103,12 @@ def _exported_runner(path: Path) -> Runner:
         thresholds = checked_thresholds(thresholds, prep.num_outputs, f"{source}: threshold")
     if prep.unpredictable:
         raise UserError(f"{source}: {prep.unpredictable}")
-    names, graph = _graph_session(path, INPUT_NAMES[prep.input_kind])
-    if names != INPUT_NAMES[prep.input_kind]:
+    kind = input_kinds.of(prep.input_kind)
+    expected = list(kind.input_names)
+    names, graph = _graph_session(path, expected)
+    if names != expected:
         raise UserError(f"{path}: the graph's inputs {names} are not those of a {prep.input_kind} model "
-                        f"{INPUT_NAMES[prep.input_kind]}: the metadata does not describe this graph")
+                        f"{expected}: the metadata does not describe this graph")
 
     def session_run(feed: dict) -> np.ndarray:
         try:
@@ -124,7 +121,7 @@ def _exported_runner(path: Path) -> Runner:
         return np.asarray(out, dtype=np.float32)
 
     def run(batch: dict) -> np.ndarray:
-        inputs = _inputs(batch, prep.input_kind)
+        inputs = kind.graph_inputs(batch)
         if prep.slice_axis is not None and inputs[0].ndim == 5:  # a volume for a 2D graph: its slices as a batch
             volume = inputs[0]  # (1, 1, h, w, S)
             slices = session_run({names[0]: volume[0].permute(3, 0, 1, 2).numpy()})  # (S, K, h, w)

@@ -6,36 +6,47 @@ first output's probability; multiclass: the predicted class's) with the default 
 the map over them, volumes as three orthogonal slices, bags as their tiles at their coordinates; each with a colour
 bar and a title naming run, method, case, probability and label. The cases are the prepared test tensors (after
 resizing and normalisation; shown rescaled to their own range), not the files, so a report needs no data folder.
+How a case is shown is its input kind's choice (:meth:`~medattn.data.input_kinds.InputKind.show_case` calls a method
+of :class:`CasePictures`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from ..data import input_kinds
 from ..errors import writing
 from . import outputs
 from .core import explain
 
 
-def _picture(input_kind: str, sample: dict, relevance: np.ndarray, title: str, method: str,
-             synthetic: bool) -> Image.Image | None:
-    """One case's figure, or None where there is nothing to draw (a bag without distinct coordinates)."""
-    if input_kind == "bag":
-        coords = sample["coords"].numpy()
-        if not np.ptp(coords, axis=0).any():
-            return None
+@dataclass
+class CasePictures:
+    """One case's figure, by how its kind draws the map (:class:`~medattn.data.input_kinds.Heatmaps`), with a colour
+    bar and ``title``."""
+
+    title: str
+    method: str
+    synthetic: bool
+
+    def image(self, image: np.ndarray, relevance) -> Image.Image:
+        """The image (C, H, W) beside the map (H, W) over it."""
+        return outputs.readable_overlay(image, np.asarray(relevance), self.title, self.method, self.synthetic)
+
+    def volume(self, volume: np.ndarray, relevance) -> Image.Image:
+        """Three slices of the volume (H, W, D) and map through the voxel of largest relevance."""
+        return outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic)
+
+    def tiles(self, coords: np.ndarray, relevance) -> Image.Image:
+        """The tiles' scores (N,) drawn at their coordinates (N, 2)."""
+        relevance = np.asarray(relevance)
         return outputs.slide_map_figure(outputs.tile_map(coords, relevance, outputs.tile_size(coords)), relevance,
-                                        title, method, synthetic)
-    shown = sample["input"].float().numpy()
-    shown = (shown - shown.min()) / max(float(np.ptp(shown)), 1e-12)  # the prepared tensor, rescaled to [0, 1]
-    if input_kind == "volume3d":
-        return outputs.volume_preview(shown[0], relevance, title, method, synthetic)
-    return outputs.readable_overlay(shown[:3] if shown.shape[0] >= 3 else shown[:1], relevance, title, method,
-                                    synthetic)
+                                        self.title, self.method, self.synthetic)
 
 
 def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, labels: np.ndarray, ids: list[str],
@@ -49,16 +60,17 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
     probabilities = np.asarray(probabilities).reshape(len(probabilities), -1)
     scores = probabilities.max(axis=1) if task.task_type == "multiclass" else probabilities[:, 0]
     device = next(model.parameters()).device
+    kind = input_kinds.of(task.input_kind)
     names = []
     for index in np.argsort(-scores, kind="stable")[:count]:
         sample = dataset[int(index)]
-        kwargs = {"coords": sample["coords"][None].to(device)} if task.input_kind == "bag" else {}
-        result = explain(model, sample["input"][None].to(device), "auto", **kwargs)
+        x, kwargs = kind.one(sample, device)
+        result = explain(model, x, "auto", **kwargs)
         label = np.asarray(labels[index]).ravel().tolist()
         heading = (f"{title} | {result.method} | test case {ids[index]}: p = {scores[index]:.2f}, "
                    f"label {label[0] if len(label) == 1 else label}")
-        picture = _picture(task.input_kind, sample, result.relevance[0].detach().cpu().numpy(), heading,
-                           result.method, task.synthetic)
+        picture = kind.show_case(CasePictures(heading, result.method, task.synthetic), sample,
+                                 result.relevance[0].detach().cpu())
         if picture is not None:
             name = f"heatmaps/{len(names) + 1}.png"
             with writing(out_dir / name):

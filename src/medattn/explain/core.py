@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data import input_kinds
 from ..errors import UserError
 from .rollout import attention_rollout, check_rollout_model, gradient_rollout, target_index
 
@@ -55,7 +56,9 @@ def gradient_x_input(model: nn.Module, x: torch.Tensor, target: int | None = Non
 
 
 def is_bag_model(model: nn.Module) -> bool:
-    return getattr(model, "input_contract", "image") == "bag"
+    """Whether ``model`` takes sets of instances (bags (B, N, F) with ``mask`` and ``coords``): the kinds it runs
+    on by its ``input_contract`` (default "image") are made of instances."""
+    return any(kind.instances for kind in input_kinds.taken_by(getattr(model, "input_contract", "image")))
 
 
 def default_method(model: nn.Module) -> str:

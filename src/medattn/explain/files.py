@@ -12,7 +12,8 @@ the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``, ``
 tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag longer
 than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in bounded memory (the
 gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with the method used, the
-explained output and its probabilities.
+explained output and its probabilities. Which of these a file gets is its input kind's choice
+(:meth:`~medattn.data.input_kinds.InputKind.explain_file` calls a method of :class:`FileHeatmaps`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data import input_kinds
 from ..errors import UserError
 from . import outputs
 from .core import default_method, explain
@@ -49,28 +51,12 @@ def streams(model) -> bool:
         block.attn.stream_passes > 0 and isinstance(rows_for(block.attn), FactorisedRows) for block in blocks)
 
 
-def bag_header(path: Path) -> tuple[int, dict]:
-    """(tiles, HDF5 attributes) of a bag file, from its header; UserError naming the file otherwise."""
-    import h5py
-
-    from ..data.bags import slide_shape
-
-    try:
-        rows, _ = slide_shape(path)
-        with h5py.File(path, "r") as f:
-            return rows, dict(f.attrs)
-    except (OSError, ValueError) as error:
-        if isinstance(error, UserError):
-            raise
-        raise UserError(f"{path}: {error}") from None
-
-
 def streamed_bag(model, path: Path, chunk_size: int):
     """(logits (1, K), scores (N,), coords (N, 2), HDF5 attributes) by streamed rollout, the bag read chunk by
     chunk from the file; coords are zeros where the file has none (as the bag loader gives them)."""
     import h5py
 
-    from ..data.bags import feature_key
+    from ..data.bags import bag_header, feature_key
     from .rollout import streaming_rollout
 
     rows, attrs = bag_header(path)
@@ -97,9 +83,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail."""
     from ..data.base import collate
     from ..data.files import check_regular
-    from ..data.images import read_image
     from ..data.preprocessing import inference_dataset, sample_paths
-    from ..data.volumes import to_native_grid, write_nifti
     from ..runtime.outputs import OutputFolder
     from ..runtime.predictor import Predictor, probabilities
     from ..runtime.trained import load_checkpoint
@@ -111,20 +95,19 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     if prep.split_sides:
         raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
                         "back to the file yet (medattn predict gives both sides' probabilities)")
+    kind = input_kinds.of(prep.input_kind)
     dataset = inference_dataset(prep, sample_paths(prep, files, subtract))
     for item in dataset.items:  # every file before anything is written
         for path in item.paths:
             try:
-                check_regular(path, folders=prep.input_kind == "volume3d")
+                check_regular(path, folders=kind.reads_folders)
             except (FileNotFoundError, ValueError) as error:
                 raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
                     from None
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
     stems = [out.stem_for(item.paths[0]) for item in dataset.items]
-    suffixes = {"bag": ("_tiles.csv", "_tiles.h5", "_tiles.geojson", ".png"), "image2d": (".png",),
-                "volume3d": (".nii.gz", "_preview.png")}
     for stem in stems:  # every name this call may write, before any compute
-        for suffix in suffixes[prep.input_kind]:
+        for suffix in kind.explain_suffixes:
             out.path(stem + suffix)
     out.path("summary.csv")
     predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
@@ -132,7 +115,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder))
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
-        tiles, attrs = bag_header(path) if prep.input_kind == "bag" else (0, {})  # the header read once
+        tiles, attrs = kind.header(path)  # read once: a bag's tile count and HDF5 attributes (else 0, {})
         streamed = tiles > chunk_size and requested in ("auto", "rollout") and streams(model)
         used = "rollout" if streamed else method
         title = f"{trained.model_id} | {used} | {path.name}"
@@ -140,32 +123,16 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
             explained, report.streamed = "", report.streamed + 1
             probs = probabilities(logits.detach().float(), prep.task_type)[0]
-            written = _write_tiles(out, stem, coords, scores, used, attrs, title, prep.synthetic, slides)
         else:
             sample = dataset[index]
-            kwargs = {"coords": sample["coords"][None]} if prep.input_kind == "bag" else {}
-            result = explain(model, sample["input"][None], method, target, **kwargs)
+            x, kwargs = kind.one(sample)
+            result = explain(model, x, method, target, **kwargs)
             explained = "" if result.target is None else int(result.target[0])
             with torch.no_grad():
                 probs = predictor.probabilities(collate([sample]))[0]
-            if prep.input_kind == "bag":
-                written = _write_tiles(out, stem, sample["coords"].numpy(), result.relevance[0].numpy(), used,
-                                       attrs, title, prep.synthetic, slides)
-            elif prep.input_kind == "image2d":
-                image = outputs.readable_overlay(read_image(path).numpy(), result.relevance[0].numpy(), title, used,
-                                                 prep.synthetic)
-                with out.write(f"{stem}.png") as tmp:
-                    image.save(tmp, format="PNG")
-                written = [f"{stem}.png"]
-            else:
-                array, affine = to_native_grid(result.relevance[0].float(), path, prep.spacing)
-                with out.write(f"{stem}.nii.gz") as tmp:
-                    write_nifti(tmp, array, affine)
-                preview = outputs.volume_preview(sample_volume(dataset[index]), result.relevance[0].numpy(), title,
-                                                 used, prep.synthetic)
-                with out.write(f"{stem}_preview.png") as tmp:
-                    preview.save(tmp, format="PNG")
-                written = [f"{stem}.nii.gz", f"{stem}_preview.png"]
+        heatmaps = FileHeatmaps(out, stem, path, prep.spacing, title, used, prep.synthetic, attrs, slides)
+        written = heatmaps.tiles(coords, scores) if streamed else \
+            kind.explain_file(heatmaps, path, sample, result.relevance[0])
         report.rows.append({"file": item.id, "method": used, "target": explained,
                             **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
                             "outputs": " ".join(written)})
@@ -174,9 +141,47 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     return report
 
 
-def sample_volume(sample: dict) -> np.ndarray:
-    """The prepared volume (H, W, D) of a sample (its one channel), on the grid of its relevance map."""
-    return sample["input"][0].numpy()
+@dataclass
+class FileHeatmaps:
+    """The files ``medattn explain`` writes for the input ``path`` (written as ``stem``... into ``out``), by how its
+    kind draws the map (:class:`~medattn.data.input_kinds.Heatmaps`); each method returns the names written.
+    ``spacing``: the preprocessing's (a volume's map goes back to the file's grid); ``attrs``: a bag's HDF5
+    attributes; ``slides``: the folder of the scanner files."""
+
+    out: object
+    stem: str
+    path: Path
+    spacing: tuple[float, ...] | None
+    title: str
+    method: str
+    synthetic: bool
+    attrs: dict
+    slides: str | Path | None
+
+    def image(self, image: np.ndarray, relevance) -> list[str]:
+        """``<stem>.png``: the image (C, H, W) beside the map (H, W) over it."""
+        picture = outputs.readable_overlay(image, np.asarray(relevance), self.title, self.method, self.synthetic)
+        with self.out.write(f"{self.stem}.png") as tmp:
+            picture.save(tmp, format="PNG")
+        return [f"{self.stem}.png"]
+
+    def volume(self, volume: np.ndarray, relevance) -> list[str]:
+        """``<stem>.nii.gz``, the map (H, W, D) on the input file's grid and affine, and ``<stem>_preview.png``,
+        three slices of ``volume`` (H, W, D) through the voxel of largest relevance."""
+        from ..data.volumes import to_native_grid, write_nifti
+
+        array, affine = to_native_grid(torch.as_tensor(relevance).float(), self.path, self.spacing)
+        with self.out.write(f"{self.stem}.nii.gz") as tmp:
+            write_nifti(tmp, array, affine)
+        preview = outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic)
+        with self.out.write(f"{self.stem}_preview.png") as tmp:
+            preview.save(tmp, format="PNG")
+        return [f"{self.stem}.nii.gz", f"{self.stem}_preview.png"]
+
+    def tiles(self, coords: np.ndarray, relevance) -> list[str]:
+        """The tile table, HDF5 and map of a bag's scores (N,) at ``coords`` (N, 2) (:func:`_write_tiles`)."""
+        return _write_tiles(self.out, self.stem, coords, np.asarray(relevance), self.method, self.attrs, self.title,
+                            self.synthetic, self.slides)
 
 
 def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:

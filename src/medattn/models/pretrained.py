@@ -6,10 +6,10 @@ rest bit for bit. It returns a report a run can print: ``loaded`` (copied unchan
 ``how``), ``new`` (our tensors that keep their fresh initialisation) and ``dropped`` (the file's tensors
 the model has no place for, by their names in the file).
 
-Files: ``.safetensors``, or a PyTorch file read with ``torch.load(weights_only=True)`` (no code runs;
-anything but tensors and plain containers is refused). A training checkpoint's state dict is found under
-``state_dict``, ``model`` (MAE), ``teacher`` or ``student`` (DINO); a ``module.`` prefix (DDP) is removed,
-and with a ``backbone.`` prefix (DINO) only the backbone is used.
+Files (read by :func:`medattn.models.weights.read_state_dict`): ``.safetensors``, or a PyTorch file read with
+``torch.load(weights_only=True)`` (no code runs; anything but tensors and plain containers is refused). A training
+checkpoint's state dict is found under ``state_dict``, ``model`` (MAE), ``teacher`` or ``student`` (DINO); a
+``module.`` prefix (DDP) is removed, and with a ``backbone.`` prefix (DINO) only the backbone is used.
 
 Families (all store timm's block layout; our attention keeps it, see :mod:`medattn.models.convert`):
 
@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import pickle
 import re
 from pathlib import Path
 
@@ -69,10 +68,11 @@ import torch.nn.functional as F
 from medattn.errors import UserError
 
 from .layers import ConvStem
+from .resnet import ResidualStem
 from .vit import VisionTransformer, resample_position_embedding
+from .weights import read_state_dict
 
 FAMILIES = ("timm", "dino", "mae", "monai")
-CONTAINERS = ("state_dict", "model", "teacher", "student")  # where training checkpoints keep the weights
 MONAI_NAMES = [  # MONAI name -> timm name
     (re.compile(r"^patch_embedding\.patch_embeddings\.(weight|bias)$"), r"patch_embed.proj.\1"),
     (re.compile(r"^patch_embedding\.position_embeddings$"), "pos_embed"),
@@ -143,48 +143,6 @@ def describe(report: dict) -> str:
             + (f" of which {len(report['not_kept'])} left out by the keep choice" if report.get("not_kept") else "")
             + f", {len(report['dropped'])} dropped"
             + (f" ({', '.join(report['dropped'])})" if report["dropped"] else ""))
-
-
-def read_state_dict(source) -> dict[str, torch.Tensor]:
-    """Name -> tensor from a safetensors file, a ``torch.load(weights_only=True)`` file or a dict,
-    unwrapped from a training checkpoint's container (:data:`CONTAINERS`)."""
-    if isinstance(source, dict):
-        data, where = source, "the state dict"
-    else:
-        path, where = Path(source), str(source)
-        if not path.is_file():
-            raise UserError(f"{path}: no such weights file")
-        data = _read_file(path)
-    for _ in range(2):  # e.g. {"model": {...}} or {"teacher": {...}}
-        if not isinstance(data, dict) or all(isinstance(v, torch.Tensor) for v in data.values()):
-            break
-        inner = [data[k] for k in CONTAINERS if isinstance(data.get(k), dict)]
-        data = inner[0] if inner else data
-    if not isinstance(data, dict) or not data or not all(isinstance(v, torch.Tensor) for v in data.values()):
-        raise UserError(f"{where}: holds no state dict (a mapping of names to tensors, possibly under "
-                        f"{', '.join(CONTAINERS)})")
-    return dict(data)
-
-
-def _read_file(path: Path):
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(path)
-        except Exception as error:  # safetensors raises its own error types for corrupt files
-            raise UserError(f"{path}: unreadable safetensors file ({error})") from None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's message is many lines; keep the unpickler's reason
-        if "Unsupported global" not in str(error):  # not a pickle, or a corrupt one
-            reason = [line.strip() for line in str(error).splitlines() if "Unsupported" in line or "invalid" in line]
-            raise UserError(f"{path}: unreadable PyTorch weights file ({(reason or ['not a pickle'])[0]})") from None
-        raise UserError(f"{path}: not a plain weights file (torch.load with weights_only=True refused it: it holds "
-                        f"objects other than tensors and plain containers; save a state dict or safetensors)") from None
-    except Exception as error:  # a corrupt or foreign file
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserError(f"{path}: unreadable PyTorch weights file ({first})") from None
 
 
 def _strip_prefixes(state: dict) -> tuple[dict, list[str]]:
@@ -272,9 +230,10 @@ def _match(model: VisionTransformer, state: dict, origin: dict, how: dict, where
            source_grid: tuple[int, ...] | None, keep: tuple[str, ...] | None = None) -> tuple[dict, dict]:
     """Our name -> the tensor to copy in, and the report's lists; raises before anything is copied.
     With ``keep`` (glob patterns on timm's names) only matching tensors of the file are used."""
-    if isinstance(model.patch_embed, ConvStem) and "patch_embed.proj.weight" in state:
-        raise UserError(f"{where}: holds a patch embedding, but the model starts with the convolutional stem "
-                        f"(the _small presets' default); set model.kwargs.stem=patch to load it")
+    if isinstance(model.patch_embed, (ConvStem, ResidualStem)) and "patch_embed.proj.weight" in state:
+        raise UserError(f"{where}: holds a patch embedding, but the model starts with a convolutional stem "
+                        f"({type(model.patch_embed).__name__}; the _small presets start with the residual one); set "
+                        f"model.kwargs.stem=patch to load it")
     own = model.state_dict()
     tensors, used = {}, set()
     report = {"loaded": [], "adapted": [], "new": [], "dropped": [], "not_kept": [], "how": {}}

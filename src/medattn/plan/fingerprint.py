@@ -18,6 +18,7 @@ import math
 import numpy as np
 import torch
 
+from medattn.data import input_kinds
 from medattn.data.base import DataBundle, dataset_labels
 
 SAMPLE = 32  # training inputs read for the intensity summary
@@ -39,10 +40,9 @@ def fingerprint(bundle: DataBundle) -> dict:
     found = {"cases": {"train": len(train), "val": len(bundle.val), "test": len(bundle.test)},
              "task_type": task.task_type, "input_kind": task.input_kind, "input_shape": list(task.input_shape)}
     if task.task_type in ("binary", "multilabel") and len(train):
-
         labels = dataset_labels(train).reshape(len(train), -1).float()
         found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]
-    if task.input_kind == "bag":
+    if input_kinds.of(task.input_kind).instances:
         sizes = np.array([_bag_size(train, i) for i in range(len(train))])
         found["bag_sizes"] = {"min": int(sizes.min()), "median": int(np.median(sizes)), "max": int(sizes.max())}
     elif len(train):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from medattn.data import input_kinds
+
 #: optimizer steps a run should take, by model family
 TARGET_STEPS = {"transformer": 1800, "other": 600}
 MIN_EPOCHS, MAX_EPOCHS = 20, 300
@@ -52,7 +54,7 @@ def plan(config: dict, found: dict) -> list[Decision]:
         decisions.append(Decision("train.epochs", epochs, f"{target} optimizer steps for {FAMILY_TEXT[kind]}: "
                                   f"{cases} training cases / batch {train['batch_size'] * train['grad_accum']} = "
                                   f"{steps_per_epoch} steps per epoch (bounded to {MIN_EPOCHS}-{MAX_EPOCHS} epochs)"))
-    if found["input_kind"] == "bag":
+    if input_kinds.of(found["input_kind"]).instances:
         largest, limit = found["bag_sizes"]["max"], config["data"].get("max_instances")
         if limit is not None and limit < largest:
             decisions.append(Decision("data.max_instances", limit, f"keeps {limit} of up to {largest} instances per "

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from medattn.config import save_config, validate
+from medattn.data import input_kinds
 from medattn.data.base import DataBundle
 from medattn.errors import UserError, writing
 from medattn.models.vit import VisionTransformer
@@ -36,6 +37,7 @@ from medattn.runtime.device import open_device
 from medattn.text import bars_off
 from medattn.threads import set_threads
 from medattn.train.loaders import seed_everything
+from medattn.train.model_notes import preset_design
 from medattn.train.optim import lr_at, param_groups
 from medattn.train.rundir import run_folder
 
@@ -62,7 +64,7 @@ def epoch_loader(dataset: Dataset, batch_size: int, seed: int, epoch: int) -> Da
 def build_autoencoder(config: dict, bundle: DataBundle) -> MaskedAutoencoder:
     """The config's model (a ViT preset, any mechanism) inside a :class:`MaskedAutoencoder` with ``pretrain.*``."""
     check_model_config(config["model"])
-    if bundle.task.input_kind not in ("image2d", "volume3d"):
+    if not input_kinds.of(bundle.task.input_kind).spatial_dims:
         raise UserError(f"medattn pretrain: masked autoencoding pretrains ViTs on images and volumes; this data "
                         f"gives {bundle.task.input_kind} inputs")
     vit = build_model(config["model"], bundle.task)
@@ -119,6 +121,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         total, warmup = p["epochs"] * steps_per_epoch, round(p["warmup_epochs"] * steps_per_epoch)
         state = {"epoch": 0, "step": 0, "seconds": 0.0}
         meta = {"config": config, "task": checkpoint.task_to_dict(bundle.task),
+                "model_defaults": preset_design(config["model"]),
                 "pretrained": {"objective": "masked autoencoding", **described}}
         if resume:
             last = checkpoint.resolve(run_dir / "checkpoints" / "last")

@@ -7,6 +7,7 @@ import inspect
 from torch import nn
 
 from medattn.attention import available_attentions
+from medattn.data import input_kinds
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models import create_model, input_contract, takes_attention
@@ -53,16 +54,14 @@ def build_model(model_cfg: dict, task: TaskInfo) -> nn.Module:
     given = dict(model_cfg.get("kwargs") or {})
     kwargs = {**given}
     kwargs.setdefault("num_classes", task.num_outputs)
-    is_bag_model = input_contract(name) == "bag"
-    if is_bag_model != (task.input_kind == "bag"):
-        wants = "feature bags" if is_bag_model else "images or volumes"
+    kind, contract = input_kinds.of(task.input_kind), input_contract(name)
+    if contract != kind.contract:
+        wants = " or ".join(k.noun for k in input_kinds.taken_by(contract))
         raise UserError(f"model {name!r} takes {wants} but the data gives {task.input_kind} inputs")
-    if is_bag_model:
-        kwargs.setdefault("feature_dim", task.input_shape[0])
-    else:
-        kwargs.setdefault("in_chans", task.input_shape[0])
-        if "img_size" in inspect.signature(PRESETS[name][0]).parameters:  # the model's grid is the data's grid
-            kwargs.setdefault("img_size", tuple(task.input_shape[1:]))
+    takes = inspect.signature(PRESETS[name][0]).parameters
+    for key, value in kind.model_sizes(task.input_shape).items():  # in_chans (img_size) or feature_dim
+        if key != "img_size" or key in takes:  # the model's grid is the data's grid, where it takes one
+            kwargs.setdefault(key, value)
     try:
         return create_model(name, attention=model_cfg.get("attention"), **kwargs)
     except (ValueError, TypeError) as error:

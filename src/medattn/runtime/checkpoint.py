@@ -50,9 +50,13 @@ STALE_TMP = re.compile(r"^\..+\.tmp-\d+$")  # what atomic_dir writes into before
 MAX_SIZE = 1 << 16  # largest integer checkpoint.json may give a size (input side, width, class count)
 MAX_COUNT = 1 << 10  # largest repeat count (depth, blocks, heads) and list length in model.kwargs
 COUNT_KEYS = ("depth", "num_blocks", "num_heads")
-#: Presets whose default stem became the convolutional one on 2026-11-24; their checkpoints written before hold a
-#: patch embedding (``patch_embed.weight``) and no ``stem`` key, and load as what they are.
-CONV_STEM_PRESETS = ("vit2d_small", "vit3d_small")
+#: The CPU ViT presets whose design changed since checkpoints were first written: the stem became the convolutional
+#: one on 2026-11-24 (before: a patch embedding, ``patch_embed.weight``), then the residual one with the mean of the
+#: patch tokens as readout on 2026-11-27 (issue 40; before: ``global_pool="token"``). Their checkpoints hold no
+#: ``stem`` or ``global_pool`` key and load as what they are (:func:`_keep_vit_design`).
+SMALL_VIT_PRESETS = ("vit2d_small", "vit3d_small")
+#: A tensor only the residual stem has (:class:`~medattn.models.resnet.ResidualStem`: its full-resolution block).
+RESIDUAL_STEM_TENSOR = "patch_embed.stem.3.conv1.weight"
 
 
 @contextlib.contextmanager
@@ -159,7 +163,8 @@ def load_meta(folder: Path) -> dict:
         # keys added since it was saved: defaults
         meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
-    _keep_patch_stem(meta["config"]["model"], folder)
+    if "model_defaults" not in meta:  # written before the preset's values were recorded: read them from the weights
+        _keep_vit_design(meta["config"]["model"], folder)
     _keep_raw_features(meta["config"]["model"], folder)
     _keep_class_token(meta["config"]["model"], folder)
     return meta
@@ -189,18 +194,32 @@ def _keep_raw_features(model_cfg: dict, folder: Path) -> None:
         kwargs["standardize_features"] = False
 
 
-def _keep_patch_stem(model_cfg: dict, folder: Path) -> None:
-    """A checkpoint of a :data:`CONV_STEM_PRESETS` preset written before its stem default changed gets
-    ``stem: patch`` in ``model.kwargs`` (its weights show a single patchify convolution)."""
+def model_config(meta: dict) -> dict:
+    """The model config a checkpoint builds: ``config.model`` with the preset values recorded at training time
+    (``model_defaults``) for the keys it left to them, so a preset whose default changed since builds as it was."""
+    model = meta["config"]["model"]
+    return {**model, "kwargs": {**meta.get("model_defaults", {}), **model["kwargs"]}}
+
+
+def _keep_vit_design(model_cfg: dict, folder: Path) -> None:
+    """A checkpoint of a :data:`SMALL_VIT_PRESETS` preset written before its design changed gets the design its
+    weights show in ``model.kwargs``: ``stem: patch`` (a single patchify convolution) or ``stem: conv`` (early
+    convolutions, no residual block), each with ``global_pool: token``, the readout of those days."""
     kwargs = model_cfg["kwargs"]
-    if model_cfg["name"] in CONV_STEM_PRESETS and "stem" not in kwargs and "patch_embed.weight" in header_shapes(
-            folder):
-        kwargs["stem"] = "patch"
+    if model_cfg["name"] not in SMALL_VIT_PRESETS or "stem" in kwargs:
+        return
+    shapes = header_shapes(folder)
+    if RESIDUAL_STEM_TENSOR in shapes:
+        return
+    kwargs["stem"] = "patch" if "patch_embed.weight" in shapes else "conv"
+    kwargs.setdefault("global_pool", "token")
 
 
 def check_meta(meta, source: str) -> None:
     """The schema of ``checkpoint.json``: a mapping with ``config`` (a valid run config whose integers in
-    ``model.kwargs`` are bounded) and ``task`` (a :class:`TaskInfo` with bounded sizes)."""
+    ``model.kwargs`` are bounded), ``task`` (a :class:`TaskInfo` with bounded sizes) and perhaps ``model_defaults``
+    (the preset's design values the config left to it, ``{"stem": "residual", ...}``: applied on load, so a
+    checkpoint keeps its design when a preset's default changes later)."""
     if isinstance(meta, dict) and "diffusion" in meta:
         raise UserError(f"{source}: a diffusion checkpoint (3D inpainting): eval, predict, explain and export take "
                         f"classification and segmentation models; use medattn inpaint")
@@ -209,6 +228,11 @@ def check_meta(meta, source: str) -> None:
         raise UserError(f"{source}: a checkpoint's metadata must be a mapping with 'config' and 'task' mappings")
     validate(meta["config"], f"{source}: config")
     _check_bounded(meta["config"]["model"]["kwargs"], f"{source}: config.model.kwargs", None)
+    recorded = meta.get("model_defaults", {})
+    if not isinstance(recorded, dict) or not all(
+            isinstance(key, str) and key.isidentifier() and isinstance(value, (str, bool))
+            for key, value in recorded.items()):
+        raise UserError(f"{source}: model_defaults must map model argument names to strings or booleans")
     task = meta["task"]
     fields = {f.name for f in dataclasses.fields(TaskInfo)}
     problems = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -26,6 +27,20 @@ def open_device(name: str) -> torch.device:
     """The checked device ``name`` (``auto``: CUDA when present, else CPU), joining torchrun's process group."""
     check_device(name)
     return distributed.setup(name)
+
+
+def resolve_device(name: str, option: str = "--device") -> torch.device:
+    """A process's device without joining a process group (each process works alone, as ``wsi extract``'s shards):
+    ``auto`` -> ``cuda:LOCAL_RANK`` when a GPU exists (one per torchrun process), else cpu; UserError naming
+    ``option`` for a name torch does not know."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device("cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as error:
+        raise UserError(f"{option} {name!r}: {error}") from None
 
 
 def autocast(device: torch.device, precision: str):

@@ -9,9 +9,12 @@ is a no-op. Gathering uses tensors only (no pickled objects).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
+
+from medattn.errors import UserError
 
 
 def world_size() -> int:
@@ -24,6 +27,18 @@ def rank() -> int:
 
 def is_main() -> bool:
     return rank() == 0
+
+
+def rank_and_world(env: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) as torchrun sets them, (0, 1) without, read from the environment (no process group:
+    ``wsi tile``/``extract`` shard their slides by it); UserError when they do not make sense."""
+    try:
+        rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise UserError(f"RANK={env.get('RANK')!r} and WORLD_SIZE={env.get('WORLD_SIZE')!r} must be integers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise UserError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
+    return rank, world
 
 
 def setup(device: str = "auto") -> torch.device:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from medattn.data import input_kinds
 from medattn.data.base import TaskInfo
 
 from .device import autocast
@@ -29,11 +30,10 @@ def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
-    """Logits (B, K) (segmentation: (B, K, H, W, D)): ``model(x)`` for images/volumes,
-    ``model(features, mask, coords)`` for bags."""
-    if input_kind == "bag":
-        return model(batch["input"], mask=batch.get("mask"), coords=batch.get("coords"))
-    return model(batch["input"])
+    """Logits (B, K) (segmentation: (B, K, H, W, D)) of a collated batch, as the kind stored as ``input_kind``
+    gives it to the model (:meth:`~medattn.data.input_kinds.InputKind.forward`): ``model(x)`` for images/volumes,
+    ``model(features, mask=mask, coords=coords)`` for bags."""
+    return input_kinds.of(input_kind).forward(model, batch)
 
 
 @dataclass

@@ -80,9 +80,10 @@ def load_checkpoint(path: str | Path) -> Trained:
     if prep is not None:
         check_task(prep, task, source)
     thresholds = stored_thresholds(meta, task.num_outputs, source)
+    model_cfg = checkpoint.model_config(meta)
     with torch.device("meta"):
-        checkpoint.check_shapes(folder, build_model(meta["config"]["model"], task))
-    model = build_model(meta["config"]["model"], task)
+        checkpoint.check_shapes(folder, build_model(model_cfg, task))
+    model = build_model(model_cfg, task)
     checkpoint.load_model(folder, model)
     return Trained(model.eval(), meta["config"], task, folder, meta, prep, thresholds, model_id(meta),
                    weights_sha256(folder))

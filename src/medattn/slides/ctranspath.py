@@ -186,22 +186,24 @@ class CTransPath(nn.Module):
 def load_ctranspath(path: Path) -> CTransPath:
     """CTransPath from the published checkpoint (or any file with its state dict), strictly; UserError naming
     ``path`` for another layout or buffers that disagree with the architecture."""
-    from ..models.pretrained import read_state_dict
+    from ..models.weights import load_strictly, read_state_dict
 
-    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()
-             if not k.removeprefix("module.").startswith("head.")}
+    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()}
     model = CTransPath()
     buffers = dict(model.named_buffers())  # the computed index and masks (not saved by this module) among them
     for key in [k for k in state if k.endswith(BUFFERS)]:
         saved, expected = state.pop(key), buffers.get(key)
         if expected is None or saved.shape != expected.shape or not torch.equal(saved.to(expected.dtype), expected):
             raise UserError(f"{path}: {key} is not the Swin-T buffer of CTransPath's architecture")
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = [k for k in set(own) & set(state) if own[k].shape != state[k].shape]
-    if missing or unexpected or wrong:
-        raise UserError(f"{path}: not CTransPath's layout ({len(missing)} missing, e.g. {missing[:3]}; "
-                        f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}; {len(wrong)} of another shape, e.g. "
-                        f"{sorted(wrong)[:3]})")
-    model.load_state_dict(state, strict=True)
+    load_strictly(model, state, path, "not CTransPath's layout", drop=("head.",))
     return model.eval()
+
+
+def build(card=None) -> CTransPath:
+    """CTransPath with fresh weights, in eval mode (the ``ctranspath`` card, :mod:`medattn.slides.encoders`)."""
+    return CTransPath().eval()
+
+
+def load(card, path: Path) -> CTransPath:
+    """CTransPath from ``path`` (:func:`load_ctranspath`)."""
+    return load_ctranspath(path)

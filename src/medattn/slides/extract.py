@@ -16,9 +16,7 @@ r, r + W, ... of the sorted list and writes only those.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import torch
 
 from ..data.bags import slide_shape
 from ..errors import UserError, writing
+from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
 from ..text import bars_off
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
@@ -51,17 +50,6 @@ from .tissue import tissue_mask
 #: chose the patches, the tiles' own with --tiles).
 CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm", "layout", "tile_settings")
 LAYOUTS = ("clam", "stamp")
-
-
-def rank_and_world(env: Mapping[str, str] = os.environ) -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) as torchrun sets them, (0, 1) without; UserError when they do not make sense."""
-    try:
-        rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise UserError(f"RANK={env.get('RANK')!r} and WORLD_SIZE={env.get('WORLD_SIZE')!r} must be integers") from None
-    if world < 1 or not 0 <= rank < world:
-        raise UserError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
-    return rank, world
 
 
 def shard(items: list, rank: int, world: int) -> list:

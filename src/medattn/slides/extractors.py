@@ -11,12 +11,12 @@
     optional dependency; nothing downloads) with the weights of FILE (safetensors, or a torch file read
     with ``weights_only=True``) loaded strictly; the classifier's tensors in FILE are dropped. Returns
     timm's pooled features (B, F). Tested against a stand-in for timm's API, not against timm itself.
-  * ``uni:FILE``, ``uni2-h:FILE``, ``virchow2:FILE``, ``h-optimus-0:FILE``, ``prov-gigapath:FILE`` (the publishers'
-    pathology ViTs) or ``vit:FILE`` (any timm-layout ViT): medattn's own :class:`~medattn.slides.vit_encoder.TileViT`,
-    no timm, the architecture read from the file, loaded strictly; patches are resized to the encoder's input side
-    and normalised as its publisher did.
-  * ``ctranspath:FILE``: CTransPath (Swin-T with a convolutional stem) in medattn's own module,
-    :class:`~medattn.slides.ctranspath.CTransPath`, from the published checkpoint's layout, strictly, 768 features.
+  * ``NAME:FILE`` for a tile encoder of :data:`~medattn.slides.encoders.ENCODERS` (its card says what it expects):
+    ``uni``, ``uni2-h``, ``virchow2``, ``h-optimus-0``, ``prov-gigapath`` (the publishers' pathology ViTs) or
+    ``vit`` (any timm-layout ViT) in medattn's own :class:`~medattn.slides.vit_encoder.TileViT`, no timm, the
+    architecture read from the file; ``ctranspath`` (Swin-T with a convolutional stem,
+    :class:`~medattn.slides.ctranspath.CTransPath`, the published checkpoint's layout, 768 features); ``resnet50``
+    (above). Loaded strictly; patches are resized to the encoder's input side and normalised as its publisher did.
 Every extractor takes uint8 RGB patches (B, P, P, 3) and returns float32 (B, F) on the CPU. The CNN
 kinds receive x / 255 normalised with the ImageNet mean and standard deviation (``imagenet=False``
 passes x / 255 unchanged); the descriptor receives x / 255. :meth:`Extractor.record` is what the features'
@@ -25,7 +25,6 @@ file keeps about the extractor's input (side, normalisation, the magnification i
 
 from __future__ import annotations
 
-import os
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,30 +35,13 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..extras import require
-from .ctranspath import CTransPath, load_ctranspath
+from ..runtime.device import autocast, resolve_device
 from .descriptor import StainTextureDescriptor
-from .resnet import load_resnet50
-from .vit_encoder import ENCODERS, load_tile_vit
+from .encoders import ENCODERS, IMAGENET, PRECISIONS, extractor_kinds, transformers
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-KINDS = ("descriptor", "resnet50", "torchscript", "onnx", "timm", "ctranspath", *ENCODERS)
-#: Encoders of medattn's own modules, which run in any of :data:`PRECISIONS`.
-TRANSFORMERS = (*ENCODERS, "ctranspath")
-#: Microns per pixel CTransPath's tiles are cut at in STAMP (256 um at 224 px); its paper states 20x.
-CTRANSPATH_MPP = 256 / 224
-
-
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda:LOCAL_RANK when a GPU exists (one per torchrun process), else cpu."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        return torch.device("cpu")
-    try:
-        return torch.device(device)
-    except RuntimeError as error:
-        raise UserError(f"--device {device!r}: {error}") from None
+IMAGENET_MEAN, IMAGENET_STD = IMAGENET
+#: The extractor kinds that are no card of :data:`~medattn.slides.encoders.ENCODERS`.
+GENERIC_KINDS = ("descriptor", "torchscript", "onnx", "timm")
 
 
 class Extractor:
@@ -123,7 +105,7 @@ def _onnx(path: Path, device: torch.device):
 
 def _timm(model_name: str, path: Path) -> torch.nn.Module:
     """``timm.create_model(model_name, pretrained=False, num_classes=0)`` with ``path``'s weights, strictly."""
-    from ..models.pretrained import read_state_dict
+    from ..models.weights import load_strictly, read_state_dict
 
     try:
         import timm
@@ -133,24 +115,16 @@ def _timm(model_name: str, path: Path) -> torch.nn.Module:
         model = timm.create_model(model_name, pretrained=False, num_classes=0)
     except Exception as error:  # timm raises RuntimeError for unknown names, others for bad arguments
         raise UserError(f"--extractor timm:{model_name}:{path}: timm cannot create {model_name!r} ({error})") from None
-    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()}
-    own = model.state_dict()
     head = (getattr(model, "pretrained_cfg", None) or {}).get("classifier")
     heads = (head,) if isinstance(head, str) else tuple(head or ())
-    state = {k: v for k, v in state.items() if k in own or not k.startswith(tuple(f"{h}." for h in heads))}
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-        raise UserError(f"{path}: not weights of timm's {model_name} ({len(missing)} missing, e.g. {missing[:3]}; "
-                        f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}; {len(wrong)} of another shape, e.g. "
-                        f"{wrong[:3]})")
-    model.load_state_dict(state, strict=True)
+    load_strictly(model, read_state_dict(path), path, f"not weights of timm's {model_name}",
+                  drop=tuple(f"{h}." for h in heads))
     return model.eval()
 
 
-#: ``--precision`` of a transformer encoder (:data:`TRANSFORMERS`): int8 = dynamic quantisation of its Linear layers
-#: (weights int8, activations quantised per batch), 1.3-1.6x faster than fp32 on an AVX2 CPU (docs/slides.md).
-PRECISIONS = ("fp32", "bf16", "int8")
+#: ``--precision`` (:data:`~medattn.slides.encoders.PRECISIONS`) of a transformer encoder (a card that offers more than
+#: fp32): int8 = dynamic quantisation of its Linear layers (weights int8, activations quantised per batch), 1.3-1.6x
+#: faster than fp32 on an AVX2 CPU (docs/slides.md).
 
 
 def with_precision(model: torch.nn.Module, precision: str, name: str):
@@ -166,7 +140,7 @@ def with_precision(model: torch.nn.Module, precision: str, name: str):
             return torch.ao.quantization.quantize_dynamic(model.cpu(), {torch.nn.Linear}, dtype=torch.qint8)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        with autocast(x.device, precision):
             return model(x).float()
     return forward
 
@@ -174,19 +148,21 @@ def with_precision(model: torch.nn.Module, precision: str, name: str):
 def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: bool = True,
                     precision: str = "fp32") -> Extractor:
     """An :class:`Extractor` from ``spec`` (module docstring) computing in ``precision`` (:data:`PRECISIONS`;
-    bf16 and int8 for the transformer encoders (:data:`TRANSFORMERS`), whose name then ends in ``@bf16`` /
+    bf16 and int8 for the transformer encoders (the cards that offer them), whose name then ends in ``@bf16`` /
     ``@int8``, so features of one precision are never taken for another's); UserError naming the file or the spec."""
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     dev = resolve_device(device)
     if precision == "int8" and dev.type != "cpu":
         raise UserError("--precision int8 runs on the CPU (dynamic quantisation); use --device cpu or bf16")
+    lower = ", ".join(transformers())
     if spec == "descriptor":
         if precision != "fp32":
-            raise UserError(f"--precision {precision} is for the transformer encoders ({', '.join(TRANSFORMERS)}); "
-                            f"the descriptor runs in fp32")
+            raise UserError(f"--precision {precision} is for the transformer encoders ({lower}); the descriptor runs "
+                            f"in fp32")
         return Extractor("descriptor", StainTextureDescriptor().to(dev), dev, imagenet=False)
-    kind, _, file = spec.partition(":") if spec.split(":", 1)[0] in KINDS else ("", "", spec)
+    kinds = (*GENERIC_KINDS, *extractor_kinds())
+    kind, _, file = spec.partition(":") if spec.split(":", 1)[0] in kinds else ("", "", spec)
     model_name = ""
     if kind == "timm":
         model_name, _, file = file.partition(":")
@@ -194,29 +170,25 @@ def build_extractor(spec: str = "descriptor", device: str = "cpu", imagenet: boo
             raise UserError(f"--extractor {spec!r}: a timm extractor is timm:MODEL_NAME:WEIGHTS_FILE")
     path = Path(file)
     if not path.is_file():
-        raise UserError(f"--extractor {spec!r}: no such file (kinds: descriptor, resnet50:FILE, torchscript:FILE, "
-                        f"onnx:FILE, timm:MODEL_NAME:FILE, {':FILE, '.join(TRANSFORMERS)}:FILE, or a FILE whose kind "
-                        f"is detected)")
+        fp32_only = "".join(f"{name}:FILE, " for name in extractor_kinds() if name not in transformers())
+        raise UserError(f"--extractor {spec!r}: no such file (kinds: descriptor, {fp32_only}torchscript:FILE, "
+                        f"onnx:FILE, timm:MODEL_NAME:FILE, {':FILE, '.join(transformers())}:FILE, or a FILE whose "
+                        f"kind is detected)")
     if not kind:
         kind = "onnx" if path.suffix.lower() == ".onnx" else "torchscript" if _is_torchscript(path) else "resnet50"
     name = f"{kind}:{model_name + ':' if model_name else ''}{path.name}"
-    named = name + ("" if precision == "fp32" else f"@{precision}")  # features of one precision: never another's
-    if kind in ENCODERS:
-        model, encoder = load_tile_vit(path, kind)
-        return Extractor(named, with_precision(model.to(dev), precision, name), dev, False, encoder.mean, encoder.std,
-                         model.arch.input_px, encoder.mpp)
-    if kind == "ctranspath":
-        return Extractor(named, with_precision(load_ctranspath(path).to(dev), precision, name), dev, True,
-                         input_px=CTransPath.input_px, mpp=CTRANSPATH_MPP)
-    if precision != "fp32":
-        raise UserError(f"--precision {precision} is for the transformer encoders ({', '.join(TRANSFORMERS)}); "
-                        f"{name} runs in fp32")
+    card = ENCODERS.get(kind) if kind not in GENERIC_KINDS else None
+    if precision not in (card.precisions if card else ("fp32",)):
+        raise UserError(f"--precision {precision} is for the transformer encoders ({lower}); {name} runs in fp32")
+    if card is not None:
+        model = card.load(path)
+        named = name + ("" if precision == "fp32" else f"@{precision}")  # features of one precision: never another's
+        return Extractor(named, with_precision(model.to(dev), precision, name), dev, imagenet and card.mean is None,
+                         card.mean, card.std, card.input_px or getattr(model, "input_px", None), card.mpp)
     if kind == "timm":
         return Extractor(name, _timm(model_name, path).to(dev), dev, imagenet)
     if kind == "onnx":
         return Extractor(name, _onnx(path, dev), dev, imagenet)
-    if kind == "resnet50":
-        return Extractor(name, load_resnet50(path).to(dev), dev, imagenet)
     try:
         module = torch.jit.load(str(path), map_location="cpu")
     except Exception as error:  # torch.jit raises RuntimeError and others for files that are not TorchScript

@@ -69,37 +69,27 @@ class ResNet50Features(nn.Module):
         return x.mean(dim=(2, 3))  # (B, 2048)
 
 
-def backbone_state_dict(checkpoint: dict, path: Path) -> dict[str, torch.Tensor]:
-    """The backbone tensors of a torchvision-layout checkpoint: unwraps {"state_dict": ...} / {"model": ...},
-    strips a "module." (DataParallel) prefix and drops ``fc.*``. UserError naming ``path`` otherwise."""
-    for key in ("state_dict", "model"):
-        if isinstance(checkpoint, dict) and isinstance(checkpoint.get(key), dict):
-            checkpoint = checkpoint[key]
-    if not isinstance(checkpoint, dict) or not all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-        raise UserError(f"{path}: not a state dict of tensors")
-    state = {k.removeprefix("module."): v for k, v in checkpoint.items()}
-    return {k: v for k, v in state.items() if k not in HEAD_KEYS}
-
-
 def load_resnet50(path: Path) -> ResNet50Features:
     """A ResNet-50 from a local torchvision-layout state dict (ImageNet, RetCCL), loaded strictly (every
     backbone tensor present with its shape, nothing else besides ``fc``); UserError naming ``path``."""
+    from ..models.weights import load_strictly, read_state_dict
+
     path = Path(path)
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # pickle, zip and torch errors alike: the file is not a loadable state dict
-        raise UserError(f"{path}: cannot load a state dict ({type(error).__name__}: {error})") from None
-    state = backbone_state_dict(checkpoint, path)
+        state = read_state_dict(path)
+    except UserError as error:  # this loader's words, with the reader's reason
+        raise UserError(f"{path}: cannot load a state dict ({str(error).removeprefix(f'{path}: ')})") from None
     model = ResNet50Features()
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise UserError(f"{path}: not a torchvision ResNet-50 state dict ({len(missing)} missing, e.g. "
-                        f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]})")
-    wrong = [k for k in expected if state[k].shape != expected[k].shape]
-    if wrong:
-        raise UserError(f"{path}: tensor {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, a ResNet-50 has "
-                        f"{tuple(expected[wrong[0]].shape)}")
-    model.load_state_dict(state, strict=True)
+    load_strictly(model, state, path, "not a torchvision ResNet-50 state dict", drop=HEAD_KEYS)
     return model.eval()
+
+
+def build(card=None) -> ResNet50Features:
+    """A ResNet-50 with fresh weights, in eval mode and channels-last (a CPU's fast layout for convolutions; the
+    ``resnet50`` card, :mod:`medattn.slides.encoders`)."""
+    return ResNet50Features().eval().to(memory_format=torch.channels_last)
+
+
+def load(card, path: Path) -> ResNet50Features:
+    """A ResNet-50 from ``path`` (:func:`load_resnet50`)."""
+    return load_resnet50(path)

@@ -20,16 +20,15 @@ The head count cannot be read from the shapes; it follows the width (:data:`HEAD
 ``scaled_dot_product_attention``. The output is the class token after the final norm, or for Virchow2 the class
 token beside the mean of the patch tokens (registers left out), as the publishers compute their embeddings.
 
-:data:`ENCODERS` lists the publishers' models by name with what each expects: width, depth and patch (checked
-against the file), input side, normalisation, magnification and pooling. Their values come from the publishers'
-model cards; this module is tested against timm's own ``VisionTransformer`` built in each layout with random
-weights, never against the weights themselves (nothing downloads).
+:data:`~medattn.slides.encoders.ENCODERS` holds the publishers' models, one card each, with what each expects:
+width, depth and patch (checked against the file), input side, normalisation, magnification and pooling. This module
+is tested against timm's own ``VisionTransformer`` built in each card's layout with random weights, never against
+the weights themselves (nothing downloads).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,57 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from .encoders import ENCODERS, HEADS, IMAGENET, Architecture, Encoder
 
-#: Heads per width, as the published ViTs choose them (the shapes do not say).
-HEADS = {384: 6, 768: 12, 1024: 16, 1280: 16, 1536: 24}
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What :func:`infer_architecture` reads from a state dict."""
-
-    dim: int
-    depth: int
-    heads: int
-    patch: int
-    grid: int
-    registers: int
-    embed_prefix: bool  # pos_embed covers the class and register tokens (timm's no_embed_class=False)
-    mlp_hidden: int
-    swiglu: bool
-    layer_scale: bool
-
-    @property
-    def input_px(self) -> int:
-        return self.grid * self.patch
-
-
-@dataclass(frozen=True)
-class Encoder:
-    """A published tile encoder: its shape (checked against the file; None: any), input, normalisation, the
-    magnification it was trained at (microns per pixel) and how its embedding is pooled."""
-
-    dim: int | None
-    depth: int | None
-    patch: int | None
-    input_px: int = 224
-    mean: tuple[float, float, float] = IMAGENET[0]
-    std: tuple[float, float, float] = IMAGENET[1]
-    mpp: float | None = 0.5
-    pooling: str = "cls"  # "cls" or "cls+mean"
-
-
-#: name -> what the publisher's encoder expects (its model card); ``vit``: any timm-layout ViT file.
-ENCODERS = {
-    "vit": Encoder(None, None, None, mpp=None),
-    "uni": Encoder(1024, 24, 16),  # Chen et al. 2024, ViT-L/16
-    "uni2-h": Encoder(1536, 24, 14),  # ViT-H/14, 8 registers, SwiGLU
-    "virchow2": Encoder(1280, 32, 14, pooling="cls+mean"),  # Zimmermann et al. 2024, ViT-H/14, 4 registers, SwiGLU
-    "h-optimus-0": Encoder(1536, 40, 14, mean=(0.707223, 0.578729, 0.703617), std=(0.211883, 0.230117, 0.177517)),
-    "prov-gigapath": Encoder(1536, 40, 14),  # Xu et al. 2024, the tile encoder (ViT-g/14)
-}
-
+__all__ = ["ENCODERS", "HEADS", "IMAGENET", "Architecture", "Encoder", "TileViT", "build", "check_layout",
+           "infer_architecture", "load", "load_tile_vit"]
 
 class _Attention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
@@ -168,6 +120,10 @@ class TileViT(nn.Module):
         self.norm = nn.LayerNorm(arch.dim, eps=1e-6)
 
     @property
+    def input_px(self) -> int:
+        return self.arch.input_px
+
+    @property
     def features(self) -> int:
         return self.arch.dim * (2 if self.pooling == "cls+mean" else 1)
 
@@ -214,29 +170,40 @@ def infer_architecture(state: dict[str, torch.Tensor]) -> Architecture:
                         hidden_in == 2 * hidden_out, "blocks.0.ls1.gamma" in state)
 
 
-def load_tile_vit(path: Path, name: str = "vit") -> tuple[TileViT, Encoder]:
-    """The encoder ``name`` (:data:`ENCODERS`) from its weight file, strictly (classifier tensors dropped); its
-    width, depth and patch checked against the publisher's. -> (module in eval mode, what it expects)."""
-    from ..models.pretrained import read_state_dict
+def check_layout(encoder: Encoder, arch: Architecture, where) -> None:
+    """UserError naming ``where`` unless ``arch`` has the card's width, depth, patch and input side (None: any)."""
+    expected = {"width": (encoder.dim, arch.dim), "depth": (encoder.depth, arch.depth),
+                "patch": (encoder.patch, arch.patch), "input": (encoder.input_px, arch.input_px)}
+    wrong = [f"{what} {got} (expected {want})" for what, (want, got) in expected.items() if want not in (None, got)]
+    if wrong:
+        raise UserError(f"{where}: not the {encoder.name} encoder: {', '.join(wrong)}")
 
-    encoder = ENCODERS[name]
-    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()
-             if not k.removeprefix("module.").startswith(("head.", "fc_norm.", "head_drop."))}
+
+def load_tile_vit(path: Path, name: str | Encoder = "vit") -> tuple[TileViT, Encoder]:
+    """The encoder ``name`` (a card of :data:`ENCODERS` or its name) from its weight file, strictly (classifier tensors
+    dropped); its width, depth, patch and input side checked against the card. -> (module in eval mode, its card)."""
+    from ..models.weights import load_strictly, read_state_dict
+
+    encoder = ENCODERS[name] if isinstance(name, str) else name
+    state = {k.removeprefix("module."): v for k, v in read_state_dict(path).items()}
     try:
         arch = infer_architecture(state)
     except UserError as error:
         raise UserError(f"{path}: {error}") from None
-    expected = {"width": (encoder.dim, arch.dim), "depth": (encoder.depth, arch.depth),
-                "patch": (encoder.patch, arch.patch), "input": (encoder.input_px if name != "vit" else None,
-                                                                 arch.input_px)}
-    wrong = [f"{what} {got} (expected {want})" for what, (want, got) in expected.items() if want not in (None, got)]
-    if wrong:
-        raise UserError(f"{path}: not the {name} encoder: {', '.join(wrong)}")
+    check_layout(encoder, arch, path)
     model = TileViT(arch, encoder.pooling)
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise UserError(f"{path}: not a {name} encoder in timm's layout ({len(missing)} missing, e.g. {missing[:3]}; "
-                        f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})")
-    model.load_state_dict(state, strict=True)
+    load_strictly(model, state, path, f"not a {encoder.name} encoder in timm's layout",
+                  drop=("head.", "fc_norm.", "head_drop."))
     return model.eval(), encoder
+
+
+def build(card: Encoder) -> TileViT:
+    """The card's ViT with fresh weights (:attr:`Encoder.architecture`), in eval mode."""
+    if card.architecture is None:
+        raise ValueError(f"the {card.name} card leaves the ViT's shape open: nothing to build")
+    return TileViT(card.architecture, card.pooling).eval()
+
+
+def load(card: Encoder, path: Path) -> TileViT:
+    """The card's ViT from ``path`` (:func:`load_tile_vit`)."""
+    return load_tile_vit(path, card)[0]

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
+from medattn.data import input_kinds
 from medattn.data.base import DataBundle, TaskInfo, dataset_labels
 from medattn.data.patches import RandomPatches
 from medattn.data.validate import decode_all
@@ -55,7 +56,7 @@ from . import report, verdict
 from .acceleration import training_module
 from .defaults import resolve_training
 from .loaders import make_loader, seed_everything
-from .model_notes import model_defaults, size_warnings
+from .model_notes import model_defaults, preset_design, size_warnings
 from .objectives import Predictions, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
 from .page import run_page
@@ -192,7 +193,8 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     elif distributed.is_main():
         with writing(run_dir / "config.yaml"):
             save_config(config, run_dir / "config.yaml", defaults)
-    meta = {"config": config, "task": checkpoint.task_to_dict(task)}
+    meta = {"config": config, "task": checkpoint.task_to_dict(task),
+            "model_defaults": preset_design(config["model"])}
     if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
         meta["preprocessing"] = bundle.preprocessing.to_dict()
     scalars = report.TensorBoardScalars(run_dir, state["epoch"] + 1) \
@@ -302,7 +304,7 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         group_start = (i // accum) * accum
         group_size = min(accum, n_batches - group_start)
         last_in_group = i == group_start + group_size - 1
-        if task.input_kind == "bag":
+        if input_kinds.of(task.input_kind).instances:
             batch = drop_instances(batch, train_cfg["instance_dropout"])
         batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         sync = contextlib.nullcontext() if last_in_group or distributed.world_size() == 1 else ddp_model.no_sync()
@@ -362,7 +364,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         results["warnings"] += results["learning"]["warnings"]
         results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
         results["warnings"] += report.trivial_statistic_warnings(
-            probabilities, test.statistic, "bag size" if task.input_kind == "bag" else "image mean intensity")
+            probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
             if objective.outputs_are_probabilities:  # what the model looks at in its highest-scored test cases
@@ -416,7 +418,7 @@ def predict(predictor: Predictor, loader: DataLoader, objective, desc: str = "ev
         output, label = objective.outputs(logits, batch["label"])
         outputs.append(output.cpu())
         labels.append(label.cpu())
-        statistics.append(trivial_statistic(batch, predictor.input_kind).cpu())
+        statistics.append(input_kinds.of(predictor.input_kind).statistic(batch).cpu())  # what a model should not follow
         ids += batch["id"]
         patients += batch["patient"]
     index = distributed.all_gather_rows(torch.cat(indices))
@@ -432,13 +434,3 @@ def predict(predictor: Predictor, loader: DataLoader, objective, desc: str = "ev
     return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
                        outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()),
                        statistic=statistic[first].numpy())
-
-
-def trivial_statistic(batch: dict, input_kind: str) -> torch.Tensor:
-    """(B,) float64: a statistic a model should not merely follow (:func:`report.trivial_statistic_warnings`):
-    the bag size (real instances) for bags, else the mean intensity of the input as the model sees it."""
-    if input_kind == "bag":
-        mask = batch.get("mask")
-        sizes = mask.sum(1) if mask is not None else torch.full((len(batch["id"]),), batch["input"].shape[1])
-        return sizes.double()
-    return batch["input"].flatten(1).double().mean(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 
+from medattn.data import input_kinds
 from medattn.data.base import TaskInfo
 from medattn.models.presets import PRESETS
 
@@ -27,7 +28,8 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
     """
     preset = PRESETS[model_cfg["name"]][1]
     given = model_cfg.get("kwargs") or {}
-    if task.input_kind == "bag" or "img_size" not in preset or "patch_size" not in preset or "img_size" in given:
+    gridless = not input_kinds.of(task.input_kind).spatial_dims  # a bag: no grid to cut into patches
+    if gridless or "img_size" not in preset or "patch_size" not in preset or "img_size" in given:
         return []
     spatial = len(task.input_shape) - 1
     design, design_patch = (_per_axis(preset[key], spatial) for key in ("img_size", "patch_size"))
@@ -46,20 +48,23 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
             f"to change it"]
 
 
-#: Model arguments whose preset value is recorded with a run when the config does not set them.
-RECORDED_KWARGS = ("stem", "standardize_features", "readout")
+#: Model arguments whose preset value is recorded with a run when the config does not set them (in the summary and
+#: results.json, and in the checkpoint, which applies them on load: a later change of the preset's default does not
+#: change what a checkpoint builds).
+RECORDED_KWARGS = ("stem", "global_pool", "standardize_features", "readout")
 
 
-def model_defaults(model_cfg: dict) -> dict:
-    """``{"model.kwargs.stem": "conv", ...}``: the preset's values of :data:`RECORDED_KWARGS` the config left to it
-    (a default one cannot see in the config), for the run's summary and results.json."""
+def preset_design(model_cfg: dict) -> dict:
+    """``{"stem": "residual", ...}``: the preset's values of :data:`RECORDED_KWARGS` the config left to it (the
+    checkpoint's ``model_defaults``)."""
     preset = PRESETS[model_cfg["name"]]
     given = model_cfg.get("kwargs") or {}
     signature = inspect.signature(preset[0]).parameters
-    chosen = {}
-    for key in RECORDED_KWARGS:
-        if key in given or key not in signature:
-            continue
-        value = preset[1].get(key, signature[key].default)
-        chosen[f"model.kwargs.{key}"] = value
-    return chosen
+    return {key: preset[1].get(key, signature[key].default) for key in RECORDED_KWARGS
+            if key not in given and key in signature}
+
+
+def model_defaults(model_cfg: dict) -> dict:
+    """``{"model.kwargs.stem": "conv", ...}``: :func:`preset_design` as config keys, for the run's summary and
+    results.json (a default one cannot see in the config)."""
+    return {f"model.kwargs.{key}": value for key, value in preset_design(model_cfg).items()}
