@@ -2,7 +2,7 @@
 
 BinaryFormer's Table 1 compares softmax, sign + STE, sign with stop-gradient and Hamming attention by Dice on
 2D MRI slices (§3.1); this runs the same comparison, plus SeqNorm, on the synthetic stand-in: every
-mechanism trains ``vit_s8_seg_tiny`` through ``medattn train``'s engine (:func:`medattn.train.fit`) with the
+mechanism trains ``vit_s8_seg_tiny`` through ``medattn train``'s training loop (:func:`medattn.train.fit`) with the
 packaged ``synthetic_mri_slices`` config, the same data, seed, steps and schedule, and is scored on the same
 test slices (mean foreground Dice with a 95 % bootstrap CI over test patients, Dice per class). Writes
 ``results.csv`` and ``results.json`` (with the machine, threads, load average and the command) under ``--out``

@@ -1,4 +1,5 @@
-"""Tiny in-memory data sets that follow medattn.data.base's contract, for the engine, CLI and DDP tests."""
+"""Tiny in-memory data sets that follow medattn.data.base's contract, for the training-loop (medattn.train), CLI
+and DDP tests."""
 
 from __future__ import annotations
 

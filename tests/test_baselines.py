@@ -1,4 +1,4 @@
-"""Baselines (issue 10): the small ResNet and gated attention-MIL, alone and through the engine."""
+"""Baselines (issue 10): the small ResNet and gated attention-MIL, alone and through the training loop."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_models_declare_their_input_contract():
         input_contract("nope")
 
 
-def test_engine_builds_baselines_from_the_task():
+def test_training_builds_baselines_from_the_task():
     bag = build_model({"name": "abmil_tiny", "attention": None}, TaskInfo("binary", "bag", 1, (24,)))
     assert isinstance(bag, AttentionMIL) and bag.feature_dim == 24
     image = build_model({"name": "resnet2d_tiny", "attention": None}, TaskInfo("multiclass", "image2d", 4, (3, 32, 32)))
@@ -137,7 +137,7 @@ def test_engine_builds_baselines_from_the_task():
 
 
 @pytest.mark.parametrize("name, bundle", [("resnet2d_tiny", image_bundle(48)), ("abmil_tiny", bag_bundle(32))])
-def test_baselines_learn_through_the_engine(tmp_path, name, bundle):
+def test_baselines_learn_through_the_training_loop(tmp_path, name, bundle):
     """Each baseline trains (loss falls) and is evaluated by the same fit() as the ViTs."""
     config = tiny_config(f"model.name={name}", "model.attention=null", "train.epochs=3", "train.lr=3e-3")
     results = fit(config, bundle, tmp_path / name, progress=False, log=lambda m: None)

@@ -1,5 +1,5 @@
 """2D slices of 3D volumes (data kinds nifti_slices, synthetic_mri_slices): the slice plan, the axis, empty-slice
-subsampling, patient grouping and patient-level splits, and a run through the training engine."""
+subsampling, patient grouping and patient-level splits, and a run through the training loop."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def test_synthetic_mri_slices_are_deterministic_multi_structure_and_patient_spli
         build_datasets({**SMALL, "slice_size": [32, 32]})
 
 
-def test_one_epoch_through_the_engine_groups_slices_by_patient(tmp_path):
+def test_one_epoch_through_the_training_loop_groups_slices_by_patient(tmp_path):
     config = load_config("synthetic_mri_slices", [
         "data.volume_size=[16, 16, 8]", "data.num_patients=[2, 1, 2]", "train.epochs=1", "train.batch_size=16",
         "eval.bootstrap=20", "model.kwargs.depth=1", "model.kwargs.decoder_dim=8", "model.kwargs.embed_dim=16",

@@ -108,7 +108,7 @@ def test_dice_bootstrap_resamples_patients():
     assert per_patient == pytest.approx(metrics.dice_bootstrap_ci(dice, n_boot=300, seed=0), abs=1e-12)
 
 
-def test_engine_scores_with_patient_clusters(tmp_path):
+def test_training_scores_with_patient_clusters(tmp_path):
     from medattn.data.base import TaskInfo
     from medattn.train.objectives import Classification, Predictions, Segmentation
 

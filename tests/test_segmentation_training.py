@@ -1,4 +1,4 @@
-"""Segmentation through the training engine: Dice loss and metric, U-Net and U-PAM-Net presets, run files."""
+"""Segmentation through the training loop: Dice loss and metric, U-Net and U-PAM-Net presets, run files."""
 
 import csv
 import json
@@ -22,7 +22,7 @@ TINY = ["data.volume_size=[8, 8, 32]", "data.num_blobs=2", "data.num_samples=[4,
 
 
 @pytest.mark.parametrize("name", ["unet3d", "upamnet"])
-def test_one_epoch_through_the_engine(tmp_path, name):
+def test_one_epoch_through_the_training_loop(tmp_path, name):
     config = load_config("synthetic_vertebrae", [f"model.name={name}", *TINY])
     bundle = build_datasets(config["data"], seed=config["seed"])
     results = fit(config, bundle, tmp_path / name, progress=False, log=lambda m: None)

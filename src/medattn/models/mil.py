@@ -37,7 +37,7 @@ class AttentionMIL(GatedAttentionPool):
         attn_dim: L, the attention hidden width (128 in Ilse et al.).
         drop_rate: dropout on the embeddings and before the classifier.
         standardize_features: standardise each feature with the training split's statistics
-            (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine) before the embedding.
+            (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by :mod:`medattn.train`) before the embedding.
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     ``attention_weights(features, mask=None)``: -> (B, N) a_k, zero on padding, summing to one per bag.

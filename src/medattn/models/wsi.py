@@ -72,7 +72,7 @@ class WSITransformer(nn.Module):
         pos_encoding: "none" or "sincos" (see the module docstring); coord_scale: divisor of coords.
         activation_checkpointing: as for :class:`VisionTransformer`.
         standardize_features: standardise each feature with the training split's statistics before
-            ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by the engine).
+            ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by :mod:`medattn.train`).
         readout: ``"cls"``, ``"attention"`` or ``"max"`` (see the module docstring); ``pool_dim``: the attention
             pooling's hidden width (L of Ilse et al.; default ``embed_dim // 2``).
 

@@ -23,8 +23,6 @@ stream is its own, so the labelled cases are the same with or without it, and it
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ import numpy as np
 import yaml
 
 from medattn.errors import UserError, writing
+from medattn.runtime.outputs import OutputFolder
 
 from . import anatomy, brain, ihc
 
@@ -69,7 +68,7 @@ def _write_brain_2d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     from PIL import Image
 
     template, size, rows = anatomy.mni152_brain(), 64, []
-    (folder / "images").mkdir(parents=True, exist_ok=True)
+    images = OutputFolder(folder / "images")
     for i, label in enumerate(labels):
         z = int(rng.integers(38, 58))  # axial levels through the lateral ventricles and the centrum semiovale
         case = brain.brain_case(template, bool(label), acquisition, rng, region=(slice(None), slice(None),
@@ -79,7 +78,7 @@ def _write_brain_2d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
         canvas[top:top + case.shape[0], left:left + case.shape[1]] = case
         pixels = np.clip(canvas / 1.4 * 255, 0, 255).round().astype(np.uint8)  # a fixed export window
         name = f"images/case_{i:04d}.png"
-        Image.fromarray(pixels).save(folder / name)
+        images.save_image(Path(name).name, Image.fromarray(pixels))
         rows.append((name, {"max": float(pixels.max()), "mean": float(pixels.mean()), LAYOUT: _layout(pixels)}))
     return rows
 
@@ -89,14 +88,15 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     import nibabel as nib
 
     template, rows = anatomy.mni152_brain(), []
-    (folder / "volumes").mkdir(parents=True, exist_ok=True)
+    volumes = OutputFolder(folder / "volumes")
     for i, label in enumerate(labels):
         case = brain.brain_case(template, bool(label), acquisition, rng,
                                 region=(slice(None), slice(None), slice(28, 68)), zoom=0.5,
                                 radii_mm=brain.LESION_RADII_3D, max_shift=2.0)
         values = np.clip(case * 1000, 0, 32767).round().astype(np.int16)
         name = f"volumes/case_{i:04d}.nii.gz"
-        nib.save(nib.Nifti1Image(values, np.diag([4.0, 4.0, 4.0, 1.0])), folder / name)
+        with volumes.write(Path(name).name) as tmp:
+            nib.save(nib.Nifti1Image(values, np.diag([4.0, 4.0, 4.0, 1.0])), tmp)
         rows.append((name, {"max": float(values.max()), "mean": float(values.mean()), LAYOUT: _layout(values)}))
     return rows
 
@@ -106,11 +106,11 @@ def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     import h5py
 
     image, rows = anatomy.ihc_image(), []
-    (folder / "features").mkdir(parents=True, exist_ok=True)
+    bags = OutputFolder(folder / "features")
     for i, label in enumerate(labels):
         features, coords = ihc.ihc_bag(image, bool(label), rng)
         name = f"slide_{i:04d}"
-        with h5py.File(folder / "features" / f"{name}.h5", "w") as f:  # CLAM's layout
+        with bags.write(f"{name}.h5") as tmp, h5py.File(tmp, "w") as f:  # CLAM's layout
             f.create_dataset("features", data=features)
             f.create_dataset("coords", data=coords)
         rows.append((name, {"bag size": float(len(features))}))
@@ -121,15 +121,15 @@ TASKS: dict[str, Task] = {
     "brain_mri_2d": Task("axial T1 slices (MNI152) with a white-matter lesion", _write_brain_2d,
                          {"kind": "image_table", "csv": "cases.csv", "label_columns": "label",
                           "patient_column": "patient", "split_column": "split", "image_size": 64, "in_chans": 1},
-                         "vit2d_small", {"epochs": 30, "batch_size": 16}),
+                         "vit2d_small", {"batch_size": 16}),
     "brain_mri_3d": Task("T1 slabs (MNI152, 4 mm) with a white-matter lesion", _write_brain_3d,
                          {"kind": "volume_table", "csv": "cases.csv", "label_columns": "label",
                           "patient_column": "patient", "split_column": "split", "target_size": [32, 32, 16]},
-                         "vit3d_small", {"epochs": 30, "batch_size": 8}),
+                         "vit3d_small", {"batch_size": 8}),
     "ihc_bags": Task("IHC tile-feature bags with a DAB hot spot", _write_ihc_bags,
                      {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
                       "clinical_table": "clinical.csv", "label_columns": "label", "split_column": "split"},
-                     "vitwsi_small", {"epochs": 30, "batch_size": 1}),
+                     "vitwsi_small", {"batch_size": 1}),
 }
 
 
@@ -209,16 +209,16 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
             data["csv"] = str((folder / "cases.csv").resolve())
         scores = probe([r[1] for r in rows], labels)
         layout = layout_probe([r[1] for r in rows], labels, splits)
-        (folder / "probe.json").write_text(json.dumps({"task": name, "cohort": cohort, "seed": seed, "data": TAG,
+        OutputFolder(folder).save_json("probe.json", {"task": name, "cohort": cohort, "seed": seed, "data": TAG,
                                                        "probe_auroc": scores, "layout_auroc": layout,
-                                                       "cases": sizes}, indent=1))
+                                                       "cases": sizes})
         config = {"name": f"{name}_{cohort}", "seed": 0, "data": data,
                   "model": {"name": task.model, "attention": "seqnorm"}, "train": task.train}
         if pool:
             config["pretrain"] = {"pool": str(_write_pool(task, folder, pool, [seed, ord(cohort), sum(map(ord, name))],
                                                           brain.COHORTS[cohort]).resolve())}
-        (folder / "config.yaml").write_text(f"# {task.description}: {TAG} (medattn realistic)\n"
-                                            + yaml.safe_dump(config, sort_keys=False))
+        OutputFolder(folder).save_text("config.yaml", f"# {task.description}: {TAG} (medattn realistic)\n"
+                                        + yaml.safe_dump(config, sort_keys=False))
     worst = max(scores.items(), key=lambda item: item[1])
     log(f"{name} (cohort {cohort}, {TAG}): {len(labels)} cases in {folder}; probe AUROC "
         + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
@@ -240,7 +240,4 @@ def _write_pool(task: Task, folder: Path, cases: int, stream: list[int], acquisi
 
 
 def _table(path: Path, header: list[str], rows: list[list]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    OutputFolder(path.parent).save_csv(path.name, header, rows)

@@ -1,3 +1,7 @@
+"""The training loop (:func:`medattn.train.fit`, :mod:`medattn.train.loop`): the run folder it writes, seeds,
+learning on easy tasks, bags, model/data checks, the learning-rate schedule, the best epoch, learning and size
+warnings."""
+
 import csv
 import json
 
