@@ -98,7 +98,9 @@ def plot_reliability(probs: np.ndarray, labels: np.ndarray, task_type: str, path
         ax.legend(loc="upper left", fontsize=8)
     hist.set(xlabel="predicted probability", ylabel="cases")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from medattn.runtime.outputs import save_figure
+
+    save_figure(path, fig, dpi=100)
     plt.close(fig)
     return Path(path)
 

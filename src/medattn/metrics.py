@@ -171,7 +171,9 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from medattn.runtime.outputs import save_figure
+
+    save_figure(path, fig, dpi=100)
     plt.close(fig)
     return Path(path)
 

@@ -3,10 +3,9 @@ files, and when progress bars are drawn."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-from medattn.errors import writing
+from medattn.runtime.outputs import save_csv
 
 
 def bars_off(wanted: bool) -> bool | None:
@@ -28,11 +27,6 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 
 def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    """A CSV file of ``header`` and ``rows``, its folder created; a failed write is a one-line UserError."""
-    path = Path(path)
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
+    """A CSV file of ``header`` and ``rows``, its folder created, written atomically
+    (:func:`medattn.runtime.outputs.save_csv`); a failed write is a one-line UserError."""
+    save_csv(Path(path), header, rows)

@@ -39,6 +39,7 @@ from medattn.text import format_table
 from medattn.threads import set_threads
 
 from .common import (
+    add_overwrite,
     comma_list,
     current_rss_bytes,
     environment,
@@ -46,6 +47,7 @@ from .common import (
     median_time,
     peak_memory_bytes,
     reset_peak_memory,
+    results_folder,
     row_environment,
     run_in_process,
     run_isolated,
@@ -289,12 +291,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-isolate", action="store_true",
                         help="run every configuration in this process (faster, memory figures less clean)")
     parser.add_argument("--out", default="reports/bench-attention", help="output folder (default: %(default)s)")
+    add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.threads = set_threads(args.threads)  # isolated runs get the same count
     _check_mechanisms(args.mechanisms, not args.no_peers)  # before measuring
+    out = results_folder(args.out, ["attention"], args.overwrite)
     rates = measure_rates(device=device)
     print(f"matmul GFLOP/s: {rates.matmul_gflops}; bandwidth {rates.bandwidth_gbs:.1f} GB/s", flush=True)
     rows = run_attention_bench(
@@ -303,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         args.memory_budget_gb, not args.no_peers, device, rates, not args.no_isolate, args.threads, verbose=True,
     )
     env = {**environment(args.precision), "rates": rates.as_dict()}
-    csv_path, json_path = write_results(rows, args.out, "attention", env)
+    csv_path, json_path = write_results(rows, out, "attention", env)
     print(format_table(rows, TABLE))
     print(f"wrote {csv_path} and {json_path}")
     return 0

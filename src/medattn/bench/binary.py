@@ -39,8 +39,17 @@ import torch
 import torch.nn.functional as F
 
 from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
-from medattn.bench.common import cpu_bf16_support, environment, median_time, peak_rss_bytes, write_results
+from medattn.bench.common import (
+    add_overwrite,
+    cpu_bf16_support,
+    environment,
+    median_time,
+    peak_rss_bytes,
+    results_folder,
+    write_results,
+)
 from medattn.errors import UserError
+from medattn.runtime.outputs import OutputFolder
 from medattn.threads import set_threads
 
 ATTENTION_METHODS = ("fp32-sdpa", "bf16-sdpa", "bits-sg", "bits-hamming")
@@ -64,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch and bit-kernel threads, also in the memory probes (default: the free cores, or "
                              "OMP_NUM_THREADS)")
     parser.add_argument("--out", default="reports/bench-binary", help="output directory")
+    add_overwrite(parser)
 
 
 def _check(args) -> None:
@@ -204,7 +214,7 @@ def bench_memory(d: int, args) -> dict[tuple[str, int], int]:
     return peaks
 
 
-def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
+def _plot(scores: list[dict], attention: list[dict], out: OutputFolder) -> None:
     try:
         import matplotlib
 
@@ -221,12 +231,14 @@ def _plot(scores: list[dict], attention: list[dict], out_dir: str) -> None:
         if rows:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(f"{out_dir}/binary.png", dpi=120)
+    out.save_figure("binary.png", fig, dpi=120)
     plt.close(fig)
 
 
 def run(args) -> int:
     _check(args)
+    out = results_folder(args.out, ["binary_scores", "binary_attention", "binary_layer"], args.overwrite,
+                         ("binary.png",))
     set_threads(args.threads)
     no_bf16 = cpu_bf16_support().unsupported_reason()
     if no_bf16 and "bf16" not in args.skip:
@@ -256,6 +268,6 @@ def run(args) -> int:
             print(f"done N={n} d={d}", flush=True)
     for stem, rows in (("binary_scores", scores), ("binary_attention", attention), ("binary_layer", layers)):
         if rows:
-            print(*write_results(rows, args.out, stem, env), sep="\n")
-    _plot(scores, attention, args.out)
+            print(*write_results(rows, out, stem, env), sep="\n")
+    _plot(scores, attention, out)
     return 0

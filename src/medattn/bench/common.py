@@ -7,7 +7,6 @@ without them.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import gc
 import json
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from medattn import allocator
+from medattn.runtime.outputs import OutputFolder
 
 
 def environment(precision: str = "fp32") -> dict:
@@ -155,17 +155,31 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def write_results(rows: list[dict], out_dir: str | Path, stem: str, env: dict) -> tuple[Path, Path]:
-    """Write ``rows`` as ``stem.csv`` and ``{"environment": env, "results": rows}`` as ``stem.json``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+def add_overwrite(parser) -> None:
+    """A bench's ``--overwrite``: without it, results already in ``--out`` are refused before anything is measured
+    (:func:`results_folder`)."""
+    parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+
+
+def results_folder(out_dir: str | Path, stems: list[str], overwrite: bool = False,
+                   names: tuple[str, ...] = ()) -> OutputFolder:
+    """The bench's output folder (:class:`~medattn.runtime.outputs.OutputFolder`), every result (``stem.csv`` and
+    ``stem.json`` of each of ``stems``, and ``names``) checked before anything is measured: one that exists is
+    refused unless ``overwrite``."""
+    out = OutputFolder(out_dir, overwrite=overwrite)
+    for name in [*(f"{stem}.{suffix}" for stem in stems for suffix in ("csv", "json")), *names]:
+        out.path(name)
+    return out
+
+
+def write_results(rows: list[dict], out_dir: str | Path | OutputFolder, stem: str, env: dict) -> tuple[Path, Path]:
+    """Write ``rows`` as ``stem.csv`` and ``{"environment": env, "results": rows}`` as ``stem.json``, each
+    atomically. ``out_dir``: the bench's :func:`results_folder` (which refused results it did not write), or a plain
+    folder (a script's: earlier results there are replaced)."""
+    out = out_dir if isinstance(out_dir, OutputFolder) else OutputFolder(out_dir, overwrite=True)
     fields = list(dict.fromkeys(key for row in rows for key in row))
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(json.dumps({"environment": env, "results": rows}, indent=2))
+    csv_path = out.save_dicts(f"{stem}.csv", rows, fields)
+    json_path = out.save_json(f"{stem}.json", {"environment": env, "results": rows}, indent=2)
     return csv_path, json_path
 
 

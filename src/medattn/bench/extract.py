@@ -33,7 +33,7 @@ from medattn.slides.encoders import ENCODERS
 from medattn.slides.extractors import PRECISIONS, with_precision
 from medattn.threads import set_threads
 
-from .common import comma_list, cpu_bf16_support, environment, write_results
+from .common import add_overwrite, comma_list, cpu_bf16_support, environment, results_folder, write_results
 from .roofline import matmul_probe
 
 #: The encoders timed: every card whose whole architecture is known (a ViT card that leaves its shape open is not).
@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (one batch of each configuration)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
     parser.add_argument("--out", default="reports/bench-extract", help="output directory")
+    add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or any(p not in PRECISIONS for p in args.precisions) or args.batch_size < 1 or args.rounds < 1:
         raise UserError(f"--encoders of {', '.join(ARCHITECTURES)}; --precisions of fp32, bf16, int8; --batch-size and "
                         f"--rounds >= 1 (got encoders {args.encoders}, precisions {args.precisions})")
+    out = results_folder(args.out, ["extract"], args.overwrite)
     set_threads(args.threads)
     precisions = list(args.precisions)
     reason = cpu_bf16_support().unsupported_reason()
@@ -115,6 +117,6 @@ def run(args: argparse.Namespace) -> int:
               f"{configuration['gflop_per_tile']:6.1f} GFLOP/tile, {rows[-1]['fraction_of_matmul']:.2f} of the "
               f"matmul rate ({rate:.0f} GFLOP/s), {rows[-1]['hours_per_15k']:.2f} h per 15,000 tiles, cosine to fp32 "
               f">= {configuration['cosine']:.4f}", flush=True)
-    csv_path, json_path = write_results(rows, args.out, "extract", environment("/".join(precisions)))
+    csv_path, json_path = write_results(rows, out, "extract", environment("/".join(precisions)))
     print(f"wrote {csv_path} and {json_path}")
     return 0

@@ -28,7 +28,7 @@ import torch
 from medattn.errors import UserError
 from medattn.threads import set_threads
 
-from .common import environment, median_time, peak_rss_bytes, write_results
+from .common import add_overwrite, environment, median_time, peak_rss_bytes, results_folder, write_results
 
 FULL_SIZES = [10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000]
 QUICK_SIZES = [1_000, 3_000, 10_000]
@@ -46,6 +46,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each worker")
     parser.add_argument("--out", default="reports/bench-pam", help="output folder (CSV + JSON)")
+    add_overwrite(parser)
 
 
 def _inputs(num_points: int, dim: int, channels: int, seed: int = 0):
@@ -146,6 +147,7 @@ def run(args) -> int:
     if min(sizes) < 1:
         raise UserError(f"--sizes must be positive, got {sizes}")
     brute_max = args.brute_max if args.brute_max is not None else 3_000 if args.quick else 10_000
+    out = results_folder(args.out, ["pam"], args.overwrite)
     rows = []
     for num_points in sizes:
         for method in ("lattice", "brute"):
@@ -164,7 +166,7 @@ def run(args) -> int:
     env["threads_per_worker"] = rows[0]["threads_used"] if rows else None
     env["peak_memory"] = ("VmHWM of a fresh subprocess per configuration, reset via /proc/self/clear_refs "
                           "after the inputs exist, minus VmRSS at that moment")
-    csv_path, json_path = write_results(rows, args.out, "pam", env)
+    csv_path, json_path = write_results(rows, out, "pam", env)
     for pass_name in ("forward", "forward+backward"):
         for key in ("us_per_point", "cpu_us_per_point"):
             ratio = scaling_ratio(rows, "lattice", pass_name, key=key)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from medattn.runtime.outputs import save_figure
+
 
 def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
     """Two panels, epoch time (h) and peak memory (GiB) versus resolution, one line per mechanism (and variant).
@@ -45,7 +47,7 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
                  f"{first.get('precision', '')}, {first.get('processor', '')}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(path, fig, dpi=120)
     plt.close(fig)
     return path
 
@@ -82,6 +84,6 @@ def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Pa
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(path, fig, dpi=110)
     plt.close(fig)
     return path

@@ -67,6 +67,7 @@ from medattn.train.optim import make_optimizer
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
 from .common import (
+    add_overwrite,
     comma_list,
     cpu_bf16_support,
     current_rss_bytes,
@@ -74,6 +75,7 @@ from .common import (
     extrapolate,
     peak_memory_bytes,
     reset_peak_memory,
+    results_folder,
     row_environment,
     run_in_process,
     run_isolated,
@@ -377,12 +379,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-isolate", action="store_true",
                         help="run every configuration in this process (faster, memory figures less clean)")
     parser.add_argument("--out", default="reports/bench-scaling", help="output folder (default: %(default)s)")
+    add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.threads = set_threads(args.threads)  # isolated runs get the same count
     _check_arguments(args.mechanisms, args.resolutions, args.model, args.precision)  # before measuring
+    out = results_folder(args.out, ["scaling"], args.overwrite, ("scaling.png",))
     rates = measure_rates(device=device)
     print(f"matmul GFLOP/s: {rates.matmul_gflops}; bandwidth {rates.bandwidth_gbs:.1f} GB/s", flush=True)
     rows = run_scaling_bench(
@@ -392,11 +396,11 @@ def run(args: argparse.Namespace) -> int:
         activation_checkpointing=args.activation_checkpointing,
     )
     env = {**environment(args.precision[0]), "rates": rates.as_dict()}
-    csv_path, json_path = write_results(rows, args.out, "scaling", env)
+    csv_path, json_path = write_results(rows, out, "scaling", env)
     print(format_table(rows, TABLE))
     print(f"wrote {csv_path} and {json_path}")
     from .plots import plot_scaling
 
-    png = plot_scaling(rows, csv_path.with_suffix(".png"))
+    png = plot_scaling(rows, out.path("scaling.png"))
     print(f"wrote {png}" if png else "matplotlib is not installed: no PNG written")
     return 0

@@ -38,7 +38,7 @@ KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_colum
 def subsample(features: torch.Tensor, coords: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep a random ``limit`` instances of a bag (all if it is shorter), in their original order.
 
-    Uses torch's global RNG (seeded by the engine per epoch and worker)."""
+    Uses torch's global RNG (seeded by :mod:`medattn.train.loop` per epoch and worker)."""
     if features.shape[0] <= limit:
         return features, coords
     keep = torch.randperm(features.shape[0])[:limit].sort().values

@@ -1,4 +1,4 @@
-"""The contract between data sets, the training engine and the models.
+"""The contract between data sets, training (:mod:`medattn.train`), inference (:mod:`medattn.runtime`) and the models.
 
 A sample is a dict:
 
@@ -34,13 +34,13 @@ INPUT_KINDS = tuple(KINDS)
 
 @dataclass
 class TaskInfo:
-    """What the engine needs to know about a task.
+    """What training and inference need to know about a task.
 
     ``num_outputs`` is the model's number of logits: 1 for binary, the class count for multi-class,
     the label count for multi-label, the class count including background for segmentation (logits
     per voxel). ``class_names`` names the outputs (or the classes).
     ``input_shape`` is one sample's input shape without the bag length: (C, H, W), (C, H, W, D) or
-    (F,) for bags; the engine sets the model's ``in_chans``/``img_size`` or ``feature_dim`` from it.
+    (F,) for bags; :mod:`medattn.runtime.build` sets the model's ``in_chans``/``img_size`` or ``feature_dim`` from it.
     """
 
     task_type: str

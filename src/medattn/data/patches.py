@@ -15,7 +15,8 @@ The patch's start along each axis is ``clamp(centre - size // 2, 0, S - size)``,
 inside the volume and always contains its centre voxel; a volume smaller than the patch along an axis
 is first padded on both sides (image with its minimum, label with background 0).
 
-Randomness comes from torch's global RNG, which the engine seeds per epoch and DataLoader worker, so
+Randomness comes from torch's global RNG, which the training loop (:mod:`medattn.train.loop`) seeds per
+epoch and DataLoader worker, so
 an epoch's patches are reproducible and a resumed run continues with the same draws. (MONAI's
 ``RandCropByPosNegLabel`` keeps its own NumPy ``RandomState`` instead, and returns MetaTensors.)
 """

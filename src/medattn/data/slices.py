@@ -10,8 +10,8 @@ once at build time by :func:`plan_slices`:
   ``eval_empty_fraction``, default 1, for validation and test slices with ``eval_unit: slice``).
 
 Splits are made at patient level on the volumes before slicing (:func:`medattn.data.splits.split_records`),
-so no patient has slices in two splits, and every slice carries its volume's ``patient``: the engine's
-Dice CI resamples patients, not slices. Validation and test (``eval_unit``):
+so no patient has slices in two splits, and every slice carries its volume's ``patient``: the evaluation's
+(:mod:`medattn.train.evaluate`) Dice CI resamples patients, not slices. Validation and test (``eval_unit``):
 
 * ``volume`` (default): whole volumes, the slicing axis moved last ((1, h, w, S)), which the 2D model
   segments slice by slice; a case of the Dice table is a volume (3D Dice per patient, as volumes are scored);

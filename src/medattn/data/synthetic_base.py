@@ -30,8 +30,9 @@ class SyntheticDataset(Dataset):
     ``make(index) -> sample dict`` must be deterministic in ``index``; with ``cache`` (default) its
     result is kept, so later epochs skip the rendering (a few ms per item on one thread, far more
     when torch's intra-op threads compete for a busy CPU). ``finish(sample) -> sample`` runs on every
-    access, after the cache: training augmentation (drawing from torch's global RNG, which the engine
-    seeds per epoch and worker) and normalisation. Each DataLoader worker process fills its own cache.
+    access, after the cache: training augmentation (drawing from torch's global RNG, which the training
+    loop, :mod:`medattn.train.loop`, seeds per epoch and worker) and normalisation. Each DataLoader worker
+    process fills its own cache.
     """
 
     def __init__(self, length: int, make: Callable[[int], dict], finish: Callable[[dict], dict] | None = None,

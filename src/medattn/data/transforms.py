@@ -12,11 +12,12 @@ raised the CNN baseline and, with the small presets' convolutional stem, the ViT
 small-data recipe"). 2D image kinds default to the paper's transforms (``augment: true``): on the realistic
 brain-MRI slices the strong recipe cost the ResNet 0.08 AUROC (docs/realistic.md).
 
-All randomness comes from torch's global RNG (``torch.rand``), which the engine seeds per epoch and
-DataLoader worker, so an augmented epoch is reproducible. MONAI's ``RandRotate``/``RandFlip`` would do
-the same, but importing ``monai.transforms`` took about 8 s on the 2-core CI machine (torch itself
-about 4 s) and its randomness comes from NumPy ``RandomState`` objects, not from torch's seeding; these
-transforms are a few lines of torch each (``grid_sample``/``interpolate``), the same in 2D and 3D.
+All randomness comes from torch's global RNG (``torch.rand``), which the training loop
+(:mod:`medattn.train.loop`) seeds per epoch and DataLoader worker, so an augmented epoch is reproducible.
+MONAI's ``RandRotate``/``RandFlip`` would do the same, but importing ``monai.transforms`` took about 8 s
+on the 2-core CI machine (torch itself about 4 s) and its randomness comes from NumPy ``RandomState``
+objects, not from torch's seeding; these transforms are a few lines of torch each
+(``grid_sample``/``interpolate``), the same in 2D and 3D.
 """
 
 from __future__ import annotations

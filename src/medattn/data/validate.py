@@ -21,6 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..errors import UserError
+from ..runtime.outputs import save_json
 from ..text import bars_off
 from .base import DataBundle
 from .tables import RecordDataset
@@ -40,13 +42,9 @@ def _load_cache() -> set[str]:
 
 
 def _save_cache(keys: set[str]) -> None:
-    path = cache_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(sorted(keys)))
-        os.replace(tmp, path)
-    except OSError:
+        save_json(cache_path(), sorted(keys), indent=None)
+    except (OSError, UserError):
         pass  # a cache that cannot be written costs time on the next run, nothing else
 
 

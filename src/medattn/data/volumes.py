@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError, writing
+from ..runtime.outputs import atomic
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .files import check_regular
@@ -311,8 +312,8 @@ def write_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
     image = nib.Nifti1Image(array, affine)
     image.set_sform(affine, code=1)
     image.set_qform(affine, code=1)
-    with writing(path):
-        nib.save(image, str(path))
+    with writing(path), atomic(path) as tmp:
+        nib.save(image, str(tmp))
 
 
 def normalise(volume: torch.Tensor, method: str) -> torch.Tensor:

@@ -23,7 +23,6 @@ process; fp32; ``train.grad_accum`` 1; ``--resume`` and ``--init-from`` are not 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -51,6 +50,7 @@ from medattn.diffusion.vqae import encode_volume, from_patches, patch_grid, to_p
 from medattn.errors import UserError, writing
 from medattn.runtime import distributed
 from medattn.runtime.device import check_device
+from medattn.runtime.outputs import save_json
 from medattn.threads import set_threads
 from medattn.train.defaults import resolve_training
 from medattn.train.loaders import seed_everything
@@ -132,8 +132,7 @@ def _step(optimizer, parameters, loss: torch.Tensor, step: int, schedule: dict, 
 
 def _finish(run_dir: Path, config: dict, sets: VolumeSets, results: dict, log: Callable[[str], None]) -> dict:
     results = {"task": config["task"], "synthetic": sets.synthetic, "volume_shape": list(sets.shape), **results}
-    with writing(run_dir / "results.json"):
-        (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    save_json(run_dir / "results.json", results)
     log(diffusion_summary(results, run_dir))
     return results
 

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from ..data import input_kinds
-from ..errors import writing
+from ..runtime.outputs import save_image
 from . import outputs
 from .core import explain
 
@@ -73,8 +73,6 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
                                  result.relevance[0].detach().cpu())
         if picture is not None:
             name = f"heatmaps/{len(names) + 1}.png"
-            with writing(out_dir / name):
-                (out_dir / "heatmaps").mkdir(exist_ok=True)
-                picture.save(out_dir / name, format="PNG")
+            save_image(out_dir / name, picture, format="PNG")
             names.append(name)
     return names

@@ -7,14 +7,14 @@ from 0 to its maximum. ``label`` (e.g. "SYNTHETIC") is written in the top-left c
 
 from __future__ import annotations
 
-import csv
-import json
+import io
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ..errors import UserError, writing
+from ..runtime.outputs import atomic, save_dicts, save_json, save_text
 
 #: Longest side of a tile heatmap drawn without a slide.
 TILE_MAP_PX = 2048
@@ -92,8 +92,6 @@ def _pyplot():
 def _finish(fig, title: str, synthetic: bool) -> Image.Image:
     """``title`` above the panels, the SYNTHETIC note below them (never over the data), the figure as an RGB image;
     the figure is closed."""
-    import io
-
     fig.suptitle(title, fontsize=9)
     if synthetic:
         fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
@@ -204,11 +202,12 @@ def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores:
     import h5py
 
     scores = np.asarray(scores, dtype=np.float32)
-    with writing(csv_path), open(csv_path, "w", newline="") as f:
-        f.write("tile,x,y,score\n")
-        np.savetxt(f, np.column_stack([np.arange(len(scores)), coords, scores]), fmt=["%d", "%g", "%g", "%.7g"],
-                   delimiter=",")
-    with writing(h5_path), h5py.File(h5_path, "w") as f:
+    table = io.StringIO()
+    table.write("tile,x,y,score\n")
+    np.savetxt(table, np.column_stack([np.arange(len(scores)), coords, scores]), fmt=["%d", "%g", "%g", "%.7g"],
+               delimiter=",")
+    save_text(csv_path, table.getvalue())
+    with writing(h5_path), atomic(h5_path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("scores", data=scores)
         f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
         f.attrs["method"] = method
@@ -234,13 +233,9 @@ def write_tile_geojson(path: Path, corners: np.ndarray, side: float, scores: np.
                                                                   [x, y + side], [x, y]]]},
                  "properties": {"objectType": "tile", "measurements": {f"{method} score": float(score)}}}
                 for (x, y), score in zip(np.asarray(corners, dtype=np.float64).tolist(), np.asarray(scores).ravel())]
-    with writing(path), open(path, "w") as f:
-        json.dump({"type": "FeatureCollection", "features": features}, f)
+    save_json(path, {"type": "FeatureCollection", "features": features}, indent=None)
 
 
 def write_summary(path: Path, rows: list[dict]) -> None:
     """One row per explained file (file, method, target, probabilities, outputs written)."""
-    with writing(path), open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    save_dicts(path, rows, list(rows[0]))

@@ -16,7 +16,6 @@ one seeded with ``seed`` and the step, so a resumed run continues with the batch
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from medattn.models.vit import VisionTransformer
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
+from medattn.runtime.outputs import append_csv, save_json, save_text
 from medattn.text import bars_off
 from medattn.threads import set_threads
 from medattn.train.loaders import seed_everything
@@ -45,6 +45,7 @@ from .data import pretraining_set
 from .mae import MaskedAutoencoder
 
 MIN_LR = 1e-6
+METRICS = ("epoch", "lr", "loss", "seconds")  # the columns of metrics.csv
 BETAS = (0.9, 0.95)  # MAE's
 
 
@@ -131,13 +132,11 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
             state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
             log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
             kept = (run_dir / "metrics.csv").read_text().splitlines()[: 1 + state["epoch"]]  # rows after it: lost
-            with writing(run_dir / "metrics.csv"):
-                (run_dir / "metrics.csv").write_text("\n".join(kept) + "\n")
+            save_text(run_dir / "metrics.csv", "\n".join(kept) + "\n")
         else:
             with writing(run_dir / "config.yaml"):
                 save_config(config, run_dir / "config.yaml")
-            with writing(run_dir / "metrics.csv"):
-                (run_dir / "metrics.csv").write_text("epoch,lr,loss,seconds\n")
+            save_text(run_dir / "metrics.csv", ",".join(METRICS) + "\n")
         log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
             f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")
@@ -154,8 +153,8 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
             epoch_meta = {**meta, "epoch": epoch}
             checkpoint.save(run_dir / "checkpoints" / "best", mae.encoder, epoch_meta)
             checkpoint.save(run_dir / "checkpoints" / "last", mae, epoch_meta, optimizer, state)
-            with writing(run_dir / "metrics.csv"), (run_dir / "metrics.csv").open("a") as f:
-                f.write(f"{epoch},{lr:.6g},{last_loss:.6f},{seconds:.2f}\n")
+            append_csv(run_dir / "metrics.csv", [{"epoch": epoch, "lr": f"{lr:.6g}", "loss": f"{last_loss:.6f}",
+                                                  "seconds": f"{seconds:.2f}"}], METRICS)
             log(f"pretrain epoch {epoch}/{p['epochs']}: reconstruction loss {row['loss']:.4f} ({seconds:.1f} s)")
             if on_epoch_end is not None:
                 on_epoch_end(epoch, row)
@@ -165,8 +164,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
                    "settings": p, "epochs": p["epochs"], "steps": state["step"], "final_loss": last_loss,
                    "train_seconds": state["seconds"], "threads": torch.get_num_threads(),
                    "checkpoint": str(run_dir / "checkpoints" / "best")}
-        with writing(run_dir / "pretrain.json"):
-            (run_dir / "pretrain.json").write_text(json.dumps(summary, indent=1))
+        save_json(run_dir / "pretrain.json", summary)
         log(f"pretrained in {state['seconds'] / 60:.1f} min; start training from it with: medattn train CONFIG "
             f"--init-from {run_dir}")
         return summary

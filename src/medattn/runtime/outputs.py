@@ -15,19 +15,32 @@ An :class:`OutputFolder` is where one command writes. Its rules:
   again into one folder): :meth:`OutputFolder.claim` refuses an existing entry its earlier calls did not record in
   the folder's manifest, and :meth:`OutputFolder.settle` removes what they recorded and this call no longer
   writes; nothing else in the folder is touched;
+* **skip what is done** (``resume``, for ``wsi tile``/``extract``, ``cv`` and ``compare``): the command judges each
+  entry by its own record (written last, e.g. a slide's JSON) and skips what is done; what is not done (an entry a
+  killed call left, or its summary) is replaced, without ``--overwrite``;
 * **atomic**: every file is written to a temporary name beside its target and renamed into place
   (:meth:`OutputFolder.write`), so a killed command leaves the old file or the complete new one.
 
 OS errors while writing (disk full, read-only folder) become one-line :class:`~medattn.errors.UserError`.
+
+This module is the only code in ``src/`` that writes or removes files (``tests/test_output_policy.py``), besides the
+checkpoint writer (:mod:`medattn.runtime.checkpoint`) and train's run-folder transaction
+(:mod:`medattn.train.rundir`). Code below the policy, or writing into a folder whose policy its caller applied (a
+run folder, a cache), uses the module's primitives: :func:`atomic` (a temporary path renamed into place),
+:func:`save_text`, :func:`save_json`, :func:`save_csv`, :func:`save_dicts`, :func:`append_csv`,
+:func:`save_figure`, :func:`save_image` and :func:`remove`. A format's own writer (PIL, nibabel, h5py, tifffile,
+torch.export) writes the temporary path :meth:`OutputFolder.write` or :func:`atomic` hands out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from medattn.errors import UserError, writing
@@ -52,13 +65,122 @@ def safe_name(name: str) -> str:
     return text
 
 
+def temporary_name(target: Path) -> Path:
+    """``.<name>.tmp-<pid><suffix>`` beside ``target``: hidden, this process's, and with the target's suffix (the
+    writers of PIL and nibabel choose their format by it)."""
+    name = target.name
+    suffix = next((s for s in DOUBLE_SUFFIXES if name.lower().endswith(s)), Path(name).suffix)
+    return target.with_name(f".{name}.tmp-{os.getpid()}{suffix}")
+
+
+@contextlib.contextmanager
+def atomic(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (its folder created); when the block ends without an error it is
+    renamed to ``path`` (atomic on one file system), on any failure removed, ``path`` untouched. No policy: the
+    caller decided that ``path`` may be written; OS errors propagate (wrap the block in
+    :func:`~medattn.errors.writing` for a one-line error)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(target)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(temporary path)``, then rename it to ``path`` (:func:`atomic`)."""
+    with atomic(path) as tmp:
+        write(tmp)
+
+
+def save_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically; an OS error is a one-line UserError naming ``path``."""
+    with writing(path), atomic(path) as tmp:
+        tmp.write_text(text, encoding=encoding)
+    return Path(path)
+
+
+def save_json(path: str | Path, value, indent: int | None = 1, **options) -> Path:
+    """``value`` as JSON (``json.dumps(value, indent=indent, **options)``), atomically."""
+    return save_text(path, json.dumps(value, indent=indent, **options))
+
+
+def csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
+    """``header`` (None: no header) and ``rows`` as CSV text, as :mod:`csv` writes them."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    if header is not None:
+        writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True) -> str:
+    """``rows`` (mappings) as CSV text with the columns ``fields``, as :class:`csv.DictWriter` writes them."""
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=list(fields))
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def save_csv(path: str | Path, header: Sequence | None, rows: Iterable[Sequence]) -> Path:
+    """A CSV file of ``header`` and ``rows``, atomically."""
+    return save_text(path, csv_text(header, rows))
+
+
+def save_dicts(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
+    """A CSV file of ``rows`` (mappings) with the columns ``fields``, atomically."""
+    return save_text(path, dicts_text(rows, fields))
+
+
+def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
+    """Add ``rows`` to the CSV file ``path`` (with its header when the file is new): the file is written again
+    under a temporary name and renamed, so a kill leaves the rows before or after, never half a row."""
+    path = Path(path)
+    with writing(path):
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+    return save_text(path, old + dicts_text(rows, fields, header=not old))
+
+
+def save_figure(path: str | Path, fig, **options) -> Path:
+    """A matplotlib figure (``fig.savefig(options)``; the format from ``path``'s suffix), atomically."""
+    options.setdefault("format", Path(path).suffix.lstrip(".") or None)
+    with writing(path), atomic(path) as tmp:
+        fig.savefig(tmp, **options)
+    return Path(path)
+
+
+def save_image(path: str | Path, image, **options) -> Path:
+    """A PIL image (``image.save(options)``; the format from ``path``'s suffix unless given), atomically."""
+    with writing(path), atomic(path) as tmp:
+        image.save(tmp, **options)
+    return Path(path)
+
+
+def remove(path: str | Path) -> None:
+    """Remove the file or folder tree ``path`` (a link itself, never what it points to); nothing if missing."""
+    path = Path(path)
+    with writing(path):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 class OutputFolder:
     """One command's output folder (see the module docstring). ``inputs``: every file the command reads;
-    ``manifest``: the name of the file in the folder that records what this command's calls wrote there."""
+    ``overwrite``: replace existing files (``--overwrite``); ``resume``: the command skips what is done and replaces
+    the rest (it judges each entry itself); ``manifest``: the name of the file in the folder that records what this
+    command's calls wrote there."""
 
     def __init__(self, folder: str | Path, inputs: Iterable[str | Path] = (), overwrite: bool = False,
-                 manifest: str | None = None) -> None:
-        self.folder, self.overwrite = Path(folder), overwrite
+                 manifest: str | None = None, resume: bool = False) -> None:
+        self.folder, self.overwrite, self.resume = Path(folder), overwrite, resume
         self._inputs = [Path(p) for p in inputs]
         self._stems: set[str] = set()
         self._written: set[Path] = set()
@@ -93,7 +215,7 @@ class OutputFolder:
         if any(self._same(target, p) or target == p for p in self._inputs):
             raise UserError(f"{target} is an input of this command: refusing to write over it (choose another "
                             f"--out)")
-        if target.exists() and target not in self._written and not self.overwrite:
+        if target.exists() and target not in self._written and not (self.overwrite or self.resume):
             raise UserError(f"{target} exists and this command did not write it: refusing to replace it (choose "
                             f"another --out, or give --overwrite)")
         with writing(self.folder):
@@ -138,13 +260,8 @@ class OutputFolder:
         """After a complete call that wrote ``names``: remove the entries earlier calls recorded that this one did not
         write again, and record only ``names`` (those that exist)."""
         names = [name for name in names if self.entry(name).exists()]
-        with writing(self.folder):
-            for name in sorted(set(self.recorded) - set(names)):
-                target = self.entry(name)
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
+        for name in sorted(set(self.recorded) - set(names)):
+            remove(self.entry(name))
         self._record(names)
         self.recorded = sorted(set(names))
 
@@ -153,13 +270,37 @@ class OutputFolder:
         """Yield a temporary path beside ``folder/name``; on success it is renamed into place (atomic), on any
         failure it is removed and the target untouched."""
         target = self.path(name)
-        suffix = "".join(Path(name).suffixes[-2:]) if name.lower().endswith(DOUBLE_SUFFIXES) else Path(name).suffix
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{suffix}")
-        try:
-            with writing(target):
-                yield tmp
-                os.replace(tmp, target)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        with writing(target), atomic(target) as tmp:
+            yield tmp
         self._written.add(target)
+
+    def save_text(self, name: str, text: str) -> Path:
+        """``folder/name`` holding ``text`` (checked as :meth:`path`, written as :meth:`write`)."""
+        with self.write(name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        return self.folder / name
+
+    def save_json(self, name: str, value, indent: int | None = 1, **options) -> Path:
+        """``folder/name`` holding ``value`` as JSON."""
+        return self.save_text(name, json.dumps(value, indent=indent, **options))
+
+    def save_csv(self, name: str, header: Sequence | None, rows: Iterable[Sequence]) -> Path:
+        """``folder/name``: a CSV file of ``header`` and ``rows``."""
+        return self.save_text(name, csv_text(header, rows))
+
+    def save_dicts(self, name: str, rows: Iterable[dict], fields: Sequence[str]) -> Path:
+        """``folder/name``: a CSV file of ``rows`` (mappings) with the columns ``fields``."""
+        return self.save_text(name, dicts_text(rows, fields))
+
+    def save_figure(self, name: str, fig, **options) -> Path:
+        """``folder/name``: a matplotlib figure (format from the suffix)."""
+        options.setdefault("format", Path(name).suffix.lstrip(".") or None)
+        with self.write(name) as tmp:
+            fig.savefig(tmp, **options)
+        return self.folder / name
+
+    def save_image(self, name: str, image, **options) -> Path:
+        """``folder/name``: a PIL image."""
+        with self.write(name) as tmp:
+            image.save(tmp, **options)
+        return self.folder / name

@@ -27,6 +27,7 @@ import torch
 from ..data.bags import slide_shape
 from ..errors import UserError, writing
 from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
+from ..runtime.outputs import atomic
 from ..text import bars_off
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
@@ -37,7 +38,6 @@ from .tiling import (
     PatchDataset,
     ReadAhead,
     TileSettings,
-    atomic_write,
     classify,
     loader,
     one_line_errors,
@@ -66,21 +66,17 @@ def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: 
     """Write a CLAM- or STAMP-layout HDF5 file (module docstring) atomically (temporary name, then rename);
     ``coords`` (N, 2) level-0 px, ``attrs`` as :func:`attributes` gives them."""
     check_layout(layout)
-
-    def write(temporary: Path) -> None:
-        with h5py.File(temporary, "w") as f:
-            if layout == "clam":
-                f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
-                f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
-            else:
-                f.create_dataset("feats", data=np.asarray(features, dtype=np.float32))
-                microns = np.asarray(coords, dtype=np.float64) * attrs["mpp"]
-                f.create_dataset("coords", data=microns.astype(np.float32))
-                f.attrs.update({"unit": "um", "tile_size_um": attrs["patch_size_um"],
-                                "tile_size_px": attrs["patch_size_px"], "feat_type": "tile"})
-            f.attrs.update(attrs)
-
-    atomic_write(path, write)
+    with atomic(path) as tmp, h5py.File(tmp, "w") as f:
+        if layout == "clam":
+            f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
+            f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
+        else:
+            f.create_dataset("feats", data=np.asarray(features, dtype=np.float32))
+            microns = np.asarray(coords, dtype=np.float64) * attrs["mpp"]
+            f.create_dataset("coords", data=microns.astype(np.float32))
+            f.attrs.update({"unit": "um", "tile_size_um": attrs["patch_size_um"],
+                            "tile_size_px": attrs["patch_size_px"], "feat_type": "tile"})
+        f.attrs.update(attrs)
 
 
 def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:

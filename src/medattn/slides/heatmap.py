@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
+from ..runtime.outputs import save_image
 from .reader import open_slide, reading, thumbnail
 from .tissue import window_fractions
 
@@ -60,8 +61,7 @@ def slide_overlay(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size
 def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
                   thumbnail_px: int = 2048, **options) -> Path:
     """:func:`slide_overlay` written to ``out_png``."""
-    slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options).save(out_png, format="PNG")
-    return Path(out_png)
+    return save_image(out_png, slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options), format="PNG")
 
 
 def tile_overlap(mask: np.ndarray, coords: np.ndarray, size0: int) -> np.ndarray:

@@ -11,7 +11,6 @@ nuclei denser, larger and darker. The returned masks are the ground truth at lev
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..extras import require
-from ..runtime.outputs import OutputFolder
+from ..runtime.outputs import OutputFolder, atomic
 
 BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
@@ -99,7 +98,7 @@ def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 
     resolution tags (pixels per centimetre = 1e4 / (mpp 4^k)) when ``mpp`` is given."""
     tifffile = require("tifffile", "writing a synthetic slide")
 
-    with tifffile.TiffWriter(path) as tif:
+    with atomic(path) as tmp, tifffile.TiffWriter(tmp) as tif:
         level = rgb
         for k in range(levels):
             if k:
@@ -146,10 +145,8 @@ def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1
             np.savez_compressed(tmp, **{name: getattr(slide, name) for name in MASKS})
         paths.append(out.folder / f"{stem}.tif")
         rows.append((f"patient_{i:03d}", stem, int(i % 2 == 1)))
-    with out.write("slide_table.csv") as tmp, open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows([("PATIENT", "FILENAME"), *((p, s) for p, s, _ in rows)])
-    with out.write("clinical_table.csv") as tmp, open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows([("PATIENT", "TUMOUR"), *((p, t) for p, _, t in rows)])
+    out.save_csv("slide_table.csv", ("PATIENT", "FILENAME"), ((p, s) for p, s, _ in rows))
+    out.save_csv("clinical_table.csv", ("PATIENT", "TUMOUR"), ((p, t) for p, _, t in rows))
     return paths
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import queue
 import threading
 from dataclasses import asdict, dataclass
@@ -22,7 +21,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ..errors import UserError, writing
+from ..errors import UserError
+from ..runtime.outputs import OutputFolder, atomic_write  # noqa: F401 (atomic_write: the slides' writers used it here)
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
@@ -225,44 +225,23 @@ def draw_grid(thumb: np.ndarray, downsample: tuple[float, float], coords: np.nda
     return image
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(temporary path)`` then rename it to ``path`` (atomic on one file system), so a crash
-    never leaves a partial file under the final name; the temporary file is removed on failure."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
 def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
     """Write ``<stem>.csv`` (x, y, tissue_fraction, white_fraction, sharpness, status: every candidate;
     x, y level-0 px), ``<stem>.json`` (slide, mpp, geometry, settings, counts) and ``<stem>.png`` (the
-    thumbnail with the grid drawn). The JSON is written last and marks the slide as done."""
-    out_dir = Path(out_dir)
-    with writing(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
+    thumbnail with the grid drawn), each atomically. The JSON is written last and marks the slide as done: the
+    folder is one of "skip what is done" (:class:`~medattn.runtime.outputs.OutputFolder` ``resume``, judged by
+    :func:`tiles_done`)."""
+    out = OutputFolder(out_dir, resume=True)
     stem = tiles.slide.stem
-    paths = {kind: out_dir / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
-
-    def write_csv(path: Path) -> None:
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["x", "y", "tissue_fraction", "white_fraction", "sharpness", "status"])
-            for (x, y), t, w, s, status in zip(tiles.coords, tiles.tissue, tiles.white, tiles.sharp, tiles.status):
-                writer.writerow([int(x), int(y), f"{t:.4f}", f"{w:.4f}", f"{s:.2f}", status])
-
+    rows = [[int(x), int(y), f"{t:.4f}", f"{w:.4f}", f"{s:.2f}", status]
+            for (x, y), t, w, s, status in zip(tiles.coords, tiles.tissue, tiles.white, tiles.sharp, tiles.status)]
     image = draw_grid(tiles.thumbnail, tiles.downsample, tiles.coords, tiles.geometry.size0, tiles.status)
     meta = {"slide": str(tiles.slide), "mpp": tiles.mpp, "geometry": asdict(tiles.geometry),
             "settings": asdict(tiles.settings), "counts": tiles.counts()}
-    with writing(out_dir):
-        atomic_write(paths["csv"], write_csv)
-        atomic_write(paths["png"], lambda p: image.save(p, format="PNG"))
-        atomic_write(paths["json"], lambda p: p.write_text(json.dumps(meta, indent=2)))
-    return paths
+    return {"csv": out.save_csv(f"{stem}.csv", ["x", "y", "tissue_fraction", "white_fraction", "sharpness",
+                                                 "status"], rows),
+            "png": out.save_image(f"{stem}.png", image, format="PNG"),
+            "json": out.save_json(f"{stem}.json", meta, indent=2)}
 
 
 def tiles_done(out_dir: Path, slide: Path, settings: TileSettings, overwrite: bool = False) -> bool:

@@ -30,7 +30,6 @@ printed. Each arm's row names the config's training values that replaced its mod
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import numpy as np
 
 from medattn import metrics
 from medattn.errors import UserError, writing
-from medattn.text import write_csv
+from medattn.runtime.outputs import OutputFolder, save_figure
 
 from .page import number, write_page
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
@@ -290,8 +289,7 @@ def plot_arms(summary: dict, path: Path):
     axis.set_title(f"{summary['data']}: mean over seeds {summary['seeds']} (points: seeds)"
                    + (" [SYNTHETIC data]" if summary["synthetic"] else ""), fontsize=9)
     fig.tight_layout()
-    with writing(path):
-        fig.savefig(path, dpi=100)
+    save_figure(path, fig, dpi=100)
     plt.close(fig)
     return axis
 
@@ -316,15 +314,16 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
             log(f"arm {name}: starts from {start}")
     results = run_jobs(compare_jobs(arms, seeds, starts), root, progress=progress, log=log)
     summary = summarise(arms, seeds, results, root, reference, config)
+    out = OutputFolder(root, resume=True)  # its runs resume; the summaries are this command's, written again
     with writing(root):
-        (root / "compare.json").write_text(json.dumps(summary, indent=1))
-        write_csv(root / "compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
+        out.save_json("compare.json", summary)
+        out.save_csv("compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
                                          "n_seeds", "status", "user_settings"],
                   [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"], r["status"],
                     replaced_text(r["user_settings"])] for r in summary["arms"]])
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]
-        write_csv(root / "compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
+        out.save_csv("compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
         plot_arms(summary, root / "compare.png")
         write_page(root, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
                    [["arm", "mean", "std", "status"],

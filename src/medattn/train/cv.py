@@ -16,12 +16,11 @@ over folds; written as ``cv.csv`` and ``cv.json`` in DIR and printed.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from medattn.errors import UserError, writing
-from medattn.text import write_csv
+from medattn.runtime.outputs import OutputFolder
 
 from .page import number, write_page
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, run_jobs
@@ -89,9 +88,10 @@ def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool
     root = Path(root)
     results = run_jobs(fold_jobs(config, folds), root, progress=progress, log=log)
     summary = summarise_folds(results)
+    out = OutputFolder(root, resume=True)  # its runs resume; the summaries are this command's, written again
     with writing(root):
-        (root / "cv.json").write_text(json.dumps(summary, indent=1))
-        write_csv(root / "cv.csv", ["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std", "n_folds"],
+        out.save_json("cv.json", summary)
+        out.save_csv("cv.csv", ["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std", "n_folds"],
                   [[row["structure"], *row["per_fold"], row["mean"], row["std"], row["n"]] for row in summary["rows"]])
         write_page(root, f"{folds}-fold cross-validation of {summary['model']} on {summary['data']}",
                    summary["synthetic"], [["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std"],

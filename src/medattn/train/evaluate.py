@@ -16,7 +16,6 @@ precision and sliding windows) and writes to ``out``:
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,12 +73,12 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     out = Path(out or default_root / f"eval_{config['name']}_{split}")
     tables = [Path(config["data"][k]) for k in ("csv", "slide_table", "clinical_table", "path")
               if isinstance(config["data"].get(k), str)]
-    folder = OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
+    target = OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
     names = [split, *([f"{split}_patients"] if per_patient else [])]
     for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
         for kind in ("predictions", "roc", "reliability"):
-            folder.path(f"{kind}_{name}.{'csv' if kind == 'predictions' else 'png'}")
-    folder.path("eval.json")
+            target.path(f"{kind}_{name}.{'csv' if kind == 'predictions' else 'png'}")
+    target.path("eval.json")
     device = open_device(run_config["train"]["device"])
     batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(dataset, batch_size, False, config["seed"])
@@ -99,7 +98,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
                         patients, scored, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
             result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
                           synthetic=data_task.synthetic, split=split, out=str(out), task=task_to_dict(data_task))
-            (out / "eval.json").write_text(json.dumps(result, indent=1))
+            target.save_json("eval.json", result)
     distributed.cleanup()
     return result
 

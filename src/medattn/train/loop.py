@@ -19,7 +19,6 @@ stopped. ``num_workers`` is 0 by default: on CPU the workers compete with the mo
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from medattn.plan import as_records, fingerprint, plan
 from medattn.runtime import checkpoint, distributed, sliding
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import autocast, open_device
+from medattn.runtime.outputs import save_json
 from medattn.runtime.predictor import Predictor, forward
 from medattn.runtime.threshold import threshold_meta
 from medattn.text import bars_off
@@ -376,7 +376,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
-            (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+            save_json(run_dir / "results.json", results)
             run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
         log(report.summary(results, objective))
     distributed.barrier()

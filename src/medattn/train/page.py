@@ -13,7 +13,7 @@ import base64
 import html
 from pathlib import Path
 
-from medattn.errors import writing
+from medattn.runtime.outputs import save_text
 
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;text-align:left}"
@@ -52,9 +52,7 @@ def write_page(folder: Path, title: str, synthetic: bool, summary: list[list], w
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{mark}{notes}{_table(summary)}"
             f"{pictures}</body></html>")
     path = folder / "report.html"
-    with writing(path):
-        path.write_text(page, encoding="utf-8")
-    return path
+    return save_text(path, page)
 
 
 def run_page(run_dir: Path, results: dict) -> Path:

@@ -11,8 +11,8 @@ import numpy as np
 
 from medattn import metrics
 from medattn.data.base import TaskInfo
-from medattn.errors import writing
 from medattn.runtime import distributed
+from medattn.runtime.outputs import append_csv, save_csv, save_dicts, save_figure
 
 from .objectives import Classification, Predictions, Segmentation, objective_for, output_names
 
@@ -45,12 +45,11 @@ def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
     """Classification CSV: id, patient, the label(s) and one probability column per output."""
     names = output_names(task, pred.outputs.shape[1])
     label_cols = ["label"] if task.task_type == "multiclass" else [f"label_{n}" for n in names]
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["id", "patient", *label_cols, *[f"prob_{n}" for n in names]])
-        for i, sample_id in enumerate(pred.ids):
-            label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
-            writer.writerow([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
+    rows = []
+    for i, sample_id in enumerate(pred.ids):
+        label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
+        rows.append([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
+    save_csv(path, ["id", "patient", *label_cols, *[f"prob_{n}" for n in names]], rows)
 
 
 
@@ -60,15 +59,14 @@ def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
     def cell(value: float) -> str:
         return "" if np.isnan(value) else f"{value:.6f}"
 
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["id", "patient", "mean_dice", *[f"dice_{n}" for n in names],
-                         *[f"voxels_{n}" for n in names]])
-        for i, sample_id in enumerate(pred.ids):
-            foreground = pred.outputs[i, 1:]
-            mean = float(np.nanmean(foreground)) if not np.isnan(foreground).all() else float("nan")
-            writer.writerow([sample_id, pred.patients[i], cell(mean), *[cell(v) for v in pred.outputs[i]],
-                             *[int(v) for v in pred.labels[i]]])
+    rows = []
+    for i, sample_id in enumerate(pred.ids):
+        foreground = pred.outputs[i, 1:]
+        mean = float(np.nanmean(foreground)) if not np.isnan(foreground).all() else float("nan")
+        rows.append([sample_id, pred.patients[i], cell(mean), *[cell(v) for v in pred.outputs[i]],
+                     *[int(v) for v in pred.labels[i]]])
+    save_csv(path, ["id", "patient", "mean_dice", *[f"dice_{n}" for n in names], *[f"voxels_{n}" for n in names]],
+             rows)
 
 
 #: A train loss at the end above this fraction of its first epoch's "never left its start".
@@ -156,12 +154,7 @@ def summary(results: dict, objective: Classification | Segmentation) -> str:
 
 
 def append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
-    new = not path.exists()
-    with writing(path), open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+    append_csv(path, [row], fields)
 
 
 class TensorBoardScalars:
@@ -193,10 +186,7 @@ def truncate_metrics(path: Path, last_epoch: int, fields: tuple[str, ...]) -> No
         return
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= last_epoch]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    save_dicts(path, rows, fields)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -227,7 +217,6 @@ def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_e
         ax_score.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    with writing(path):
-        fig.savefig(path, dpi=100)
+    save_figure(path, fig, dpi=100)
     plt.close(fig)
     return ax_loss, ax_score

@@ -29,6 +29,7 @@ from pathlib import Path
 from medattn.config import flatten
 from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
+from medattn.runtime.outputs import remove
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
              "heatmaps", "tensorboard", "results.json", "report.html")
@@ -133,14 +134,10 @@ def _move_run(source: Path, target: Path) -> None:
 def _put_back(run_dir: Path) -> None:
     """Remove an unfinished run's files and restore the run set aside in ``.previous`` (if any)."""
     for name in RUN_FILES:
-        target = run_dir / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+        remove(run_dir / name)
     if (run_dir / PREVIOUS).is_dir():
         _move_run(run_dir / PREVIOUS, run_dir)
-        shutil.rmtree(run_dir / PREVIOUS)
+        remove(run_dir / PREVIOUS)
 
 
 def _recover(run_dir: Path) -> None:
