@@ -19,7 +19,8 @@ import time
 import torch
 
 from medattn.attention import build_attention
-from medattn.attention.binary.bits import binary_attention, pack_signs
+from medattn.attention.binary.bits import binary_attention
+from medattn.attention.binary.packing import pack_signs
 from medattn.attention.binary.sign import modified_tanh, sign
 from medattn.attention.binary.token_weight import token_features
 from medattn.threads import set_threads

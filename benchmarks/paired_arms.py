@@ -5,7 +5,7 @@ started from ``medattn pretrain``: the tests ``medattn compare`` runs between ar
 
 Each ARM folder holds ``seed_<s>`` run folders with the same test cases (the same task and seeds). Prints the
 mean (std) test metric of each arm, the paired t-test over seeds and the paired bootstrap over patients
-(difference = second - first), as ``medattn.train.compare`` computes them.
+(difference = second - first), as ``medattn.experiments.compare`` computes them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from medattn.train.compare import bootstrap_test, t_test
-from medattn.train.runs import mean_std, mean_std_text, metric_of
+from medattn.experiments.compare import bootstrap_test, t_test
+from medattn.experiments.runs import mean_std, mean_std_text, metric_of
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from sklearn.metrics import roc_auc_score
 from medattn.bench.common import environment, median_time
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.data.bags import read_slide
+from medattn.data.readers.bags import read_slide
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
 from medattn.slides import (

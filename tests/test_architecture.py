@@ -11,6 +11,11 @@ package of medattn (``medattn`` itself for its ``__init__.py``).
   deploy, explain or commands; models import nothing of data but ``medattn.data.bag_rows``; no command imports
   another command).
 
+* "Cycles": inside each unit, the modules import one another without a circle (a strongly connected component
+  of more than one module), counting imports at module level and inside functions. Imports under
+  ``if TYPE_CHECKING`` are left out of this one check: they never run, and a type named in an annotation (a
+  loader takes a ``Record``) is not a dependency of the code's order.
+
 Each checker is also fed fake violations, so that each rule is seen to fail.
 """
 
@@ -56,11 +61,25 @@ def source_modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
     return found
 
 
-def imports_in(module: str, code: str, package: bool, modules) -> list[Import]:
-    """The imports of medattn modules in ``code``, the source of ``module``; ``modules``: the known module names."""
+def type_checking_nodes(tree: ast.AST) -> set[ast.AST]:
+    """The nodes inside the body of an ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) block."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test).split("."):
+            inside.update(child for statement in node.body for child in ast.walk(statement))
+    return inside
+
+
+def imports_in(module: str, code: str, package: bool, modules, run_time: bool = False) -> list[Import]:
+    """The imports of medattn modules in ``code``, the source of ``module``; ``modules``: the known module names;
+    ``run_time``: leave out the imports under ``if TYPE_CHECKING``."""
     here = module if package else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(code)):
+    tree = ast.parse(code)
+    skipped = type_checking_nodes(tree) if run_time else set()
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -78,10 +97,11 @@ def imports_in(module: str, code: str, package: bool, modules) -> list[Import]:
     return found
 
 
-def tree_imports() -> list[Import]:
+def tree_imports(run_time: bool = False) -> list[Import]:
+    """Every import under src/medattn; ``run_time``: without those under ``if TYPE_CHECKING``."""
     modules = source_modules()
     return [imp for name, (path, package) in modules.items()
-            for imp in imports_in(name, path.read_text(encoding="utf-8"), package, modules)]
+            for imp in imports_in(name, path.read_text(encoding="utf-8"), package, modules, run_time)]
 
 
 def unit(module: str) -> str:
@@ -162,6 +182,41 @@ def unused_allowances(imports, also: dict[str, tuple[str, ...]], rules: list[Rul
             if not any(unit(imp.source) == u and within(imp.target, (m,)) for imp in imports)]
 
 
+def import_cycles(imports) -> list[list[str]]:
+    """The circles among the modules of each unit: every strongly connected component of more than one module of
+    the graph of ``imports`` within one unit (sorted module names, sorted by first name). Tarjan's algorithm."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        if imp.source != imp.target and unit(imp.source) == unit(imp.target):
+            graph.setdefault(imp.source, set()).add(imp.target)
+            graph.setdefault(imp.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for after in sorted(graph[node]):
+            if after not in index:
+                visit(after)
+                low[node] = min(low[node], low[after])
+            elif after in stack:
+                low[node] = min(low[node], index[after])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
 @pytest.fixture(scope="module")
 def doc():
     text = DOC.read_text(encoding="utf-8")
@@ -193,6 +248,11 @@ def test_imports_follow_the_rules(doc, imports):
 def test_every_exception_in_the_doc_is_used(doc, imports):
     layers, also, rules = doc
     assert unused_allowances(imports, also, rules) == []
+
+
+def test_no_unit_has_an_import_cycle_among_its_modules():
+    assert import_cycles(tree_imports(run_time=True)) == [], \
+        "modules of one unit import one another in a circle: move what both need into a module below them"
 
 
 def test_the_doc_states_the_rules_of_issue_39(doc):
@@ -272,3 +332,20 @@ def test_the_doc_tables_are_read_strictly():
         layer_table(text.replace("may also import", "may import"))
     with pytest.raises(AssertionError, match="no heading"):
         rule_table(text)
+
+
+def test_the_cycle_checker_finds_a_fake_cycle():
+    code = {"medattn.data.fake_a": "from . import fake_b\nfrom .fake_d import z",
+            "medattn.data.fake_b": "def f():\n    from .fake_c import x",  # a function-level import counts
+            "medattn.data.fake_c": "import medattn.data.fake_a\nfrom medattn.deploy import fake_e",
+            "medattn.data.fake_d": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .fake_a import y",
+            "medattn.deploy.fake_e": "from medattn.data import fake_a"}  # across units: not a circle of a unit
+    modules = {**source_modules(), **dict.fromkeys(code)}
+
+    def graph(run_time: bool) -> list[Import]:
+        return [imp for name, text in code.items() for imp in imports_in(name, text, False, modules, run_time)]
+
+    circle = ["medattn.data.fake_a", "medattn.data.fake_b", "medattn.data.fake_c"]
+    assert import_cycles(graph(run_time=True)) == [circle]
+    assert import_cycles(graph(run_time=False)) == [sorted([*circle, "medattn.data.fake_d"])]  # the annotation's
+    assert import_cycles([imp for imp in graph(run_time=True) if imp.source != "medattn.data.fake_b"]) == []

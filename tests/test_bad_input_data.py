@@ -269,8 +269,8 @@ def test_train_stops_on_a_truncated_test_file_before_the_first_epoch(tmp_path, c
 def test_cheap_checks_do_not_refuse_good_files(tmp_path):
     import gzip
 
-    from medattn.data.images import check_image_header, read_image
-    from medattn.data.volumes import check_volume_header, read_volume
+    from medattn.data.readers.images import check_image_header, read_image
+    from medattn.data.readers.volumes import check_volume_header, read_volume
 
     jpeg = write_pillow(tmp_path / "tail.jpg", np.full((16, 16), 100, np.uint8))
     jpeg.write_bytes(jpeg.read_bytes() + b"\0" * 10_000)  # data after the end marker: decoded once to decide

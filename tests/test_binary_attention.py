@@ -87,7 +87,7 @@ def test_packed_bits_equal_numpys_packbits_in_any_layout(shape):
 
 @pytest.mark.parametrize("layout", ["contiguous", "qkv-view", "sliced", "expanded", "strided-last", "rank-1"])
 def test_storage_rows_are_the_tensors_rows_in_memory_order(layout):
-    from medattn.attention.binary.bits import storage_rows
+    from medattn.attention.binary.packing import storage_rows
 
     base = torch.randn(2, 50, 3, 4, 72)
     x = {"contiguous": base[0, :, 0], "qkv-view": base.permute(2, 0, 3, 1, 4)[1],

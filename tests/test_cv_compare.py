@@ -18,9 +18,10 @@ from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.folds import pooled_folds
 from medattn.data.synthetic_base import SyntheticDataset
 from medattn.errors import UserError
-from medattn.train import cv, loop
-from medattn.train.compare import arms_of, compare, summarise
-from medattn.train.runs import read_cases
+from medattn.experiments import cv
+from medattn.experiments.compare import arms_of, compare, summarise
+from medattn.experiments.runs import read_cases
+from medattn.train import loop
 
 TINY_SEG = ["data.volume_size=[8,8,40]", "data.num_samples=[6,2,2]", "model.name=unet3d", "train.epochs=1",
             "eval.bootstrap=0", "train.batch_size=2"]
@@ -189,7 +190,7 @@ def test_compare_bad_input(tmp_path):
 def test_compare_names_the_config_values_that_replace_a_models_own_settings(tmp_path):
     """A weight decay written for the ViT arm reaches the attention-MIL arm as the same (decoupled) AdamW decay,
     and the table says it replaced that model's own; values equal to a model's own are not listed."""
-    from medattn.train.compare import format_summary, replaced_settings
+    from medattn.experiments.compare import format_summary, replaced_settings
     from medattn.train.defaults import training_defaults
 
     config = load_config("synthetic_wsi", ["train.weight_decay=0.05", "train.warmup_epochs=1", "train.lr=2e-4"])
@@ -208,7 +209,7 @@ def test_compare_names_the_config_values_that_replace_a_models_own_settings(tmp_
 
 
 def test_compare_starts_each_arm_from_its_own_pretraining_or_one_checkpoint(tmp_path):
-    from medattn.train.compare import compare_jobs, initial_checkpoints
+    from medattn.experiments.compare import compare_jobs, initial_checkpoints
 
     config = load_config("synthetic_cxr")
     arms = arms_of(config, ["softmax", "seqnorm"], ["resnet2d_tiny"])
@@ -252,7 +253,7 @@ def test_command_lines(capsys):
 
 
 def test_compare_draws_each_arm_per_seed_and_marks_arms_that_did_not_learn(tmp_path):
-    from medattn.train.compare import plot_arms
+    from medattn.experiments.compare import plot_arms
 
     summary = {"metric": "auroc", "data": "d", "synthetic": True, "seeds": [0, 1], "arms": [
         {"arm": "softmax", "per_seed": [0.8, 0.9], "mean": 0.85, "status": "learned"},

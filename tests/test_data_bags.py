@@ -163,7 +163,7 @@ def test_partly_stored_bag_is_refused(tmp_path, layout, stored):
     message = str(err.value)
     assert "clini.csv row 3" in message and "s1a.h5" in message and "\n" not in message
     assert f"declares 3000000 rows but the file stores data for {stored}" in message
-    from medattn.data.bags import read_slide
+    from medattn.data.readers.bags import read_slide
 
     with pytest.raises(ValueError, match="declares 3000000 rows"):  # the load path (and predict) refuses too
         read_slide(tmp_path / "features" / "s1a.h5")
@@ -174,7 +174,7 @@ def test_fully_stored_bags_of_every_layout_are_read(tmp_path):
     import h5py
 
     from medattn.data.bag_rows import stored_rows
-    from medattn.data.bags import read_slide
+    from medattn.data.readers.bags import read_slide
 
     data = np.arange(5000 * F_DIM, dtype=np.float32).reshape(5000, F_DIM)
     with h5py.File(tmp_path / "gz.h5", "w") as f:  # compressed chunks: stored bytes < declared bytes, all present

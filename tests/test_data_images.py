@@ -10,7 +10,7 @@ pytest.importorskip("PIL")
 pytest.importorskip("pydicom")
 
 from medattn.data import build_datasets  # noqa: E402
-from medattn.data.images import read_image  # noqa: E402
+from medattn.data.readers.images import read_image  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 from test_data_writers import write_csv, write_dicom, write_pillow  # noqa: E402
 

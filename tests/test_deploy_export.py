@@ -13,7 +13,7 @@ from medattn.attention import available_attentions
 from medattn.attention.base import Attention
 from medattn.data.preprocessing import Preprocessing
 from medattn.deploy import Deployable, export_model, read_metadata
-from medattn.deploy.export import metadata
+from medattn.deploy.format import metadata
 from medattn.errors import UserError
 from medattn.runtime.build import build_model
 from references import randomize_norm_affines

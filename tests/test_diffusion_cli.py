@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from medattn.cli import main
 from medattn.config import load_config
-from medattn.diffusion.data import build_volume_sets, synthetic_brain
+from medattn.data.synthetic_brain import synthetic_brain
+from medattn.diffusion.data import build_volume_sets
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.errors import UserError
 

@@ -16,7 +16,7 @@ from medattn.cli import main
 from medattn.config import load_config
 from medattn.data.base import TaskInfo
 from medattn.data.preprocessing import Preprocessing
-from medattn.data.volumes import to_native_grid, uncrop_or_unpad
+from medattn.data.readers.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
@@ -83,7 +83,7 @@ def test_explain_volume_writes_nifti_on_the_input_grid(tmp_path):
 def test_volume_map_returns_each_voxel_to_where_it_came_from(tmp_path):
     """Without resampling, the map of voxel values comes back as the volume itself (crop/pad and reorientation
     undone), checked on a volume whose value at every voxel is its own index."""
-    from medattn.data.volumes import crop_or_pad, read_volume
+    from medattn.data.readers.volumes import crop_or_pad, read_volume
 
     affine = np.array([[0, -1.0, 0, 0], [1.0, 0, 0, 0], [0, 0, -1.0, 0], [0, 0, 0, 1]])
     index = np.arange(7 * 10 * 5, dtype=np.float32).reshape(7, 10, 5) + 1

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from engine_data import SignalBags, bag_bundle, tiny_config
 from medattn.data.base import DataBundle, TaskInfo
+from medattn.experiments.compare import summarise
 from medattn.models import create_model
 from medattn.train import fit
-from medattn.train.compare import summarise
 from medattn.train.defaults import GENERAL, resolve_training
 from medattn.train.objectives import objective_for
 from medattn.train.verdict import chance_halfwidth, constant_loss, judge

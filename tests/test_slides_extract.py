@@ -17,7 +17,7 @@ pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
 from medattn.data import build_datasets  # noqa: E402
-from medattn.data.bags import read_slide  # noqa: E402
+from medattn.data.readers.bags import read_slide  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 from medattn.slides import (  # noqa: E402
     MacenkoNormalizer,

@@ -151,7 +151,7 @@ def test_the_synthetic_cohort_keeps_its_ground_truth(tmp_path):
 
 def test_stamp_layout_loads_through_the_wsi_bags_loader(tmp_path, capsys):
     from medattn.data import build_datasets
-    from medattn.data.bags import read_slide
+    from medattn.data.readers.bags import read_slide
 
     slides = tmp_path / "slides"
     write_synthetic_cohort(slides, count=2, shape=(256, 384))

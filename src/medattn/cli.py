@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from medattn import __version__, allocator
+from medattn.cli_args import HelpFormatter, apply_help_style, plain
 from medattn.errors import UserError, machine_problem
 
 COMMANDS = {
@@ -46,6 +47,12 @@ BENCHES = {
     "extract": "medattn.bench.extract",
 }
 
+BENCH_HELP = "Benchmarks: time and peak memory on this machine, written as CSV/JSON/PNG."
+BENCH_DESCRIPTION = """Benchmarks of this machine: time and peak memory, written as CSV and JSON (and PNG) to --out.
+
+Each bench below refuses results already in its --out unless given --overwrite; medattn bench NAME --help lists its
+options and says what it measures (docs/performance.md)."""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with usage errors on one line, like every other error (the usage is in ``--help``)."""
@@ -64,7 +71,7 @@ def _summary(module_name: str) -> str | None:
     if spec is None or spec.origin is None:
         return None
     doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return plain(doc.strip().splitlines()[0]) if doc.strip() else ""
 
 
 def _first_word(argv: list[str]) -> str | None:
@@ -90,21 +97,22 @@ def _add_commands(subparsers, table: dict[str, str], argv: list[str] | None) -> 
             subparsers.add_parser(name, help=summary)
             continue
         module = importlib.import_module(module_name)
-        parser = subparsers.add_parser(name, help=summary, description=module.__doc__,
-                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser = subparsers.add_parser(name, help=summary, description=module.__doc__, formatter_class=HelpFormatter)
         module.add_arguments(parser)
         _debug_option(parser)
+        apply_help_style(parser)  # the sub-commands a module adds too (wsi tile, ...)
         parser.set_defaults(run=module.run, interrupted=getattr(module, "interrupted", None))
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; given the ``argv`` it will parse, it imports only the command named there."""
-    parser = _Parser(prog="medattn", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="medattn", description=plain(__doc__.splitlines()[0]), formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"medattn {__version__}")
     _debug_option(parser, default=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_commands(subparsers, COMMANDS, argv)
-    bench = subparsers.add_parser("bench", help="benchmarks: time and memory, written as CSV/JSON/PNG")
+    bench = subparsers.add_parser("bench", help=BENCH_HELP, description=BENCH_DESCRIPTION,
+                                  formatter_class=HelpFormatter)
     bench_argv = None if argv is None else argv[argv.index("bench") + 1:] if _first_word(argv) == "bench" else []
     _add_commands(bench.add_subparsers(dest="bench", required=True), BENCHES, bench_argv)
     return parser

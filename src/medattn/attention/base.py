@@ -145,6 +145,15 @@ class Attention(nn.Module):
         raise NotImplementedError
 
 
+class EpsAttention(Attention):
+    """A softmax-free mechanism whose normaliser ``eps`` keeps away from zero (linear attention adds it, SimA clamps
+    its norms at it): the base class's arguments and ``eps`` (keyword, default 1e-6), kept as ``self.eps``."""
+
+    def __init__(self, *args, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.eps = eps
+
+
 def check_input(x: torch.Tensor, mask: torch.Tensor | None, dim: int) -> None:
     """Raise ValueError unless x is (B, N, dim) and mask is None or a (B, N) bool with a real token per row.
 

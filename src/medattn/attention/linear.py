@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Attention, at_least_float32, token_weights
+from .base import EpsAttention, at_least_float32, token_weights
 from .rows import FactorisedRows, masked
 
 
@@ -35,17 +35,11 @@ class EluLinearRows(FactorisedRows):
         return phi_q, masked(elu_plus_one(k.double()), weights), q.new_ones(q.shape[0], 1, 1, dtype=torch.float64)
 
 
-class LinearAttention(Attention):
+class LinearAttention(EpsAttention):
     """elu+1 linear attention. Shapes: q, k (B, H, N, d), v (B, H, N, D_v) -> (B, H, N, D_v)."""
 
     #: Its attention weights acting on a relevance row (:mod:`medattn.attention.rows`): explanations by rollout.
     rollout_rule = EluLinearRows()
-
-    def __init__(self, dim: int, num_heads: int = 8, inner_dim: int | None = None, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, value_dim: int | None = None,
-                 eps: float = 1e-6, **timm_kwargs) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
-        self.eps = eps
 
     @staticmethod
     def core_forward_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:

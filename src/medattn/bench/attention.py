@@ -276,17 +276,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-peers", action="store_true", help="leave out the peer implementations")
     parser.add_argument("--seq-lens", type=comma_list, default=[str(n) for n in DEFAULT_SEQ_LENS],
                         help="comma-separated sequence lengths N (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=8, help="attention heads")
+    parser.add_argument("--head-dim", type=int, default=64, help="width of each head")
     parser.add_argument("--dim", type=int, default=512, help="layer input/output width (default: 512)")
-    parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32", help="dtype of module and inputs")
     parser.add_argument("--parts", type=comma_list, default=list(PARTS), help="core, layer or both")
     parser.add_argument("--passes", type=comma_list, default=list(PASSES), help="fwd, fwd+bwd or both")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (the median is kept)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed ones")
     parser.add_argument("--time-budget", type=float, default=30.0, help="seconds per call before larger N are skipped")
-    parser.add_argument("--memory-budget-gb", type=float, default=8.0)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--memory-budget-gb", type=float, default=8.0,
+                        help="GiB of peak memory before larger N are skipped")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-isolate", action="store_true",
                         help="run every configuration in this process (faster, memory figures less clean)")

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medattn.attention.binary.bits import binary_attention, binary_dot, pack_signs, smallest_exact_int
+from medattn.attention.binary.bits import binary_attention
+from medattn.attention.binary.packing import binary_dot, pack_signs, smallest_exact_int
 from medattn.bench.common import (
     add_overwrite,
     cpu_bf16_support,
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=8, help="heads in the attention and layer parts")
     parser.add_argument("--block", type=int, default=2048, help="query rows per block in the scores benchmark")
     parser.add_argument("--tile-size", type=int, default=1024, help="keys per probability tile of the bit kernel")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per case (the median is kept)")
     parser.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a case after this long")
     parser.add_argument("--skip", nargs="*", default=[], choices=["scores", "attention", "layer", "memory", "bf16"],
                         help="parts to leave out")

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precisions", type=comma_list, default=["fp32", "bf16", "int8"],
                         help="fp32, bf16 (autocast), int8 (dynamic quantisation of the ViTs' Linear layers; matmul "
                              "rate: fp32's); default all")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="224 x 224 tiles per forward pass")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (one batch of each configuration)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
     parser.add_argument("--out", default="reports/bench-extract", help="output directory")

@@ -43,7 +43,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--normalize", action="store_true", help="time the normalised form")
     parser.add_argument("--brute-max", type=int, default=None,
                         help="largest N for the brute-force filter (default 10000; --quick: 3000)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (the median is kept)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each worker")
     parser.add_argument("--out", default="reports/bench-pam", help="output folder (CSV + JSON)")
     add_overwrite(parser)

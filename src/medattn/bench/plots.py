@@ -14,14 +14,9 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
     Log scale on both axes; configurations that were skipped are listed in the legend label.
     Returns the PNG path, or None where matplotlib is not installed.
     """
-    if importlib.util.find_spec("matplotlib") is None:
+    plt = _pyplot()
+    if plt is None:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
     for mechanism, variant in dict.fromkeys((row["mechanism"], row.get("variant", "eager")) for row in rows):
         mine = [row for row in rows if row["mechanism"] == mechanism and row.get("variant", "eager") == variant]
@@ -32,37 +27,19 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
         resolutions = [row["resolution"] for row in done]
         ax_time.plot(resolutions, [row["epoch_h"] for row in done], marker="o", label=label)
         ax_mem.plot(resolutions, [row["peak_mem_mb"] / 1024 for row in done], marker="o", label=label)
-    ticks = sorted({row["resolution"] for row in rows})
-    for ax, ylabel in ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
-        ax.set_xlabel("image size (px)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
     first = rows[0] if rows else {}
-    fig.suptitle(f"{first.get('model', '')} training step, batch {first.get('batch_size', '')}, "
-                 f"{first.get('precision', '')}, {first.get('processor', '')}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(path, fig, dpi=120)
-    plt.close(fig)
-    return path
+    title = (f"{first.get('model', '')} training step, batch {first.get('batch_size', '')}, "
+             f"{first.get('precision', '')}, {first.get('processor', '')}")
+    return _save(plt, fig, ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")),
+                 sorted({row["resolution"] for row in rows}), "image size (px)", title, Path(path), dpi=120)
 
 
 def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Path | None:
     """Two panels, time and peak memory of one attention layer (forward + backward) versus the token count N, one
     line per mechanism, log-log; skipped configurations are named in the legend. None without matplotlib."""
-    if importlib.util.find_spec("matplotlib") is None:
+    plt = _pyplot()
+    if plt is None:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(9, 3.6))
     for mechanism in dict.fromkeys(row["mechanism"] for row in rows):
         mine = [row for row in rows if row["mechanism"] == mechanism]
@@ -71,19 +48,38 @@ def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Pa
         label = mechanism + (f" (skipped: {', '.join(skipped)})" if skipped else "")
         ax_time.plot([r["n"] for r in done], [r["median_s"] * 1000 for r in done], marker="o", label=label)
         ax_mem.plot([r["n"] for r in done], [r["peak_mem_mb"] for r in done], marker="o", label=label)
-    ticks = sorted({row["n"] for row in rows})
-    for ax, ylabel in ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")):
+    return _save(plt, fig, ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")),
+                 sorted({row["n"] for row in rows}), "tokens N (image patches or bag instances)", title, Path(path),
+                 dpi=110)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, panels, ticks: list, xlabel: str, title: str, path: Path, dpi: int) -> Path:
+    """Each of ``panels`` ((axis, y label), ...) log-log with the x ``ticks`` named, a grid and a legend; the title;
+    the figure written to ``path`` and closed -> ``path``."""
+    for ax, ylabel in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
-        ax.set_xlabel("tokens N (image patches or bag instances)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(path, fig, dpi=110)
+    save_figure(path, fig, dpi=dpi)
     plt.close(fig)
     return path

@@ -157,11 +157,35 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
     shape = (batch_size, probe.in_chans, *(resolution,) * probe.spatial_dims)
     images = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
     targets = torch.zeros(batch_size, 1, device=device)
-    results, prepared = [], []  # prepared: (result, step, precision) of the variants that built and ran
+    # prepared: (result, step, precision) of the variants that built and ran
+    results, prepared = _prepare_variants(model, mechanism, resolution, images, targets, variants, warmup, device,
+                                          seed)
+    _count_flops(prepared)
+    interleaved = _timed_rounds(prepared, repeats, budget_s, device)
+    rates = {precision: measure_matmul_gflops(precision, device=device) for _, _, precision in prepared}
+    for result, _, precision in prepared:
+        times = result.pop("times")
+        if result["status"] == "ok":
+            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision],
+                          matmul_gflops_interleaved=statistics.median(interleaved[precision]))
+    prepared.clear()
+    if any(compiled for compiled, _, _ in variants):
+        torch._dynamo.reset()
+    method = ("torch.cuda.max_memory_allocated" if device == "cuda"
+              else "peak RSS minus the RSS before the variant's model was built (glibc freed memory trimmed)")
+    return {"variants": results, "memory_method": method}
 
-    def failed(error: Exception) -> str:
-        return f"failed: {type(error).__name__}: {error}"[:300]
 
+def _failed(error: Exception) -> str:
+    """The status of a variant that raised."""
+    return f"failed: {type(error).__name__}: {error}"[:300]
+
+
+def _prepare_variants(model: str, mechanism: str, resolution: int, images: torch.Tensor, targets: torch.Tensor,
+                      variants, warmup: int, device: str, seed: int) -> tuple[list[dict], list[tuple]]:
+    """Phase 1 of :func:`measure_step`: each variant built, compiled (timed) and warmed up, its peak memory taken.
+    -> (a result per variant, (result, step, precision) of those that built and ran)."""
+    results, prepared = [], []
     for compiled, checkpointing, precision in variants:
         result = {"variant": variant_name(compiled, checkpointing, precision)}
         results.append(result)
@@ -181,12 +205,23 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
             result.update(status="ok", peak_mem_bytes=peak_memory_bytes(device, baseline), times=[])
             prepared.append((result, step, precision))
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
-            result["status"] = failed(error)
-    for result, step, _ in prepared:  # the work a step does, counted once (eager: the counter sees every op)
+            result["status"] = _failed(error)
+    return results, prepared
+
+
+def _count_flops(prepared: list[tuple]) -> None:
+    """Phase 3 of :func:`measure_step`: the work a step does, counted once per eager variant (the counter sees
+    every op) as ``counted_gflop``."""
+    for result, step, _ in prepared:
         if result["variant"].startswith("eager"):
             with FlopCounterMode(display=False) as counter:
                 step()
             result["counted_gflop"] = counter.get_total_flops() / 1e9
+
+
+def _timed_rounds(prepared: list[tuple], repeats: int, budget_s: float | None, device: str) -> dict[str, list]:
+    """Phase 2 of :func:`measure_step`: ``repeats`` rounds (fewer past ``budget_s``) of one timed step of every
+    variant (into its ``times``) and one matmul per precision; -> precision -> the matmul rates of the rounds."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     probes = {precision: matmul_probe(precision, device=device) for _, _, precision in prepared}  # as before/after
     interleaved = {precision: [] for precision in probes}
@@ -202,23 +237,12 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
                 sync()
                 result["times"].append(time.perf_counter() - t0)
             except Exception as error:
-                result["status"] = failed(error)
+                result["status"] = _failed(error)
         for precision, probe in probes.items():  # the matmul rate in the same rounds as the steps
             interleaved[precision].append(probe())
         if budget_s is not None and time.perf_counter() - started > budget_s:
             break
-    rates = {precision: measure_matmul_gflops(precision, device=device) for _, _, precision in prepared}
-    for result, _, precision in prepared:
-        times = result.pop("times")
-        if result["status"] == "ok":
-            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision],
-                          matmul_gflops_interleaved=statistics.median(interleaved[precision]))
-    prepared.clear()
-    if any(compiled for compiled, _, _ in variants):
-        torch._dynamo.reset()
-    method = ("torch.cuda.max_memory_allocated" if device == "cuda"
-              else "peak RSS minus the RSS before the variant's model was built (glibc freed memory trimmed)")
-    return {"variants": results, "memory_method": method}
+    return interleaved
 
 
 def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUTIONS, model: str = "vit2d",
@@ -276,40 +300,54 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                               repeats=repeats, warmup=warmup, budget_s=time_budget_s, device=device,
                               threads=threads, variants=variants)
                 started = time.perf_counter()
-                if isolate:
-                    timeout = len(variants) * ((warmup + 2) * time_budget_s * 4 + 120) + (900 if compile else 0)
-                    measured = run_isolated("medattn.bench.scaling:measure_step", kwargs, timeout,
-                                            memory_budget + RUNTIME_ALLOWANCE_BYTES)
-                else:
-                    measured = run_in_process(measure_step, kwargs)
+                measured = _measure(kwargs, isolate, compile, memory_budget)
                 if verbose:
                     print(f"  {mechanism} {resolution}px: {time.perf_counter() - started:.1f} s wall", flush=True)
                 status = measured.get("status")
             if status is not None:
                 rows.extend({**row(v), "status": status, **env_fields} for v in variants)
                 continue
-            reference = measured["variants"][0].get("step_s")
-            for variant, result in zip(variants, measured["variants"]):
-                if result["status"] != "ok":
-                    rows.append({**row(variant), "status": result["status"], **env_fields})
-                    continue
-                step = result["step_s"]
-                floor = floors[variant[2]]
-                rows.append({**row(variant), "status": "ok", "step_s": step,
-                             "vs_eager": step / reference if reference else None, "compile_s": result["compile_s"],
-                             "epoch_s": step * images_per_epoch / batch_size,
-                             "epoch_h": step * images_per_epoch / batch_size / 3600, "floor_ratio": step / floor,
-                             "floor_ratio_after": step * result["matmul_gflops_after"] * 1e9 / flops,
-                             "floor_ratio_interleaved": step * result["matmul_gflops_interleaved"] * 1e9 / flops,
-                             "counted_gflop": result.get("counted_gflop"),
-                             "achieved_gflops": result["counted_gflop"] / step if "counted_gflop" in result else None,
-                             "peak_mem_mb": result["peak_mem_bytes"] / 2**20,
-                             "memory_method": measured["memory_method"], **env_fields})
+            rows += [{**row(variant), **figures, **env_fields}
+                     for variant, figures in zip(variants, _figures(measured, variants, floors, flops,
+                                                                    images_per_epoch, batch_size))]
             first = measured["variants"][0]
             if first["status"] == "ok":
                 times.append((tokens, first["step_s"]))
                 memories.append((tokens, first["peak_mem_bytes"]))
     return rows
+
+
+def _measure(kwargs: dict, isolate: bool, compile: bool, memory_budget: float) -> dict:
+    """:func:`measure_step` with ``kwargs``: in a child process of its own (``isolate``: a timeout from the steps it
+    runs, each allowed four times the time budget, 900 s more for compiling, and a memory limit) or in this one."""
+    if not isolate:
+        return run_in_process(measure_step, kwargs)
+    variants, warmup, time_budget_s = kwargs["variants"], kwargs["warmup"], kwargs["budget_s"]
+    timeout = len(variants) * ((warmup + 2) * time_budget_s * 4 + 120) + (900 if compile else 0)
+    return run_isolated("medattn.bench.scaling:measure_step", kwargs, timeout, memory_budget + RUNTIME_ALLOWANCE_BYTES)
+
+
+def _figures(measured: dict, variants: list, floors: dict, flops: float, images_per_epoch: int,
+             batch_size: int) -> list[dict]:
+    """Per variant the status and figures of one :func:`measure_step` (``floors``: precision -> matmul floor in s,
+    ``flops``: the matmuls' work); a failed variant has its status only."""
+    reference = measured["variants"][0].get("step_s")
+    figures = []
+    for variant, result in zip(variants, measured["variants"]):
+        if result["status"] != "ok":
+            figures.append({"status": result["status"]})
+            continue
+        step = result["step_s"]
+        figures.append({"status": "ok", "step_s": step, "vs_eager": step / reference if reference else None,
+                        "compile_s": result["compile_s"], "epoch_s": step * images_per_epoch / batch_size,
+                        "epoch_h": step * images_per_epoch / batch_size / 3600,
+                        "floor_ratio": step / floors[variant[2]],
+                        "floor_ratio_after": step * result["matmul_gflops_after"] * 1e9 / flops,
+                        "floor_ratio_interleaved": step * result["matmul_gflops_interleaved"] * 1e9 / flops,
+                        "counted_gflop": result.get("counted_gflop"),
+                        "achieved_gflops": result["counted_gflop"] / step if "counted_gflop" in result else None,
+                        "peak_mem_mb": result["peak_mem_bytes"] / 2**20, "memory_method": measured["memory_method"]})
+    return figures
 
 
 def _unsupported_reason(precision: str, device: str) -> str | None:
@@ -362,15 +400,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolutions", type=comma_list, default=[str(r) for r in DEFAULT_RESOLUTIONS],
                         help="comma-separated image sizes in pixels (default: %(default)s)")
     parser.add_argument("--model", default="vit2d", help="model preset (default: vit2d; vit2d_small for a smoke run)")
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=1, help="images per training step")
     parser.add_argument("--precision", type=comma_list, default=["fp32"],
                         help="fp32, bf16 (autocast) or both side by side, e.g. fp32,bf16 (default: fp32)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--time-budget", type=float, default=120.0, help="seconds per training step")
-    parser.add_argument("--memory-budget-gb", type=float, default=8.0)
-    parser.add_argument("--images-per-epoch", type=int, default=15000)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (the median is kept)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
+    parser.add_argument("--time-budget", type=float, default=120.0,
+                        help="seconds per training step before larger resolutions are skipped")
+    parser.add_argument("--memory-budget-gb", type=float, default=8.0,
+                        help="GiB of peak memory before larger resolutions are skipped")
+    parser.add_argument("--images-per-epoch", type=int, default=15000,
+                        help="images of the epoch whose time is reported")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true",
                         help="also measure each step with torch.compile(model, fullgraph=True), in the same process")

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"--seeds takes non-negative ints, got {bad[0]!r}")
     config = load_config(args.config, overrides)
+    from medattn.experiments.compare import compare
     from medattn.runtime import distributed
-    from medattn.train.compare import compare
 
     root = Path(args.out or config["out"] or Path("runs") / f"{config['name']}-compare")
     try:

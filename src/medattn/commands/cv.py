@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    from medattn.experiments.cv import cross_validate
     from medattn.runtime import distributed
-    from medattn.train.cv import cross_validate
 
     try:
         cross_validate(config, args.folds, Path(args.out or config["out"] or Path("runs") / f"{config['name']}-cv"),

@@ -21,7 +21,6 @@ folder stays, and one in the way of a demo output is refused, named.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import shutil
@@ -77,15 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report folder (default: reports/demo; an earlier demo's outputs there are replaced, "
                              "nothing else)")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version (numbers mean nothing)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run and of the generated data")
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads per run (default 1: these small models gain little from more, and a "
                              "busy machine makes more threads much slower)")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="runs trained at once, each in a process of its own with --threads threads (default: "
                              "the cores this process may use, OMP_NUM_THREADS if set, divided by --threads)")
-    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS), metavar="TASK",
+                        help=f"the tasks to train on, of {', '.join(TASKS)}")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def demo_jobs(tasks: list[str], quick: bool, seed: int, threads: int) -> list[dict]:
@@ -145,14 +145,16 @@ def train_job(job: dict, run_dir: Path, progress: bool) -> dict:
     """Train one demo run (a full `medattn train` run: best validation epoch tested, bootstrap CI) -> its row."""
     import torch
 
+    from medattn.experiments.runs import learning_of
+    from medattn.explain.cases import case_heatmaps
     from medattn.train import fit
-    from medattn.train.runs import learning_of
 
     config = job["config"]
     config["out"] = str(run_dir)
     torch.set_num_threads(config["train"]["threads"])
     bundle = _bundle(json.dumps(config["data"]), config["seed"])
-    result = fit(config, bundle, run_dir, overwrite=True, progress=progress, log=lambda message: None)
+    result = fit(config, bundle, run_dir, overwrite=True, progress=progress, log=lambda message: None,
+                 case_pictures=case_heatmaps)
     test = result["test"]
     return {"task": job["task"], "task_label": job["label"], "mechanism": job["mechanism"], "auroc": test["auroc"],
             "ci_low": test["ci_low"], "ci_high": test["ci_high"], "n_test": test["n"],
@@ -210,10 +212,7 @@ def run(args: argparse.Namespace) -> int:
     table = format_table(rows, args.tasks, args.quick)
     print(table)
     print(f"AUROC runs {runtime:.0f} s; report in {out.folder}")
-    with out.write("table.csv") as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    out.save_dicts("table.csv", rows, list(rows[0]))
     with out.write("table.json") as tmp:
         tmp.write_text(json.dumps({
             "data": DATA_NOTE, "quick": args.quick, "seed": args.seed, "runtime_seconds": round(runtime, 1),

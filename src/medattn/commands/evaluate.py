@@ -22,14 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
     parser.add_argument("data_config", help="config file or packaged config name; its data section is used")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the data config")
-    parser.add_argument("--split", choices=("train", "val", "test"), default="test")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test",
+                        help="the split of the data config that is evaluated")
     parser.add_argument("--per-patient", choices=("mean", "max"), default=None,
                         help="also score per patient: the mean or max of each patient's probabilities")
     parser.add_argument("--out", help="output folder (default: eval_<name>_<split> in the checkpoint's run folder)")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an earlier evaluation in --out")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="default: the run's eval batch size")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:

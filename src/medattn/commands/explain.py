@@ -6,10 +6,15 @@ each file with --subtract); the library function is :func:`medattn.explain.files
 Methods (docs/explain.md): `auto` (default: `gradrollout` for transformers
 whose attention forms weights, `gradxinput` otherwise), `gradrollout` (gradient-weighted rollout,
 linear-time for SeqNorm/SimA), `rollout` (class-token attention rollout) and `gradxinput` (gradient x
-input, any model and mechanism). Writes to DIR, per file: 2D images `<stem>.png` (overlay on the image at
-its own size); 3D volumes `<stem>.nii.gz` (the map on the input file's grid and affine); whole-slide bags
-(HDF5) `<stem>_tiles.csv` and `<stem>_tiles.h5` (a score per tile) and `<stem>.png` (the scores drawn on
-the tile coordinates). With `auto`, a SeqNorm bag longer than --chunk-size tiles is explained by rollout
+input, any model and mechanism). Writes to DIR, per file:
+  2D images          <stem>.png (the image beside the map over it, with a colour bar)
+  3D volumes         <stem>.nii.gz (the map on the input file's grid and affine) and <stem>_preview.png (a 3D
+                     preview: three orthogonal slices through the largest relevance, with the colour bar)
+  whole-slide bags   <stem>_tiles.csv (tile, x, y as the bag stores them, coords_unit of x and y: um or px,
+  (HDF5)             x_level0_px, y_level0_px, score), <stem>_tiles.h5 (scores and coords), <stem>_tiles.geojson
+                     (a square per tile in level-0 pixels with its score, for QuPath: File > Import objects) and
+                     <stem>.png (the scores drawn on the tiles, over the slide's thumbnail with --slides)
+With `auto`, a SeqNorm bag longer than --chunk-size tiles is explained by rollout
 streamed in bounded memory (the gradient rule needs a backward over the whole bag). `summary.csv` lists
 every file with the method used and its probabilities.
 """

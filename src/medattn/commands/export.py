@@ -12,7 +12,8 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoint folder or model.safetensors")
-    parser.add_argument("--format", choices=("onnx", "pt2"), required=True)
+    parser.add_argument("--format", choices=("onnx", "pt2"), required=True,
+                        help="onnx (ONNX Runtime, any language) or pt2 (a torch.export program for PyTorch)")
     parser.add_argument("--out", required=True, help="file to write (.onnx or .pt2)")
     parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of an ONNX export")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")

@@ -1,4 +1,4 @@
-"""Predict from files: medattn predict MODEL FILES... --out CSV (MODEL: a checkpoint or an exported .onnx file).
+"""Predict from files: medattn predict MODEL FILES... --out CSV (MODEL: a checkpoint, or an exported .onnx or .pt2).
 
 Each file is prepared with the preprocessing stored in the model (the training run's data config:
 image size, channels, normalisation; voxel spacing, size, subtraction, left/right halves; feature bags
@@ -24,7 +24,8 @@ from medattn.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="run folder, checkpoint folder, model.safetensors or an exported .onnx")
+    parser.add_argument("checkpoint", help="run folder, checkpoint folder, model.safetensors, or a file written by "
+                                           "medattn export (.onnx or .pt2)")
     parser.add_argument("files", nargs="+", help="image, volume (file or DICOM folder) or HDF5 feature files; a "
                                                   "folder of images or HDF5 files gives its files")
     parser.add_argument("--out", required=True, help="CSV to write")
@@ -40,9 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patients", default=None, metavar="SLIDE_TABLE",
                         help="bag models: join each patient's slides into one bag, as training did, by this slide "
                              "table (columns --patient-column, --filename-column); one row per patient")
-    parser.add_argument("--patient-column", default="PATIENT")
-    parser.add_argument("--filename-column", default="FILENAME")
-    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--patient-column", default="PATIENT",
+                        help="with --patients: the slide table's column of patient ids (default %(default)s)")
+    parser.add_argument("--filename-column", default="FILENAME",
+                        help="with --patients: the slide table's column of the bags' file names (\".h5\" may be "
+                             "left out) (default %(default)s)")
+    parser.add_argument("--batch-size", type=positive_int, default=8,
+                        help="files (or bags) per forward pass (default %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out CSV and label maps (inputs are never written over)")
 

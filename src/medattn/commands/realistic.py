@@ -16,10 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from medattn.realistic.tasks import SPLITS, TASKS  # no torch: numpy, scipy and yaml only
 
     parser.add_argument("--out", required=True, help="folder that receives one sub-folder per task")
-    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS), metavar="TASK",
+                        help=f"the tasks to write, of {', '.join(TASKS)}")
     parser.add_argument("--cohort", choices=("a", "b"), default="a",
                         help="a: development cohort; b: an external one (other scanner / stain)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the findings, cases and splits")
     parser.add_argument("--cases", type=int, nargs=3, metavar=("TRAIN", "VAL", "TEST"),
                         default=[SPLITS["train"], SPLITS["val"], SPLITS["test"]],
                         help="cases per split (default 180 60 60; an external cohort: 0 0 N)")

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
                         init_from=args.init_from)
         return 0
     from medattn.data import build_datasets
+    from medattn.explain.cases import case_heatmaps
     from medattn.runtime import checkpoint, distributed
     from medattn.runtime.build import check_model_config
     from medattn.runtime.device import check_device
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         if bundle.skipped and distributed.is_main():
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
         fit(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
-            progress=not args.no_progress, started=started)
+            progress=not args.no_progress, started=started, case_pictures=case_heatmaps)
     finally:
         distributed.cleanup()
     return 0

@@ -19,6 +19,41 @@ from pathlib import Path
 from medattn.errors import UserError
 from medattn.text import bars_off
 
+TILE_DESCRIPTION = """Tissue mask, patch grid and quality filter per slide: medattn wsi tile SLIDES... --out DIR.
+
+Writes per slide, named by its stem: <stem>.csv (every candidate patch: x, y its level-0 top-left corner in pixels,
+tissue_fraction, white_fraction, sharpness, status kept, white or blurry), <stem>.json (slide, microns per pixel,
+geometry, settings, counts; written last, it marks the slide done) and <stem>.png (the thumbnail with the grid drawn).
+A slide whose tiles exist with the same settings is skipped; with other settings it is refused (--overwrite tiles
+it again). `medattn wsi extract --tiles DIR` reads these tiles. See docs/slides.md."""
+EXTRACT_DESCRIPTION = """Patch features per slide: medattn wsi extract SLIDES... --out DIR [--tiles TILES_DIR].
+
+Writes <slide stem>.h5 per slide: with --layout clam, `features` (N, F) and `coords` (N, 2; level-0 top-left
+corner in pixels); with --layout stamp, `feats` and `coords` in microns. Both record the extractor, patch size
+in microns and pixels, mpp and the tiling settings. Without --tiles it tiles by itself (same options and filter
+as `wsi tile`). A slide already done with the same settings is skipped, one done otherwise refused (--overwrite).
+Under torchrun each process takes its share of the slides (RANK, WORLD_SIZE). See docs/slides.md."""
+SYNTHETIC_DESCRIPTION = """Write SYNTHETIC demo slides (not tissue): medattn wsi synthetic DIR [--count N].
+
+Small pyramidal tiled TIFFs at 1 um per pixel (stroma and nuclei blobs, one out of focus, a dust smudge; a planted
+tumour region on every other slide), slide_table.csv (PATIENT, FILENAME) and clinical_table.csv (PATIENT, TUMOUR)
+beside them and truth/<stem>.npz (the ground-truth masks), as the packaged config synthetic_slides reads them
+after `wsi extract`. Nothing here is a statement about real slides. See docs/slides.md."""
+
+#: The options of the tiling settings (``slides.settings.TileSettings``): (field, type, help); the flag is the field
+#: with dashes, its default the field's.
+TILING_OPTIONS = (
+    ("patch_um", float, "patch side in microns"),
+    ("patch_px", int, "patch side after resizing"),
+    ("thumbnail_px", int, "longer side of the thumbnail for the tissue mask"),
+    ("min_saturation", float, "floor of the Otsu saturation threshold"),
+    ("min_tissue_area_um2", float, "smaller tissue pieces are ignored"),
+    ("min_tissue_fraction", float, "tissue fraction for a grid cell to be read"),
+    ("white_level", int, "a pixel is white when R, G, B >= this"),
+    ("max_white", float, "drop patches with more white than this fraction"),
+    ("min_sharpness", float, "drop patches whose Laplacian variance is below this"),
+)
+
 
 def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
     from medattn.slides.settings import TileSettings
@@ -27,25 +62,11 @@ def _tiling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("slides", nargs="+", type=Path, help="slide files or folders of slides")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--mpp", type=float, help="microns per level-0 pixel (overrides the slide's metadata)")
-    parser.add_argument("--patch-um", type=float, default=d.patch_um,
-                        help="patch side in microns (default %(default)s)")
-    parser.add_argument("--patch-px", type=int, default=d.patch_px,
-                        help="patch side after resizing (default %(default)s)")
-    parser.add_argument("--thumbnail-px", type=int, default=d.thumbnail_px,
-                        help="longer side of the thumbnail for the tissue mask (default %(default)s)")
-    parser.add_argument("--min-saturation", type=float, default=d.min_saturation,
-                        help="floor of the Otsu saturation threshold (default %(default)s)")
-    parser.add_argument("--min-tissue-area-um2", type=float, default=d.min_tissue_area_um2,
-                        help="smaller tissue pieces are ignored (default %(default)s)")
-    parser.add_argument("--min-tissue-fraction", type=float, default=d.min_tissue_fraction,
-                        help="tissue fraction for a grid cell to be read (default %(default)s)")
-    parser.add_argument("--white-level", type=int, default=d.white_level,
-                        help="a pixel is white when R, G, B >= this (default %(default)s)")
-    parser.add_argument("--max-white", type=float, default=d.max_white,
-                        help="drop patches with more white than this fraction (default %(default)s)")
-    parser.add_argument("--min-sharpness", type=float, default=d.min_sharpness,
-                        help="drop patches whose Laplacian variance is below this (default %(default)s)")
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers reading patches")
+    for field, kind, text in TILING_OPTIONS:  # --patch-um sets patch_um, ...
+        parser.add_argument(f"--{field.replace('_', '-')}", type=kind, default=getattr(d, field),
+                            help=f"{text} (default %(default)s)")
+    parser.add_argument("--num-workers", type=int, default=0,
+                        help="DataLoader workers reading patches; 0 reads them in the main process")
     parser.add_argument("--skip-bad", action="store_true", help="report bad slides and continue with the others")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -54,11 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from medattn.slides.encoders import PRECISIONS, extractor_help  # the cards, without torch
 
     sub = parser.add_subparsers(dest="wsi_command", required=True)
-    tile = sub.add_parser("tile", help="tissue mask, patch grid and quality filter per slide")
+    tile = sub.add_parser("tile", help="tissue mask, patch grid and quality filter per slide",
+                          description=TILE_DESCRIPTION)
     _tiling_arguments(tile)
     tile.add_argument("--overwrite", action="store_true", help="tile slides again whose tiles exist")
     tile.set_defaults(wsi_run=run_tile)
-    extract = sub.add_parser("extract", help="patch features per slide as CLAM-layout HDF5")
+    extract = sub.add_parser("extract", help="patch features per slide as CLAM- or STAMP-layout HDF5",
+                             description=EXTRACT_DESCRIPTION)
     _tiling_arguments(extract)
     extract.add_argument("--tiles", type=Path, help="use the tiles written by `medattn wsi tile` to this folder")
     extract.add_argument("--extractor", default="descriptor", help=extractor_help())
@@ -68,18 +91,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--layout", choices=("clam", "stamp"), default="clam",
                          help="HDF5 layout: clam (features, coords in level-0 px; default) or stamp (feats, coords "
                               "in microns)")
-    extract.add_argument("--batch-size", type=int, default=64)
-    extract.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1")
+    extract.add_argument("--batch-size", type=int, default=64,
+                         help="patches per forward pass of the extractor (default %(default)s)")
+    extract.add_argument("--device", default="auto",
+                         help="auto (default: cuda when available, one GPU per torchrun process), cpu, cuda, cuda:1")
     extract.add_argument("--precision", choices=PRECISIONS, default="fp32",
                          help="transformer encoders: bf16 autocast (fast only on CPUs with bf16 hardware and GPUs) "
                               "or int8 dynamic quantisation of the Linear layers (CPU; cosine to fp32: docs/slides.md)")
     extract.add_argument("--overwrite", action="store_true", help="extract slides again whose features exist")
     extract.set_defaults(wsi_run=run_extract)
-    synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)")
+    synthetic = sub.add_parser("synthetic", help="write SYNTHETIC demo slides (not real tissue)",
+                               description=SYNTHETIC_DESCRIPTION)
     synthetic.add_argument("out", type=Path, nargs="?", help="output folder (or --out, as the other commands)")
     synthetic.add_argument("--out", type=Path, dest="out_option", help="output folder")
-    synthetic.add_argument("--count", type=int, default=8, help="number of slides, every other with a tumour")
-    synthetic.add_argument("--seed", type=int, default=0)
+    synthetic.add_argument("--count", type=int, default=8,
+                           help="number of slides, every other with a tumour (default %(default)s)")
+    synthetic.add_argument("--seed", type=int, default=0, help="seed of the generated slides (default %(default)s)")
     synthetic.add_argument("--overwrite", action="store_true",
                            help="replace slides and tables of the same names already in the folder")
     synthetic.set_defaults(wsi_run=run_synthetic)

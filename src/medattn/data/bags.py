@@ -1,19 +1,16 @@
-"""Whole-slide images as bags of pre-extracted patch features (HDF5 per slide, CLAM or STAMP layout)."""
+"""Whole-slide images as bags of pre-extracted patch features (HDF5 per slide, CLAM or STAMP layout): the data kind
+``wsi_bags`` and the patients of a slide table; a bag file is read by :mod:`medattn.data.readers.bags`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from ..errors import UserError
-from .bag_rows import check_stored
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
-from .files import check_regular
 from .options import check_keys, require
 from .preprocessing import Preprocessing
+from .readers.bags import BagLoader, slide_shape
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import (
     BadSamples,
@@ -29,95 +26,9 @@ from .tables import (
     resolve_path,
 )
 
-LAYOUTS = ("features", "feats")  # CLAM, STAMP
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
                   "label_columns", "split_column", "task_type", "classes", "num_classes", "max_instances",
                   "check_files"}) | SPLIT_KEYS
-
-
-def subsample(features: torch.Tensor, coords: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep a random ``limit`` instances of a bag (all if it is shorter), in their original order.
-
-    Uses torch's global RNG (seeded by :mod:`medattn.train.loop` per epoch and worker)."""
-    if features.shape[0] <= limit:
-        return features, coords
-    keep = torch.randperm(features.shape[0])[:limit].sort().values
-    return features[keep], coords[keep]
-
-
-def feature_key(h5file) -> str:
-    """The features dataset of an open HDF5 file: "features" (CLAM) or "feats" (STAMP)."""
-    for key in LAYOUTS:
-        if key in h5file:
-            return key
-    raise ValueError(f"no features dataset ('features' as CLAM writes, or 'feats' as STAMP writes); "
-                     f"datasets are {sorted(h5file.keys())}")
-
-
-def slide_shape(path: Path) -> tuple[int, int]:
-    """Cheap check: -> (N, F) from the HDF5 header; ValueError for a bad layout, an empty bag or a dataset
-    not stored in full (:func:`~medattn.data.bag_rows.stored_rows`)."""
-    import h5py
-
-    check_regular(path)
-    with h5py.File(path, "r") as f:
-        key = feature_key(f)
-        features = f[key]
-        if features.ndim != 2:
-            raise ValueError(f"features must be (N, F), got shape {features.shape}")
-        if features.shape[0] == 0:
-            raise ValueError("empty bag: the slide has no patches")
-        check_stored(key, features)
-        if "coords" in f:
-            if f["coords"].ndim != 2 or f["coords"].shape != (features.shape[0], 2):
-                raise ValueError(f"coords must be ({features.shape[0]}, 2), got {f['coords'].shape}")
-            check_stored("coords", f["coords"])
-        return tuple(features.shape)
-
-
-def bag_header(path: Path) -> tuple[int, dict]:
-    """(tiles, HDF5 attributes) of a bag file, from its header; UserError naming the file otherwise."""
-    import h5py
-
-    try:
-        rows, _ = slide_shape(path)
-        with h5py.File(path, "r") as f:
-            return rows, dict(f.attrs)
-    except (OSError, ValueError) as error:
-        if isinstance(error, UserError):
-            raise
-        raise UserError(f"{path}: {error}") from None
-
-def read_slide(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (features (N, F) float32, coords (N, 2) float32, zeros if the file has none)."""
-    import h5py
-
-    rows = slide_shape(path)[0]  # refuses datasets not stored in full: no fill values are read as patches
-    with h5py.File(path, "r") as f:
-        features = torch.from_numpy(np.asarray(f[feature_key(f)][:rows], dtype=np.float32))
-        coords = (torch.from_numpy(np.asarray(f["coords"][:rows], dtype=np.float32)) if "coords" in f
-                  else torch.zeros(features.shape[0], 2))
-    if not torch.isfinite(features).all():
-        bad = int((~torch.isfinite(features)).any(dim=1).sum())
-        raise ValueError(f"NaN or Inf in the features of {bad} of {features.shape[0]} patches")
-    return features, coords
-
-
-class BagLoader:
-    """record -> {"input": (N, F), "coords": (N, 2)}: the patient's slides concatenated."""
-
-    def __init__(self, feature_dim: int, max_instances: int | None = None) -> None:
-        self.feature_dim, self.max_instances = feature_dim, max_instances
-
-    def __call__(self, record: Record) -> dict:
-        slides = [read_slide(path) for path in record.paths]
-        features = torch.cat([s[0] for s in slides])
-        coords = torch.cat([s[1] for s in slides])
-        if features.shape[1] != self.feature_dim:
-            raise ValueError(f"features have dimension {features.shape[1]}, the other bags {self.feature_dim}")
-        if self.max_instances is not None:
-            features, coords = subsample(features, coords, self.max_instances)
-        return {"input": features, "coords": coords}
 
 
 def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PATIENT",
@@ -167,6 +78,27 @@ def _slide_path(root: Path, name: str, where: str) -> Path:
     return resolve_path(root, _h5_name(name), where)
 
 
+def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns: list[str], patient_column: str,
+             split_column: str | None, classes, bad: BadSamples) -> list[tuple]:
+    """(record, parsed labels, split) of each clinical row whose patient has slides and whose cells parse; the
+    other rows are reported to ``bad``."""
+    entries = []
+    for number, row in rows:
+        where = f"{clinical.name} row {number}"
+        patient = row[patient_column]
+        try:
+            if patient not in slides:
+                raise UserError(f"{where}: patient {patient!r} has no slide in the slide table")
+            paths = tuple(_slide_path(root, name, slide_where) for name, slide_where in slides[patient])
+            values = parse_cells([row[c] for c in label_columns], label_columns, classes)
+            split = parse_split(row[split_column], where) if split_column else None
+        except (UserError, ValueError) as exc:
+            bad.report(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+            continue
+        entries.append((Record(id=patient, patient=patient, where=where, paths=paths), values, split))
+    return entries
+
+
 def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """Whole-slide images as bags of pre-extracted features: one bag per patient.
 
@@ -206,20 +138,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
                     "clinical table")
     classes = label_options(cfg)[1]
     bad = BadSamples(skip_bad)
-    entries = []  # (record, parsed labels, split)
-    for number, row in rows:
-        where = f"{clinical.name} row {number}"
-        patient = row[patient_column]
-        try:
-            if patient not in slides:
-                raise UserError(f"{where}: patient {patient!r} has no slide in the slide table")
-            paths = tuple(_slide_path(root, name, slide_where) for name, slide_where in slides[patient])
-            values = parse_cells([row[c] for c in label_columns], label_columns, classes)
-            split = parse_split(row[split_column], where) if split_column else None
-        except (UserError, ValueError) as exc:
-            bad.report(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
-            continue
-        entries.append((Record(id=patient, patient=patient, where=where, paths=paths), values, split))
+    entries = _entries(rows, clinical, root, slides, label_columns, patient_column, split_column, classes, bad)
     records, spec, column, problems = label_entries(entries, label_columns, cfg)
     for message in problems:
         bad.report(message)

@@ -181,7 +181,7 @@ class Image2D(InputKind):
     explain_suffixes = (".png",)
 
     def loader(self, prep: Preprocessing):
-        from .images import ImageLoader
+        from .readers.images import ImageLoader
 
         return ImageLoader(tuple(prep.input_shape[1:]), prep.input_shape[0], list(prep.mean), list(prep.std))
 
@@ -195,7 +195,7 @@ class Image2D(InputKind):
 
     def explain_file(self, heatmaps, path, sample, relevance):
         """The file as it is (not as prepared) with the map over it."""
-        from .images import read_image
+        from .readers.images import read_image
 
         return heatmaps.image(read_image(path).numpy(), relevance)
 
@@ -213,7 +213,7 @@ class Volume3D(InputKind):
     explain_suffixes = (".nii.gz", "_preview.png")
 
     def loader(self, prep: Preprocessing):
-        from .volumes import VolumeLoader
+        from .readers.volumes import VolumeLoader
 
         return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize)
 
@@ -237,7 +237,7 @@ class Bag(InputKind):
     statistic_name = "bag size"
 
     def loader(self, prep: Preprocessing):
-        from .bags import BagLoader
+        from .readers.bags import BagLoader
 
         return BagLoader(prep.input_shape[0])
 
@@ -272,7 +272,7 @@ class Bag(InputKind):
 
     def header(self, path):
         """(tiles, HDF5 attributes) from the file's header; a UserError naming the file otherwise."""
-        from .bags import bag_header
+        from .readers.bags import bag_header
 
         return bag_header(path)
 

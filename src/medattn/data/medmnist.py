@@ -74,6 +74,42 @@ def _images(array: np.ndarray, spatial_dims: int | None, where: str) -> torch.Te
     return (x - low) / (high - low) if high > low else torch.zeros_like(x)
 
 
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The images and labels of every split from the ``.npz`` file; UserError for a missing array or a bad file."""
+    names = [f"{s}_{k}" for s in SPLITS for k in ("images", "labels")]
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [n for n in names if n not in npz.files]
+            if missing:
+                raise UserError(f"medmnist {path}: missing array(s) {', '.join(missing)}; the file has "
+                                f"{', '.join(npz.files)}")
+            return {n: npz[n] for n in names}
+    except (OSError, ValueError, EOFError) as exc:
+        raise UserError(f"medmnist {path}: not a readable .npz file ({exc})") from None
+
+
+def _labels(arrays: dict[str, np.ndarray], images: dict[str, torch.Tensor], path: Path) -> dict[str, np.ndarray]:
+    """Split -> its labels as (N, columns), one row per image (UserError otherwise)."""
+    labels = {}
+    for s in SPLITS:
+        raw = arrays[f"{s}_labels"].reshape(len(arrays[f"{s}_labels"]), -1)
+        if len(raw) != len(images[s]):
+            raise UserError(f"medmnist {path}: {len(images[s])} {s}_images but {len(raw)} {s}_labels")
+        labels[s] = raw
+    return labels
+
+
+def _valid_labels(labels: dict[str, np.ndarray], bad: BadSamples, path: Path) -> dict[str, np.ndarray]:
+    """Split -> which of its rows hold non-negative integers; each other row is reported to ``bad``."""
+    valid = {}
+    for s in SPLITS:
+        ok = np.isfinite(labels[s]).all(1) & (labels[s] >= 0).all(1) & (labels[s] == np.round(labels[s])).all(1)
+        for i in np.flatnonzero(~ok):
+            bad.report(f"medmnist {path} {s}_labels[{i}]: label {labels[s][i].tolist()} is not a non-negative integer")
+        valid[s] = ok
+    return valid
+
+
 def build_medmnist(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """A MedMNIST ``.npz`` file (2D or 3D).
 
@@ -90,16 +126,7 @@ def build_medmnist(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     path = Path(require(cfg, "path", kind))
     if not path.is_file():
         raise UserError(f"medmnist {path}: file not found")
-    names = [f"{s}_{k}" for s in SPLITS for k in ("images", "labels")]
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [n for n in names if n not in npz.files]
-            if missing:
-                raise UserError(f"medmnist {path}: missing array(s) {', '.join(missing)}; the file has "
-                                f"{', '.join(npz.files)}")
-            arrays = {n: npz[n] for n in names}
-    except (OSError, ValueError, EOFError) as exc:
-        raise UserError(f"medmnist {path}: not a readable .npz file ({exc})") from None
+    arrays = _read_arrays(path)
     spatial_dims = cfg.get("spatial_dims")
     images = {s: _images(arrays[f"{s}_images"], spatial_dims, f"medmnist {path} {s}_images") for s in SPLITS}
     dims = {images[s].ndim - 2 for s in SPLITS}
@@ -107,23 +134,13 @@ def build_medmnist(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     if len(dims) > 1 or len(channels) > 1 or len({tuple(images[s].shape[2:]) for s in SPLITS}) > 1:
         raise UserError(f"medmnist {path}: the splits' images differ in shape")
     ndim = dims.pop()
-    labels = {}
-    for s in SPLITS:
-        raw = arrays[f"{s}_labels"].reshape(len(arrays[f"{s}_labels"]), -1)
-        if len(raw) != len(images[s]):
-            raise UserError(f"medmnist {path}: {len(images[s])} {s}_images but {len(raw)} {s}_labels")
-        labels[s] = raw
+    labels = _labels(arrays, images, path)
     columns = ["label"] if labels["train"].shape[1] == 1 else [f"label_{k}" for k in range(labels["train"].shape[1])]
     task_type, classes, num_classes = label_options(cfg)
     if classes is not None:
         raise UserError("medmnist: labels are numbers; give num_classes, not classes")
     bad = BadSamples(skip_bad)
-    valid = {}
-    for s in SPLITS:
-        ok = np.isfinite(labels[s]).all(1) & (labels[s] >= 0).all(1) & (labels[s] == np.round(labels[s])).all(1)
-        for i in np.flatnonzero(~ok):
-            bad.report(f"medmnist {path} {s}_labels[{i}]: label {labels[s][i].tolist()} is not a non-negative integer")
-        valid[s] = ok
+    valid = _valid_labels(labels, bad, path)
     rows = [(s, int(i)) for s in SPLITS for i in np.flatnonzero(valid[s])]
     values = [labels[s][i].tolist() for s, i in rows]
     spec = infer_label_spec(values, columns, task_type, None, num_classes)

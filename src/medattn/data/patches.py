@@ -57,7 +57,7 @@ def crop_at(image: torch.Tensor, label: torch.Tensor, centre: tuple[int, ...],
 
 def pad_to(image: torch.Tensor, label: torch.Tensor, size: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad image (C, *S) and label (*S) on both sides to at least ``size`` (image: its minimum, label: 0),
-    the extra half voxel after, as :func:`~medattn.data.volumes.crop_or_pad` does."""
+    the extra half voxel after, as :func:`~medattn.data.readers.volumes.crop_or_pad` does."""
     extra = [max(m - n, 0) for n, m in zip(label.shape, size)]
     if not any(extra):
         return image, label

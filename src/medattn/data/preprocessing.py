@@ -6,9 +6,9 @@ Training stores it in the checkpoint (``checkpoint.json`` key ``preprocessing``)
 ``explain`` and ``export`` read it back (:func:`from_checkpoint_meta`), so a file is prepared for
 prediction exactly as the training split's files were (minus augmentation); ``eval`` compares it with
 the description of the data it scores. It holds no paths, labels or splits: only what a new file needs.
-The steps it drives are the data layer's own loaders (:class:`~medattn.data.images.ImageLoader`,
-:class:`~medattn.data.volumes.VolumeLoader`, :class:`~medattn.data.slices.SliceFileLoader`,
-:class:`~medattn.data.bags.BagLoader`); a generated test checks for every data kind that a file prepared
+The steps it drives are the data layer's own loaders (:class:`~medattn.data.readers.images.ImageLoader`,
+:class:`~medattn.data.readers.volumes.VolumeLoader`, :class:`~medattn.data.readers.slices.SliceFileLoader`,
+:class:`~medattn.data.readers.bags.BagLoader`); a generated test checks for every data kind that a file prepared
 so equals the tensor training built.
 
 Fields (JSON, :meth:`Preprocessing.to_dict`):
@@ -180,7 +180,7 @@ def file_loader(prep: Preprocessing):
     if prep.unpredictable:
         raise UserError(prep.unpredictable)
     if prep.slice_axis is not None:
-        from .slices import SliceFileLoader
+        from .readers.slices import SliceFileLoader
 
         return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis)
     return input_kinds.of(prep.input_kind).loader(prep)

@@ -3,7 +3,7 @@
 A row names an image (a NIfTI file or a DICOM series folder, read as in :mod:`medattn.data.volumes`)
 and a NIfTI label map of integer class indices (0 = background) on the same voxel grid. Loading:
 
-1. read both and reorient them to RAS+ (:func:`~medattn.data.volumes.read_volume`); their shapes must
+1. read both and reorient them to RAS+ (:func:`~medattn.data.readers.volumes.read_volume`); their shapes must
    agree and the label must hold integers in [0, num_classes);
 2. resampling (optional) to ``target_spacing``: the image trilinearly, the label by nearest neighbour
    onto the image's new grid;
@@ -28,18 +28,11 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .options import check_keys, require
 from .preprocessing import Preprocessing
+from .readers.volumes import check_volume_header, crop_or_pad, is_nifti, normalise, read_volume, resample
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 from .transforms import RandomFlip3d
-from .volumes import (
-    check_volume_header,
-    crop_or_pad,
-    is_nifti,
-    normalise,
-    read_volume,
-    resample,
-    volume_options,
-)
+from .volumes import volume_options
 
 KIND = "nifti_segmentation"
 KEYS = frozenset({"csv", "data_root", "image_column", "label_column", "patient_column", "split_column",

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,13 +37,14 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .images import match_channels, read_image
 from .options import SPLITS, check_keys, int_tuple, require
 from .preprocessing import Preprocessing
+from .readers.slices import in_plane
+from .readers.volumes import normalise
 from .segmentation import check_pair_headers, class_names, pair_records, read_pair
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, Record, keep_valid, problem
-from .volumes import crop_or_pad, is_nifti, normalise, read_volume, resample, volume_options
+from .volumes import volume_options
 
 KIND = "nifti_slices"
 SLICE_KEYS = frozenset({"axis", "slice_size", "slice_stride", "empty_fraction", "eval_empty_fraction", "eval_unit",
@@ -164,13 +164,6 @@ class VolumeDataset(Dataset):
                 "patient": self.slices.patients[v]}
 
 
-def in_plane(volume: torch.Tensor, axis: int, size: tuple[int, int]) -> torch.Tensor:
-    """Centre crop or pad (with the minimum) the two axes other than ``axis`` of (H, W, D) to ``size``."""
-    full = list(size)
-    full.insert(axis, volume.shape[axis])
-    return crop_or_pad(volume, tuple(full))
-
-
 def compact(label: torch.Tensor) -> torch.Tensor:
     """A label map in uint8 when its classes fit (a cached volume's label then takes 1 byte per voxel)."""
     return label.to(torch.uint8) if int(label.max()) < 256 else label.long()
@@ -192,35 +185,6 @@ class NiftiVolumes:
             raise UserError(problem(self.records[v], exc)) from None
         image = in_plane(normalise(image, self.method), self.axis, self.size)
         return image, compact(in_plane(label, self.axis, self.size))
-
-
-def is_volume_file(path: Path) -> bool:
-    """A NIfTI file or a DICOM series folder (else a 2D image file)."""
-    return path.is_dir() or is_nifti(path)
-
-
-class SliceFileLoader:
-    """record -> {"input": ...}: a file prepared for a 2D model trained on slices of volumes, as its validation
-    volumes were (:class:`NiftiVolumes`, :class:`VolumeDataset`).
-
-    A volume (NIfTI file or DICOM series folder): RAS+, resampled to ``spacing`` (when given), normalised as a
-    whole, cropped or padded in-plane to ``size``, the slicing ``axis`` moved last: (1, h, w, S). A 2D image file
-    (PNG, JPEG, TIFF, DICOM): one slice, grey in [0, 1], normalised as a whole, cropped or padded: (1, h, w).
-    """
-
-    def __init__(self, spacing: tuple[float, ...] | None, size: tuple[int, int], method: str, axis: int) -> None:
-        self.spacing, self.size, self.method, self.axis = spacing, size, method, axis
-
-    def __call__(self, record: Record) -> dict:
-        path = record.paths[0]
-        if not is_volume_file(path):
-            image = match_channels(read_image(path), 1)[0]  # (H, W)
-            return {"input": crop_or_pad(normalise(image, self.method), self.size)[None].contiguous()}
-        volume, spacing = read_volume(path)
-        if self.spacing is not None:
-            volume = resample(volume, spacing, self.spacing)
-        volume = in_plane(normalise(volume, self.method), self.axis, self.size)
-        return {"input": volume.movedim(self.axis, -1)[None].float().contiguous()}
 
 
 def slice_splits(volumes: dict[str, tuple[Callable, list[str], list[str], list[torch.Tensor], dict | None]],

@@ -20,10 +20,10 @@ from functools import partial
 import torch
 
 from ..errors import UserError
-from .bags import subsample
 from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, flag, integer, number, split_sizes
 from .preprocessing import Preprocessing
+from .readers.bags import subsample
 from .synthetic_base import SyntheticDataset, item_generator
 
 NAME = "synthetic_wsi"

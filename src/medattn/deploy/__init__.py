@@ -10,7 +10,8 @@ segmentation label maps.
 
 from medattn.runtime.trained import Trained, load_checkpoint, weights_sha256
 
-from .export import FORMATS, Deployable, export_checkpoint, export_model, read_metadata
+from .export import Deployable, export_checkpoint, export_model
+from .format import FORMATS, read_metadata
 
 __all__ = ["FORMATS", "Deployable", "Trained", "export_checkpoint", "export_model", "load_checkpoint",
            "read_metadata", "weights_sha256"]

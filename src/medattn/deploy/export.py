@@ -13,9 +13,10 @@ per pixel, any size; a model declares this with ``any_input_size = True`` or by 
 ViTs, CNNs and segmentation networks keep the training input size (the preprocessing resizes to it).
 
 ONNX: opset 18 (``torch.onnx.export(dynamo=True)``). Metadata: the ONNX ``metadata_props`` key
-``medattn`` holds one JSON object (:func:`metadata`); a ``.pt2`` program holds the same JSON as the
-extra file ``medattn.json`` inside its archive (``torch.export.save(extra_files=...)``), so neither
-format needs a side-car file. :func:`read_metadata` reads both.
+``medattn`` holds one JSON object (:func:`~medattn.deploy.format.metadata`); a ``.pt2`` program holds the same
+JSON as the extra file ``medattn.json`` inside its archive (``torch.export.save(extra_files=...)``), so neither
+format needs a side-car file. :func:`~medattn.deploy.format.read_metadata` reads both (:mod:`medattn.deploy.format`,
+which the runner shares).
 
 Mechanisms whose eager path leaves PyTorch or chooses its route from the data take their plain PyTorch
 form while exported (:func:`medattn.attention.base.is_traced`, :func:`~medattn.attention.base.is_exporting`): the
@@ -42,7 +43,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from medattn import __version__
 from medattn.data import input_kinds
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError
@@ -50,10 +50,7 @@ from medattn.extras import require
 from medattn.runtime.outputs import OutputFolder
 from medattn.runtime.predictor import forward, probabilities
 
-FORMATS = ("onnx", "pt2")
-OPSET = 18
-METADATA_KEY = "medattn"
-PT2_EXTRA = "medattn.json"
+from .format import FORMATS, METADATA_KEY, OPSET, PT2_EXTRA, metadata, onnx_session, read_metadata
 
 
 class Deployable(nn.Module):
@@ -82,17 +79,6 @@ def example_inputs(prep: Preprocessing, model: nn.Module, batch: int = 2, tokens
     any-size models, so no dynamic axis is mistaken for another or specialised to 1)."""
     return input_kinds.of(prep.input_kind).example_inputs(prep.input_shape, any_input_size(model), batch, tokens,
                                                           generator)
-
-
-def metadata(prep: Preprocessing, thresholds: list[float | None] | None, model_id: str, checkpoint_sha256: str,
-             input_names: list[str]) -> dict:
-    """What the exported file carries (JSON): the preprocessing description, class names, thresholds,
-    model id, checkpoint hash, the graph's inputs and what its output holds."""
-    return {"format": 1, "medattn_version": __version__, "preprocessing": prep.to_dict(),
-            "class_names": prep.output_names, "threshold": thresholds, "model_id": model_id,
-            "checkpoint_sha256": checkpoint_sha256, "inputs": input_names,
-            "output": "probabilities (sigmoid per output; softmax over classes for multiclass and segmentation)",
-            "opset": OPSET}
 
 
 @contextlib.contextmanager
@@ -201,8 +187,6 @@ def check_onnx(checkpoint: str | Path, path: str | Path, tolerance: float = 1e-4
         return None
     from medattn.runtime.trained import load_checkpoint
 
-    from .runtime import onnx_session
-
     trained = load_checkpoint(checkpoint)
     prep = trained.preprocessing
     args, _, names = example_inputs(prep, trained.model, batch=3, tokens=17, generator=torch.Generator().manual_seed(1))
@@ -216,25 +200,3 @@ def check_onnx(checkpoint: str | Path, path: str | Path, tolerance: float = 1e-4
     return error
 
 
-def read_metadata(path: str | Path) -> dict:
-    """The medattn metadata of an exported ``.onnx`` or ``.pt2`` file; a one-line UserError if it has none."""
-    path = Path(path)
-    try:
-        if path.suffix.lower() == ".onnx":
-            onnx = require("onnx", f"{path}: reading an ONNX model's metadata")
-            props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-            text = props.get(METADATA_KEY)
-        else:
-            import zipfile
-
-            with zipfile.ZipFile(path) as archive:
-                name = next((n for n in archive.namelist() if n.endswith(f"extra/{PT2_EXTRA}")), None)
-                text = archive.read(name).decode() if name else None
-    except Exception as error:  # onnx and zipfile raise their own types for foreign files
-        raise UserError(f"{path}: not a readable exported model ({type(error).__name__}: {error})") from None
-    if text is None:
-        raise UserError(f"{path}: holds no medattn metadata (export it with medattn export)")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: unreadable medattn metadata ({error})") from None

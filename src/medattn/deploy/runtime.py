@@ -20,19 +20,9 @@ import torch
 from medattn.data import input_kinds
 from medattn.data.preprocessing import Preprocessing, from_dict
 from medattn.errors import UserError
-from medattn.extras import require
 from medattn.runtime.threshold import checked_thresholds
 
-from .export import read_metadata
-
-
-def onnx_session(path: str | Path):
-    """An onnxruntime session on the CPU; UserError when onnxruntime is missing or the file does not load."""
-    onnxruntime = require("onnxruntime", f"{path}: running an ONNX model")
-    try:
-        return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as error:  # onnxruntime raises its own exception types for malformed models
-        raise UserError(f"{path}: not an ONNX model onnxruntime can load ({type(error).__name__})") from None
+from .format import onnx_session, read_metadata
 
 
 @dataclass

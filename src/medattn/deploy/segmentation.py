@@ -1,6 +1,6 @@
 """Segmentation outputs on the input's own grid: label maps as NIfTI (or PNG) files and per-structure sizes.
 
-The model sees the volume after :mod:`medattn.data.volumes`' steps: reoriented to RAS+, resampled to the
+The model sees the volume after :mod:`medattn.data.readers.volumes`' steps: reoriented to RAS+, resampled to the
 target spacing (optional), centre-cropped or padded to the target size. :func:`to_input_grid` undoes them
 in reverse order for a label map: un-crop/un-pad (voxels the crop cut away are background, 0), nearest-
 neighbour resampling back to the RAS+ grid, and the inverse reorientation, so the map has the input
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from medattn.data.preprocessing import Preprocessing
-from medattn.data.volumes import to_native_grid
+from medattn.data.readers.volumes import to_native_grid
 
 
 def to_input_grid(labels: torch.Tensor, path: Path, prep: Preprocessing) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +46,7 @@ def structure_counts(array: np.ndarray, num_classes: int) -> list[int]:
 def label_map_name(path: Path, prep: Preprocessing, stem: str) -> str:
     """The file name of input ``path``'s label map: ``<stem>_labels.png`` for a 2D image given to a slice model,
     else ``<stem>_labels.nii.gz``."""
-    from medattn.data.slices import is_volume_file
+    from medattn.data.readers.slices import is_volume_file
 
     image = prep.slice_axis is not None and not is_volume_file(path)
     return f"{stem}_labels.png" if image else f"{stem}_labels.nii.gz"
@@ -57,13 +57,13 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, 
     """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written into ``out``
     (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`. Returns (the
     file, voxels per class 1..K-1, mm^3 per class or None for 2D images)."""
-    from medattn.data.slices import is_volume_file
-    from medattn.data.volumes import uncrop_or_unpad, write_nifti
+    from medattn.data.readers.slices import is_volume_file
+    from medattn.data.readers.volumes import uncrop_or_unpad, write_nifti
 
     if prep.slice_axis is not None and not is_volume_file(path):
         from PIL import Image
 
-        from medattn.data.images import read_image
+        from medattn.data.readers.images import read_image
 
         size = tuple(read_image(path).shape[1:])
         array = uncrop_or_unpad(labels.to(torch.int64), size).numpy().astype(np.uint8)

@@ -6,9 +6,9 @@ carry no labels):
 ``synthetic_brain`` (offline, deterministic, generated from a seed; SYNTHETIC, not MRI): keys ``size``
 (H, W, D; default [64, 96, 64], multiples of the patch size), ``num_samples`` (default
 {train: 24, val: 4, test: 4}), ``seed`` (default: the run's seed), ``noise`` (default 0.03). Each volume
-(:func:`synthetic_brain`) has a scalp, a dark skull shell, cerebrospinal fluid, a grey-matter ellipsoid,
-a white-matter core with a folded (gyri-like) border, two ventricles, a smooth bias field and noise,
-with sizes, positions and folding drawn per volume; intensities in [0, 1].
+(:func:`medattn.data.synthetic_brain.synthetic_brain`, the generator) has a scalp, a dark skull shell,
+cerebrospinal fluid, a grey-matter ellipsoid, a white-matter core with a folded (gyri-like) border, two
+ventricles, a smooth bias field and noise, with sizes, positions and folding drawn per volume; intensities in [0, 1].
 
 ``nifti_volumes``: a CSV with one NIfTI file per row, read like ``volume_table`` (RAS+ reorientation,
 optional ``target_spacing`` resampling, centre crop/pad to ``target_size``, ``normalize``; see
@@ -23,15 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from medattn.catalogue import DIFFUSION_KINDS
 from medattn.data.options import check_keys, require, split_sizes
+from medattn.data.readers.volumes import VolumeLoader
 from medattn.data.splits import SPLIT_KEYS, parse_split, split_records
+from medattn.data.synthetic_brain import SyntheticBrains
 from medattn.data.tables import Record, RecordDataset, read_csv, require_columns, resolve_path
-from medattn.data.volumes import VolumeLoader, volume_options
+from medattn.data.volumes import volume_options
 from medattn.errors import UserError
 
 KINDS = DIFFUSION_KINDS
@@ -50,53 +51,6 @@ class VolumeSets:
     test: Dataset
     shape: tuple[int, int, int]
     synthetic: bool
-
-
-def _ellipsoid(coords: np.ndarray, centre, radii) -> np.ndarray:
-    """Normalised radius ``sqrt(sum(((x - c) / r)^2))`` of every voxel: < 1 inside."""
-    return np.sqrt(sum(((coords[i] - centre[i]) / radii[i]) ** 2 for i in range(3)))
-
-
-def synthetic_brain(shape: tuple[int, int, int], rng: np.random.Generator, noise: float = 0.03) -> np.ndarray:
-    """One SYNTHETIC brain-like volume (H, W, D) float32 in [0, 1] (see the module docstring)."""
-    coords = np.stack(np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij"))
-    centre = rng.normal(0, 0.03, 3)
-    radii = np.array([0.92, 0.95, 0.9]) * (1 + rng.normal(0, 0.03, 3))
-    head = _ellipsoid(coords, centre, radii)
-    volume = np.zeros(shape)
-    volume[head < 1.0] = 0.55  # scalp
-    volume[head < 0.93] = 0.08  # skull
-    volume[head < 0.86] = 0.2  # cerebrospinal fluid
-    brain = head < 0.82
-    volume[brain] = 0.5  # grey matter
-    angles = np.arctan2(coords[1] - centre[1], coords[0] - centre[0]), np.arctan2(coords[2] - centre[2],
-                                                                                  coords[0] - centre[0])
-    folds = sum(rng.uniform(0.02, 0.05) * np.sin(rng.integers(5, 11) * a + rng.uniform(0, 2 * np.pi)) for a in angles)
-    white = _ellipsoid(coords, centre, radii * rng.uniform(0.55, 0.65)) < 1 + folds
-    volume[brain & white] = 0.8
-    offset = rng.uniform(0.08, 0.14)
-    for side in (-1, 1):
-        ventricle = centre + np.array([side * offset, rng.normal(0.05, 0.02), rng.normal(0.05, 0.02)])
-        vradii = np.array([0.06, 0.25, 0.12]) * (1 + rng.normal(0, 0.1, 3))
-        volume[_ellipsoid(coords, ventricle, vradii) < 1] = 0.15
-    bias = 1 + 0.05 * sum(rng.normal() * coords[i] for i in range(3))
-    volume = volume * bias + rng.normal(0, noise, shape)
-    return np.clip(volume, 0, 1).astype(np.float32)
-
-
-class SyntheticBrains(Dataset):
-    """``count`` SYNTHETIC volumes; volume ``i`` is generated on access from the seed ``(seed, split, i)``."""
-
-    def __init__(self, count: int, shape: tuple[int, int, int], seed: int, split: int, noise: float) -> None:
-        self.count, self.shape, self.seed, self.split, self.noise = count, shape, seed, split, noise
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> dict:
-        rng = np.random.default_rng([self.seed, self.split, index])
-        volume = torch.from_numpy(synthetic_brain(self.shape, rng, self.noise))[None]
-        return {"input": volume, "id": f"synthetic_brain_{'tvs'[self.split]}{index:04d}"}
 
 
 def build_volume_sets(cfg: dict, seed: int = 0) -> VolumeSets:

@@ -8,7 +8,6 @@ keeps its affine), normalised as the checkpoint's training data were (``nifti_vo
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 
 from medattn.data.files import check_regular
-from medattn.data.volumes import check_volume_header, is_nifti, normalise, write_nifti
+from medattn.data.readers.volumes import check_volume_header, is_nifti, normalise, write_nifti
 from medattn.diffusion.inpaint import (
     centre_mask,
     inpaint,
@@ -147,8 +146,5 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
         with out.write(f"{stem}_mask.nii.gz") as tmp:
             write_nifti(tmp, voxel_mask.numpy().astype(np.uint8), image.affine)
         rows.append({"case": stem, "method": method, "masked_tokens": int(unknown.sum()), **scores})
-    with out.write("scores.csv") as tmp, open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=SCORE_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    out.save_dicts("scores.csv", rows, SCORE_FIELDS)
     return rows

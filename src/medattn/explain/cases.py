@@ -7,7 +7,8 @@ the map over them, volumes as three orthogonal slices, bags as their tiles at th
 bar and a title naming run, method, case, probability and label. The cases are the prepared test tensors (after
 resizing and normalisation; shown rescaled to their own range), not the files, so a report needs no data folder.
 How a case is shown is its input kind's choice (:meth:`~medattn.data.input_kinds.InputKind.show_case` calls a method
-of :class:`CasePictures`).
+of :class:`CasePictures`). Training does not import this module: the commands that train hand
+:func:`case_heatmaps` to :func:`medattn.train.fit` (``case_pictures``).
 """
 
 from __future__ import annotations

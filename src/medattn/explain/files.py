@@ -56,7 +56,7 @@ def streamed_bag(model, path: Path, chunk_size: int):
     chunk from the file; coords are zeros where the file has none (as the bag loader gives them)."""
     import h5py
 
-    from ..data.bags import bag_header, feature_key
+    from ..data.readers.bags import bag_header, feature_key
     from .rollout import streaming_rollout
 
     rows, attrs = bag_header(path)
@@ -168,7 +168,7 @@ class FileHeatmaps:
     def volume(self, volume: np.ndarray, relevance) -> list[str]:
         """``<stem>.nii.gz``, the map (H, W, D) on the input file's grid and affine, and ``<stem>_preview.png``,
         three slices of ``volume`` (H, W, D) through the voxel of largest relevance."""
-        from ..data.volumes import to_native_grid, write_nifti
+        from ..data.readers.volumes import to_native_grid, write_nifti
 
         array, affine = to_native_grid(torch.as_tensor(relevance).float(), self.path, self.spacing)
         with self.out.write(f"{self.stem}.nii.gz") as tmp:
@@ -199,7 +199,7 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
     the slide is found in ``slides``, else on a blank canvas, with a colour bar and ``title``; -> the names
     written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
-        outputs.write_tile_scores(table, h5, coords, scores, method)
+        outputs.write_tile_scores(table, h5, coords, scores, method, attrs)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
     level0, side = outputs.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
     spread = bool(np.ptp(coords, axis=0).any())  # tiles at distinct places: something to draw

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..errors import UserError, writing
-from ..runtime.outputs import atomic, save_dicts, save_json, save_text
+from ..runtime.outputs import atomic, save_csv, save_dicts, save_json
 
 #: Longest side of a tile heatmap drawn without a slide.
 TILE_MAP_PX = 2048
@@ -197,20 +197,39 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     return _finish(fig, title, synthetic)
 
 
-def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str) -> None:
-    """A CSV (tile, x, y, score) and an HDF5 file (datasets ``scores`` (N,), ``coords`` (N, 2))."""
+#: The columns of a bag's ``<stem>_tiles.csv`` (:func:`write_tile_scores`).
+TILE_COLUMNS = ("tile", "x", "y", "coords_unit", "x_level0_px", "y_level0_px", "score")
+
+
+def coords_unit(attrs: dict | None) -> str:
+    """The unit of a bag's stored tile coordinates: ``um`` (microns, STAMP layout: attribute ``unit``), else ``px``
+    (level-0 pixels, CLAM layout and bags without attributes)."""
+    return "um" if str((attrs or {}).get("unit", "")) == "um" else "px"
+
+
+def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str,
+                      attrs: dict | None = None) -> None:
+    """A bag's scores as a CSV and an HDF5 file. CSV columns (:data:`TILE_COLUMNS`): ``tile`` (the tile's index in
+    the bag), ``x``, ``y`` (its top-left corner as the bag stores it), ``coords_unit`` (of ``x`` and ``y``:
+    :func:`coords_unit`), ``x_level0_px``, ``y_level0_px`` (the corner in level-0 pixels, as the GeoJSON's polygons;
+    empty for microns in a bag without ``mpp``), ``score``. HDF5: datasets ``scores`` (N,) and ``coords`` (N, 2, as
+    the bag stores them), attributes ``method`` and ``coords_unit``."""
     import h5py
 
     scores = np.asarray(scores, dtype=np.float32)
-    table = io.StringIO()
-    table.write("tile,x,y,score\n")
-    np.savetxt(table, np.column_stack([np.arange(len(scores)), coords, scores]), fmt=["%d", "%g", "%g", "%.7g"],
-               delimiter=",")
-    save_text(csv_path, table.getvalue())
+    coords = np.asarray(coords, dtype=np.float64).reshape(len(scores), 2)
+    unit = coords_unit(attrs)
+    converted = unit == "px" or "mpp" in (attrs or {})
+    level0 = level0_tiles(coords, attrs or {})[0] if converted else np.full_like(coords, np.nan)
+    rows = [[index, f"{x:.10g}", f"{y:.10g}", unit, *("" if np.isnan(v) else f"{v:.10g}" for v in corner),
+             f"{score:.7g}"]
+            for index, ((x, y), corner, score) in enumerate(zip(coords.tolist(), level0, scores.tolist()))]
+    save_csv(csv_path, TILE_COLUMNS, rows)
     with writing(h5_path), atomic(h5_path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("scores", data=scores)
         f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
         f.attrs["method"] = method
+        f.attrs["coords_unit"] = unit
 
 
 def level0_tiles(coords: np.ndarray, attrs: dict) -> tuple[np.ndarray, float]:

@@ -107,40 +107,26 @@ class LatticeStructure:
         return torch.bmm(gathered, per_point.unsqueeze(2)).reshape(-1)
 
 
-class _Splat(torch.autograd.Function):
-    """``A(w)^T v``; backward: ``dL/dv = A(w) g`` (a slice), ``dL/dw(p, r) = <g_id(p, r), v_p>``."""
+class _Product(torch.autograd.Function):
+    """A splat ``A(w)^T v`` (``transposed``: point values v to the lattice) or a slice ``A(w) L`` (lattice values L
+    to the points). Backward, each the other's transpose: a splat's ``dL/dv = A(w) g`` (a slice) and
+    ``dL/dw(p, r) = <g_id(p, r), v_p>``; a slice's ``dL/dL = A(w)^T g`` (a splat) and ``dL/dw(p, r) = <L_id(p, r),
+    g_p>``: the lattice side at vertex id(p, r) times the point side at p."""
 
     @staticmethod
-    def forward(ctx, weights, values, structure):
-        ctx.structure = structure
-        ctx.save_for_backward(weights, values)
-        return structure.splat_matrix(weights) @ values
-
-    @staticmethod
-    def backward(ctx, grad):
-        weights, values = ctx.saved_tensors
-        structure, grad = ctx.structure, grad.contiguous()
-        grad_weights = structure.gathered_dot(grad, values) if ctx.needs_input_grad[0] else None
-        grad_values = _Slice.apply(weights, grad, structure) if ctx.needs_input_grad[1] else None
-        return grad_weights, grad_values, None
-
-
-class _Slice(torch.autograd.Function):
-    """``A(w) L``; backward: ``dL/dL = A(w)^T g`` (a splat), ``dL/dw(p, r) = <L_id(p, r), g_p>``."""
-
-    @staticmethod
-    def forward(ctx, weights, lattice, structure):
-        ctx.structure = structure
-        ctx.save_for_backward(weights, lattice)
-        return structure.slice_matrix(weights) @ lattice
+    def forward(ctx, weights, x, structure, transposed):
+        ctx.structure, ctx.transposed = structure, transposed
+        ctx.save_for_backward(weights, x)
+        return (structure.splat_matrix(weights) if transposed else structure.slice_matrix(weights)) @ x
 
     @staticmethod
     def backward(ctx, grad):
-        weights, lattice = ctx.saved_tensors
+        weights, x = ctx.saved_tensors
         structure, grad = ctx.structure, grad.contiguous()
-        grad_weights = structure.gathered_dot(lattice, grad) if ctx.needs_input_grad[0] else None
-        grad_lattice = _Splat.apply(weights, grad, structure) if ctx.needs_input_grad[1] else None
-        return grad_weights, grad_lattice, None
+        lattice_side, point_side = (grad, x) if ctx.transposed else (x, grad)
+        grad_weights = structure.gathered_dot(lattice_side, point_side) if ctx.needs_input_grad[0] else None
+        grad_x = _Product.apply(weights, grad, structure, not ctx.transposed) if ctx.needs_input_grad[1] else None
+        return grad_weights, grad_x, None, None
 
 
 class _Blur(torch.autograd.Function):
@@ -161,7 +147,7 @@ class _Blur(torch.autograd.Function):
 
 def splat(weights: torch.Tensor, values: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
     """(U, C) lattice values ``A(w)^T v`` from point values (P, C) and point-major weights (P (d+1),)."""
-    return _Splat.apply(weights, values.contiguous(), structure)
+    return _Product.apply(weights, values.contiguous(), structure, True)
 
 
 def blur(lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
@@ -172,4 +158,4 @@ def blur(lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
 
 def slice_points(weights: torch.Tensor, lattice: torch.Tensor, structure: LatticeStructure) -> torch.Tensor:
     """(P, C) point values ``A(w) L`` read back from the lattice (U, C)."""
-    return _Slice.apply(weights, lattice.contiguous(), structure)
+    return _Product.apply(weights, lattice.contiguous(), structure, False)

@@ -33,7 +33,7 @@ from medattn.models.vit import VisionTransformer
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
-from medattn.runtime.outputs import append_csv, save_json, save_text
+from medattn.runtime.outputs import append_csv, save_csv, save_json, save_text
 from medattn.text import bars_off
 from medattn.threads import set_threads
 from medattn.train.loaders import seed_everything
@@ -136,7 +136,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         else:
             with writing(run_dir / "config.yaml"):
                 save_config(config, run_dir / "config.yaml")
-            save_text(run_dir / "metrics.csv", ",".join(METRICS) + "\n")
+            save_csv(run_dir / "metrics.csv", METRICS, [])
         log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
             f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")

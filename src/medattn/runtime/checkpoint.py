@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import random
@@ -40,7 +39,8 @@ from torch import nn
 from medattn.config import validate, with_defaults
 from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo, task_problem
 from medattn.errors import UserError, writing
-from medattn.models.presets import PRESETS
+
+from .checkpoint_compat import keep_design
 
 MODEL_FILE = "model.safetensors"
 META_FILE = "checkpoint.json"
@@ -50,13 +50,6 @@ STALE_TMP = re.compile(r"^\..+\.tmp-\d+$")  # what atomic_dir writes into before
 MAX_SIZE = 1 << 16  # largest integer checkpoint.json may give a size (input side, width, class count)
 MAX_COUNT = 1 << 10  # largest repeat count (depth, blocks, heads) and list length in model.kwargs
 COUNT_KEYS = ("depth", "num_blocks", "num_heads")
-#: The CPU ViT presets whose design changed since checkpoints were first written: the stem became the convolutional
-#: one on 2026-11-24 (before: a patch embedding, ``patch_embed.weight``), then the residual one with the mean of the
-#: patch tokens as readout on 2026-11-27 (issue 40; before: ``global_pool="token"``). Their checkpoints hold no
-#: ``stem`` or ``global_pool`` key and load as what they are (:func:`_keep_vit_design`).
-SMALL_VIT_PRESETS = ("vit2d_small", "vit3d_small")
-#: A tensor only the residual stem has (:class:`~medattn.models.resnet.ResidualStem`: its full-resolution block).
-RESIDUAL_STEM_TENSOR = "patch_embed.stem.3.conv1.weight"
 
 
 @contextlib.contextmanager
@@ -163,35 +156,8 @@ def load_meta(folder: Path) -> dict:
         # keys added since it was saved: defaults
         meta["config"] = with_defaults(meta["config"], f"{path}: config")
     check_meta(meta, str(path))
-    if "model_defaults" not in meta:  # written before the preset's values were recorded: read them from the weights
-        _keep_vit_design(meta["config"]["model"], folder)
-    _keep_raw_features(meta["config"]["model"], folder)
-    _keep_class_token(meta["config"]["model"], folder)
+    keep_design(meta, lambda: header_shapes(folder))  # an older checkpoint keeps the design its weights show
     return meta
-
-
-def _keep_class_token(model_cfg: dict, folder: Path) -> None:
-    """A bag transformer's checkpoint written with a class token (``cls_token``) and no ``readout`` key, of a preset
-    whose default readout is another since (issue 40), gets ``readout: cls`` and loads as what it is."""
-    kwargs = model_cfg["kwargs"]
-    if "readout" in kwargs or model_cfg["name"] not in PRESETS:
-        return
-    cls, preset = PRESETS[model_cfg["name"]]
-    readout = inspect.signature(cls).parameters.get("readout")
-    if readout is not None and preset.get("readout", readout.default) != "cls" and "cls_token" in header_shapes(
-            folder):
-        kwargs["readout"] = "cls"
-
-
-def _keep_raw_features(model_cfg: dict, folder: Path) -> None:
-    """A bag model's checkpoint written before features were standardised (2026-11-25) holds no
-    ``feature_norm.mean``; it gets ``standardize_features: false`` and loads as what it is."""
-    kwargs = model_cfg["kwargs"]
-    if "standardize_features" in kwargs or model_cfg["name"] not in PRESETS:
-        return
-    takes = "standardize_features" in inspect.signature(PRESETS[model_cfg["name"]][0]).parameters
-    if takes and "feature_norm.mean" not in header_shapes(folder):
-        kwargs["standardize_features"] = False
 
 
 def model_config(meta: dict) -> dict:
@@ -199,20 +165,6 @@ def model_config(meta: dict) -> dict:
     (``model_defaults``) for the keys it left to them, so a preset whose default changed since builds as it was."""
     model = meta["config"]["model"]
     return {**model, "kwargs": {**meta.get("model_defaults", {}), **model["kwargs"]}}
-
-
-def _keep_vit_design(model_cfg: dict, folder: Path) -> None:
-    """A checkpoint of a :data:`SMALL_VIT_PRESETS` preset written before its design changed gets the design its
-    weights show in ``model.kwargs``: ``stem: patch`` (a single patchify convolution) or ``stem: conv`` (early
-    convolutions, no residual block), each with ``global_pool: token``, the readout of those days."""
-    kwargs = model_cfg["kwargs"]
-    if model_cfg["name"] not in SMALL_VIT_PRESETS or "stem" in kwargs:
-        return
-    shapes = header_shapes(folder)
-    if RESIDUAL_STEM_TENSOR in shapes:
-        return
-    kwargs["stem"] = "patch" if "patch_embed.weight" in shapes else "conv"
-    kwargs.setdefault("global_pool", "token")
 
 
 def check_meta(meta, source: str) -> None:

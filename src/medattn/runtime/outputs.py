@@ -108,10 +108,15 @@ def save_json(path: str | Path, value, indent: int | None = 1, **options) -> Pat
     return save_text(path, json.dumps(value, indent=indent, **options))
 
 
+#: The one CSV dialect of every file medattn writes: the csv module's (comma, minimal quoting) with lines ended by
+#: "\n" (the module's default ends them with "\r\n"; explain's tile tables and hand-made headers used "\n").
+CSV_LINE_END = "\n"
+
+
 def csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
-    """``header`` (None: no header) and ``rows`` as CSV text, as :mod:`csv` writes them."""
+    """``header`` (None: no header) and ``rows`` as CSV text, as :mod:`csv` writes them with :data:`CSV_LINE_END`."""
     buffer = io.StringIO(newline="")
-    writer = csv.writer(buffer)
+    writer = csv.writer(buffer, lineterminator=CSV_LINE_END)
     if header is not None:
         writer.writerow(header)
     writer.writerows(rows)
@@ -119,9 +124,10 @@ def csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
 
 
 def dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True) -> str:
-    """``rows`` (mappings) as CSV text with the columns ``fields``, as :class:`csv.DictWriter` writes them."""
+    """``rows`` (mappings) as CSV text with the columns ``fields``, as :class:`csv.DictWriter` writes them with
+    :data:`CSV_LINE_END`."""
     buffer = io.StringIO(newline="")
-    writer = csv.DictWriter(buffer, fieldnames=list(fields))
+    writer = csv.DictWriter(buffer, fieldnames=list(fields), lineterminator=CSV_LINE_END)
     if header:
         writer.writeheader()
     writer.writerows(rows)
@@ -140,7 +146,8 @@ def save_dicts(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) ->
 
 def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
     """Add ``rows`` to the CSV file ``path`` (with its header when the file is new): the file is written again
-    under a temporary name and renamed, so a kill leaves the rows before or after, never half a row."""
+    under a temporary name and renamed, so a kill leaves the rows before or after, never half a row. The old text is
+    read with universal newlines, so a file an earlier medattn ended with CR LF comes out ended as the new rows."""
     path = Path(path)
     with writing(path):
         old = path.read_text(encoding="utf-8") if path.exists() else ""

@@ -7,7 +7,7 @@ One file per slide, ``<out>/<slide stem>.h5``, with attributes ``patch_size_um``
     px x mpp), and STAMP's attributes ``unit`` = "um", ``tile_size_um``, ``tile_size_px``, ``feat_type`` = "tile".
 The ``wsi_bags`` data kind reads either as it is.
 A file is written under a temporary name and renamed when complete, so a file under the final name is
-whole; on a rerun a slide is skipped when its file reads (:func:`medattn.data.bags.slide_shape`) and
+whole; on a rerun a slide is skipped when its file reads (:func:`medattn.data.readers.bags.slide_shape`) and
 was made with the same settings, redone when it does not read, and refused when made otherwise
 (``overwrite`` replaces it). Under ``torchrun`` (env ``RANK``, ``WORLD_SIZE``) rank r takes slides
 r, r + W, ... of the sorted list and writes only those.
@@ -24,10 +24,9 @@ import h5py
 import numpy as np
 import torch
 
-from ..data.bags import slide_shape
+from ..data.readers.bags import WRITTEN_LAYOUTS, slide_shape, write_bag
 from ..errors import UserError, writing
 from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
-from ..runtime.outputs import atomic
 from ..text import bars_off
 from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
@@ -49,7 +48,7 @@ from .tissue import tissue_mask
 #: What a rerun must match to skip a slide (layout: from the datasets; tile_settings: JSON of the TileSettings that
 #: chose the patches, the tiles' own with --tiles).
 CHECKED_ATTRS = ("patch_size_um", "patch_size_px", "extractor", "stain_norm", "layout", "tile_settings")
-LAYOUTS = ("clam", "stamp")
+LAYOUTS = WRITTEN_LAYOUTS
 
 
 def shard(items: list, rank: int, world: int) -> list:
@@ -63,20 +62,11 @@ def check_layout(layout: str) -> None:
 
 
 def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
-    """Write a CLAM- or STAMP-layout HDF5 file (module docstring) atomically (temporary name, then rename);
-    ``coords`` (N, 2) level-0 px, ``attrs`` as :func:`attributes` gives them."""
+    """Write a CLAM- or STAMP-layout HDF5 file (module docstring) atomically (temporary name, then rename) with the one
+    bag writer, :func:`medattn.data.readers.bags.write_bag`; ``coords`` (N, 2) level-0 px, ``attrs`` as
+    :func:`attributes` gives them."""
     check_layout(layout)
-    with atomic(path) as tmp, h5py.File(tmp, "w") as f:
-        if layout == "clam":
-            f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
-            f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))
-        else:
-            f.create_dataset("feats", data=np.asarray(features, dtype=np.float32))
-            microns = np.asarray(coords, dtype=np.float64) * attrs["mpp"]
-            f.create_dataset("coords", data=microns.astype(np.float32))
-            f.attrs.update({"unit": "um", "tile_size_um": attrs["patch_size_um"],
-                            "tile_size_px": attrs["patch_size_px"], "feat_type": "tile"})
-        f.attrs.update(attrs)
+    write_bag(path, features, coords, attrs, layout)
 
 
 def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:

@@ -44,7 +44,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     from medattn.runtime.trained import load_checkpoint
 
     from .loaders import make_loader
-    from .loop import predict
+    from .scoring import predict
 
     if per_patient is not None and per_patient not in clinical_metrics.AGGREGATIONS:
         raise UserError(f"per-patient aggregation must be one of {', '.join(clinical_metrics.AGGREGATIONS)}, got "

@@ -1,7 +1,10 @@
 """The training loop: one for every input kind, task type and mechanism, readable top to bottom.
 
-:func:`fit` -> :func:`_fit` (build, resume) -> per epoch :func:`train_one_epoch` then :func:`predict` on the
-validation split -> the best epoch's checkpoint on the test split -> :mod:`medattn.train.report`.
+:func:`fit` (checks, the held run folder) -> :func:`_fit`: :func:`_setup` (plan, model, optimizer, loaders, a
+resumed run's state) -> :func:`_run_epochs` (per epoch :func:`train_one_epoch`, then :func:`predict` on the
+validation split and the checkpoints) -> :func:`_results`, then :func:`medattn.train.results.test_best`: the best
+epoch's checkpoint on the test split, the verdict and the report files. Case heatmaps for the report are drawn by
+what the caller hands in (``case_pictures``); training imports no explanation code.
 
 Training: AdamW (:mod:`medattn.train.optim`), a linear warm-up then cosine decay of the learning rate (per
 optimizer step), gradient clipping, gradient accumulation and optional bf16 autocast. After every epoch the
@@ -22,57 +25,51 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
 from medattn.data import input_kinds
-from medattn.data.base import DataBundle, TaskInfo, dataset_labels
+from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.patches import RandomPatches
 from medattn.data.validate import decode_all
 from medattn.errors import UserError, writing
-from medattn.explain.cases import case_heatmaps
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.plan import apply as apply_plan
 from medattn.plan import as_records, fingerprint, plan
 from medattn.runtime import checkpoint, distributed, sliding
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import autocast, open_device
-from medattn.runtime.outputs import save_json
 from medattn.runtime.predictor import Predictor, forward
 from medattn.runtime.threshold import threshold_meta
 from medattn.text import bars_off
 from medattn.threads import set_threads
 
-from . import report, verdict
+from . import report
 from .acceleration import training_module
 from .defaults import resolve_training
 from .loaders import make_loader, seed_everything
 from .model_notes import model_defaults, preset_design, size_warnings
-from .objectives import Predictions, metric_fields, objective_for
+from .objectives import Classification, Segmentation, metric_fields, objective_for
 from .optim import EMA, make_optimizer, scheduled_lr
-from .page import run_page
+from .results import CasePictures, LateDataError, test_best
 from .rundir import RUN_FILES, config_diff, run_folder, stopped_before_last
-from .sampling import class_keys, drop_instances, positive_weight
+from .sampling import drop_instances, positive_weight, recipe_labels
+from .scoring import predict
 from .standardize import fit_feature_norm
-
-
-class LateDataError(UserError):
-    """A bad test file found after training (it changed since :func:`decode_all` read it)."""
 
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
         init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
         on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print,
-        started: float | None = None) -> dict:
+        started: float | None = None, case_pictures: CasePictures | None = None) -> dict:
     """Train, select the best epoch by the validation score (AUROC, or Dice for segmentation), test it;
     returns the results (also results.json).
 
@@ -89,7 +86,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 
     ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
     the run saves and reports the resolved config. ``started`` (``time.time()`` when the command began; default:
-    now) makes the summary's elapsed time the whole command's, not only training's.
+    now) makes the summary's elapsed time the whole command's, not only training's. ``case_pictures``
+    (:data:`CasePictures`) draws the highest-scored test cases for report.html; None: no heatmaps.
     """
     started = time.time() if started is None else started
     validate(config)
@@ -116,7 +114,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         try:
             return _fit(config, bundle, run_dir, resume=resume, init_from=init_from, progress=progress,
                         device=device, on_epoch_end=on_epoch_end, log=log, chosen=chosen, started=started,
-                        restart_of=restart_of)
+                        restart_of=restart_of, case_pictures=case_pictures)
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -127,26 +125,51 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
          init_from: str | Path | None, progress: bool, device: torch.device,
          on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None], chosen: dict,
-         started: float, restart_of: dict | None = None) -> dict:
-    """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns).
+         started: float, restart_of: dict | None = None, case_pictures: CasePictures | None = None) -> dict:
+    """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns):
+    :func:`_setup`, :func:`_run_epochs`, then :func:`test_best` of :func:`_results`.
     ``chosen``: the training values defaults chose (recorded with the data's, the model's and the plan's).
-    ``restart_of``: the saved config of the killed run this one trains again (it must be the same).
-    The plan (:mod:`medattn.plan`) fills the keys the config leaves null from the data's fingerprint; it is
-    deterministic, so a resumed run plans the same."""
+    ``restart_of``: the saved config of the killed run this one trains again (it must be the same)."""
+    log = log if distributed.is_main() else (lambda message: None)
+    run = _setup(config, bundle, run_dir, resume=resume, init_from=init_from, device=device, log=log, chosen=chosen,
+                 restart_of=restart_of)
+    train_seconds = _run_epochs(run, run_dir, device, progress, on_epoch_end, log)
+    results = _results(run, bundle, run_dir, train_seconds)
+    return test_best(run.model, run.config, bundle, run_dir, results, device, progress, log, started, case_pictures)
+
+
+@dataclass
+class _Run:
+    """What :func:`_setup` builds for the epochs and the results."""
+
+    config: dict  # planned and resolved: what config.yaml and the checkpoints hold
+    task: TaskInfo
+    model: nn.Module  # the model itself; ``ddp_model`` is what the training pass calls (DDP, compile)
+    ddp_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    ema: EMA | None
+    objective: Classification | Segmentation  # scores validation and test with the plain loss
+    train_objective: Classification | Segmentation  # the training loss (label smoothing, pos_weight)
+    train_loader: DataLoader
+    val_loader: DataLoader
+    schedule: dict  # total_steps, warmup_steps
+    state: dict  # epoch, step, best_score, best_loss, best_epoch, ema_updates: a checkpoint's training state
+    meta: dict  # what every checkpoint records
+    setup: dict  # results.json's record of the setup: init_from, warnings, defaults, feature_standardization, plan
+
+
+def _setup(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool, init_from: str | Path | None,
+           device: torch.device, log: Callable[[str], None], chosen: dict, restart_of: dict | None) -> _Run:
+    """Plan, check a resume, build the model (initialised, feature statistics), optimizer, EMA, loaders and
+    schedule, then restore a resumed run's state or write config.yaml. The plan (:mod:`medattn.plan`) fills the
+    keys the config leaves null from the data's fingerprint; it is deterministic, so a resumed run plans the same."""
     found = fingerprint(bundle)  # reads training samples: inside the run folder, whose failure rules apply
     decisions = plan(config, found)
     config = apply_plan(config, decisions)
     chosen = {**chosen, **{d.key: d.value for d in decisions if d.applied}}
     planned = {"fingerprint": found, "decisions": as_records(decisions)}
     train_cfg, task, seed = config["train"], bundle.task, config["seed"]
-    log = log if distributed.is_main() else (lambda message: None)
-    if resume or restart_of is not None:
-        saved = restart_of or checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
-        changed = config_diff(saved, config)
-        if changed:
-            raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
-    if restart_of is not None:
-        log(f"{run_dir} stopped before its first resumable checkpoint: training it again from epoch 1")
+    _check_resume(config, run_dir, resume, restart_of, log)
     set_threads(train_cfg["threads"], log)
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(seed)
@@ -154,7 +177,6 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     train_labels = recipe_labels(train_cfg, task, bundle.train)
     train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],
                                     positive_weight(train_labels, task.task_type, train_cfg["pos_weight"]))
-    fields, score_key = metric_fields(objective), f"val_{objective.metric}"
     patch = sliding.patch_shape(config, task)
     # a model trained on patches is built for the patch (a ViT's position embeddings match it)
     model_task = replace(task, input_shape=(task.input_shape[0], *patch)) if patch else task
@@ -165,10 +187,7 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     init_report = None if resume or init_from is None else initialise(model, init_from, log)
     standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics win
     defaults = {**chosen, **bundle.defaults, **model_defaults(config["model"])}
-    log("defaults: " + ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "defaults: none used")
-    for decision in planned["decisions"]:
-        log(f"plan: {decision['key']}={decision['value']}{'' if decision['applied'] else ' (as configured)'}: "
-            f"{decision['reason']}")
+    _log_choices(defaults, planned["decisions"], log)
     optimizer = make_optimizer(model, train_cfg)
     ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: it starts from those weights
     ddp_model = DistributedDataParallel(model) if distributed.world_size() > 1 else model
@@ -181,6 +200,41 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     steps_per_epoch = math.ceil(len(train_loader) / train_cfg["grad_accum"])
     schedule = {"total_steps": train_cfg["epochs"] * steps_per_epoch,
                 "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
+    state = _start_state(config, run_dir, resume, model, optimizer, ema, defaults, metric_fields(objective), log)
+    meta = {"config": config, "task": checkpoint.task_to_dict(task),
+            "model_defaults": preset_design(config["model"])}
+    if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
+        meta["preprocessing"] = bundle.preprocessing.to_dict()
+    setup = {"init_from": init_report, "warnings": setup_warnings, "defaults": defaults,
+             "feature_standardization": standardized, "plan": planned}
+    return _Run(config, task, model, ddp_model, optimizer, ema, objective, train_objective, train_loader, val_loader,
+                schedule, state, meta, setup)
+
+
+def _check_resume(config: dict, run_dir: Path, resume: bool, restart_of: dict | None,
+                  log: Callable[[str], None]) -> None:
+    """A resumed or restarted run must have the saved config (``checkpoints/last``'s, or ``restart_of``)."""
+    if resume or restart_of is not None:
+        saved = restart_of or checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))["config"]
+        changed = config_diff(saved, config)
+        if changed:
+            raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
+    if restart_of is not None:
+        log(f"{run_dir} stopped before its first resumable checkpoint: training it again from epoch 1")
+
+
+def _log_choices(defaults: dict, decisions: list[dict], log: Callable[[str], None]) -> None:
+    """The values defaults chose and the plan's decisions, one line each."""
+    log("defaults: " + ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "defaults: none used")
+    for decision in decisions:
+        log(f"plan: {decision['key']}={decision['value']}{'' if decision['applied'] else ' (as configured)'}: "
+            f"{decision['reason']}")
+
+
+def _start_state(config: dict, run_dir: Path, resume: bool, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 ema: EMA | None, defaults: dict, fields: list, log: Callable[[str], None]) -> dict:
+    """The training state: a resumed run's from ``checkpoints/last`` (model, optimizer and EMA loaded, metrics.csv
+    cut back to it), else a fresh one (and config.yaml written with the defaults used)."""
     state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None, "ema_updates": 0}
     if resume:
         last = checkpoint.resolve(run_dir / "checkpoints" / "last")
@@ -193,22 +247,30 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
     elif distributed.is_main():
         with writing(run_dir / "config.yaml"):
             save_config(config, run_dir / "config.yaml", defaults)
-    meta = {"config": config, "task": checkpoint.task_to_dict(task),
-            "model_defaults": preset_design(config["model"])}
-    if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
-        meta["preprocessing"] = bundle.preprocessing.to_dict()
+    return state
+
+
+def _run_epochs(run: _Run, run_dir: Path, device: torch.device, progress: bool,
+                on_epoch_end: Callable[[int, dict], None] | None, log: Callable[[str], None]) -> float:
+    """Train from the epoch after ``run.state["epoch"]`` to ``train.epochs``: per epoch one pass over the training
+    split, the validation score, metrics.csv (and TensorBoard), ``checkpoints/best`` when it improves (:func:`improves`)
+    and ``checkpoints/last``; then ``on_epoch_end(epoch, row)``. Returns the seconds the epochs took."""
+    config, task, state, ema = run.config, run.task, run.state, run.ema
+    train_cfg = config["train"]
+    fields, score_key = metric_fields(run.objective), f"val_{run.objective.metric}"
     scalars = report.TensorBoardScalars(run_dir, state["epoch"] + 1) \
         if train_cfg["tensorboard"] and distributed.is_main() else None
     training_started = time.time()
     for epoch in range(state["epoch"] + 1, train_cfg["epochs"] + 1):
         epoch_start = time.time()
-        train_loss = train_one_epoch(ddp_model, model, optimizer, train_loader, train_objective, task, train_cfg,
-                                     state, schedule, epoch, seed, device, progress, ema=ema)
-        evaluated = model if ema is None else ema.module  # with EMA, the averaged weights are scored and kept
-        val = predict(Predictor.for_run(evaluated, config, task, device), val_loader, objective, f"epoch {epoch} val",
-                      progress)
-        val_score = objective.val_score(val)
-        row = {"epoch": epoch, "lr": max(g["lr"] for g in optimizer.param_groups), "train_loss": train_loss,
+        train_loss = train_one_epoch(run.ddp_model, run.model, run.optimizer, run.train_loader, run.train_objective,
+                                     task, train_cfg, state, run.schedule, epoch, config["seed"], device, progress,
+                                     ema=ema)
+        evaluated = run.model if ema is None else ema.module  # with EMA, the averaged weights are scored and kept
+        val = predict(Predictor.for_run(evaluated, config, task, device), run.val_loader, run.objective,
+                      f"epoch {epoch} val", progress)
+        val_score = run.objective.val_score(val)
+        row = {"epoch": epoch, "lr": max(g["lr"] for g in run.optimizer.param_groups), "train_loss": train_loss,
                "val_loss": val.loss, score_key: val_score, "seconds": time.time() - epoch_start}
         state["epoch"] = epoch
         is_best = improves(state, val_score, val.loss)
@@ -218,42 +280,37 @@ def _fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool,
             report.append_metrics(run_dir / "metrics.csv", row, fields)
             if scalars is not None:
                 scalars.add(row)
-            epoch_meta = {**meta, "epoch": epoch, score_key: val_score,  # + the validation thresholds (Youden's J)
+            epoch_meta = {**run.meta, "epoch": epoch, score_key: val_score,  # + the validation thresholds (Youden's J)
                           **threshold_meta(val.outputs, val.labels, task.task_type, epoch)}
             if is_best:
                 checkpoint.save(run_dir / "checkpoints" / "best", evaluated, epoch_meta)
             state["ema_updates"] = 0 if ema is None else ema.updates
-            checkpoint.save(run_dir / "checkpoints" / "last", model, epoch_meta, optimizer, state,
+            checkpoint.save(run_dir / "checkpoints" / "last", run.model, epoch_meta, run.optimizer, state,
                             extra_tensors=None if ema is None else ema.state_dict())
         distributed.barrier()
         log(f"epoch {epoch}/{train_cfg['epochs']}: train loss {train_loss:.4f}  val loss {val.loss:.4f}  "
-            f"val {objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
+            f"val {run.objective.metric_label} {val_score:.4f}" + ("  (best)" if is_best else ""))
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
     if scalars is not None:
         scalars.close()
-    results = {
-        "run_dir": str(run_dir), "synthetic": task.synthetic, "data": config["data"].get("kind"),
+    return time.time() - training_started
+
+
+def _results(run: _Run, bundle: DataBundle, run_dir: Path, train_seconds: float) -> dict:
+    """results.json before the test: the run, its best epoch and validation score, the data and the setup."""
+    config, state, metric = run.config, run.state, run.objective.metric
+    return {
+        "run_dir": str(run_dir), "synthetic": run.task.synthetic, "data": config["data"].get("kind"),
         "model": config["model"]["name"], "attention": config["model"]["attention"],
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "epochs": train_cfg["epochs"], "best_epoch": state["best_epoch"], "metric": objective.metric,
-        score_key: state["best_score"],
-        "skipped_samples": bundle.skipped, "train_seconds": time.time() - training_started,
-        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": init_report, "warnings": setup_warnings,
-        "defaults": defaults, "feature_standardization": standardized, "plan": planned,
+        "parameters": sum(p.numel() for p in run.model.parameters()),
+        "epochs": config["train"]["epochs"], "best_epoch": state["best_epoch"], "metric": metric,
+        f"val_{metric}": state["best_score"],
+        "skipped_samples": bundle.skipped, "train_seconds": train_seconds,
+        "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": run.setup["init_from"],
+        "warnings": run.setup["warnings"], "defaults": run.setup["defaults"],
+        "feature_standardization": run.setup["feature_standardization"], "plan": run.setup["plan"],
     }
-    return test_best(model, config, bundle, run_dir, results, device, progress, log, started)
-
-
-def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.Tensor | None:
-    """The training labels when ``train.class_balance`` or ``train.pos_weight`` needs them (classification
-    only: a UserError for segmentation), else None."""
-    if not train_cfg["class_balance"] and train_cfg["pos_weight"] is None:
-        return None
-    if task.task_type == "segmentation":
-        raise UserError("train.class_balance and train.pos_weight apply to classification tasks; this task is "
-                        "segmentation")
-    return dataset_labels(train_set)
 
 
 def initialise(model: nn.Module, init_from: str | Path, log: Callable[[str], None]) -> dict:
@@ -340,97 +397,3 @@ def improves(state: dict, score: float, loss: float) -> bool:
     if state["best_score"] is None or score > state["best_score"]:
         return True
     return score == state["best_score"] and (state.get("best_loss") is None or loss < state["best_loss"])
-
-
-def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path, results: dict,
-              device: torch.device, progress: bool, log: Callable[[str], None], started: float) -> dict:
-    """Load the best checkpoint, score the test split, write the report files (predictions, ROC, curves,
-    results.json, the learned-nothing warnings) and print the summary; returns ``results`` completed."""
-    train_cfg, task = config["train"], bundle.task
-    objective = objective_for(task, train_cfg["loss"])
-    checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
-    eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
-    test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
-    try:
-        test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
-    except UserError as error:  # a file that changed since the check before training
-        raise LateDataError(str(error)) from None
-    if distributed.is_main():
-        label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
-        rows = report.read_metrics(run_dir / "metrics.csv")
-        probabilities = test.outputs if objective.outputs_are_probabilities else None
-        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}", results["best_epoch"])
-        results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
-        results["warnings"] += results["learning"]["warnings"]
-        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
-        results["warnings"] += report.trivial_statistic_warnings(
-            probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
-        with writing(run_dir):
-            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
-            if objective.outputs_are_probabilities:  # what the model looks at in its highest-scored test cases
-                try:
-                    results["heatmaps"] = case_heatmaps(model, bundle.test, test.outputs, test.labels, test.ids,
-                                                        task, run_dir, label, config["eval"]["heatmaps"])
-                except Exception as error:  # a picture for the page must never cost a finished run its results
-                    results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
-            report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
-                               label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
-            results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
-            save_json(run_dir / "results.json", results)
-            run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
-        log(report.summary(results, objective))
-    distributed.barrier()
-    return results
-
-
-def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str,
-                     best_epoch: int | None = None) -> dict:
-    """:func:`medattn.train.verdict.judge` of a finished run (kept checkpoint: ``best_epoch``): the constant
-    predictor under the run's own training objective (label smoothing, ``pos_weight``, class balance) and the
-    validation labels."""
-    task, train_cfg = bundle.task, config["train"]
-    if task.task_type == "segmentation":
-        return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch)
-    labels = dataset_labels(bundle.train)
-    objective = objective_for(task, None, train_cfg["label_smoothing"],
-                              positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
-    weights = None
-    if train_cfg["class_balance"]:  # every class drawn with equal total weight
-        keys = class_keys(labels)
-        weights = 1.0 / torch.bincount(keys).double()[keys]
-    return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch,
-                         constant=verdict.constant_loss(objective, labels, weights),
-                         val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])
-
-
-@torch.no_grad()
-def predict(predictor: Predictor, loader: DataLoader, objective, desc: str = "eval", progress: bool = True) -> \
-        Predictions:
-    """Run ``predictor`` (:class:`medattn.runtime.predictor.Predictor`: precision, sliding window) over a loader,
-    every rank its share, and gather all predictions in dataset order; ``objective`` gives the per-sample loss
-    and outputs (:func:`objective_for`)."""
-    indices, outputs, labels, losses, ids, patients, statistics = [], [], [], [], [], [], []
-    for batch in tqdm(loader, desc=desc, leave=False, disable=bars_off(progress and distributed.is_main())):
-        batch = predictor.to_device(batch)
-        logits = predictor.logits(batch)
-        losses.append(objective.loss(logits, batch["label"], per_sample=True).float().cpu())
-        indices.append(batch["index"].cpu())
-        output, label = objective.outputs(logits, batch["label"])
-        outputs.append(output.cpu())
-        labels.append(label.cpu())
-        statistics.append(input_kinds.of(predictor.input_kind).statistic(batch).cpu())  # what a model should not follow
-        ids += batch["id"]
-        patients += batch["patient"]
-    index = distributed.all_gather_rows(torch.cat(indices))
-    output = distributed.all_gather_rows(torch.cat(outputs))
-    label = distributed.all_gather_rows(torch.cat(labels))
-    ids = distributed.all_gather_strings(ids)
-    patients = distributed.all_gather_strings(patients)
-    loss = distributed.all_gather_rows(torch.cat(losses))
-    statistic = distributed.all_gather_rows(torch.cat(statistics))
-    # DistributedSampler pads the last ranks with repeats: keep each sample once, in dataset order.
-    order = np.argsort(index.numpy(), kind="stable").tolist()
-    first = [i for n, i in enumerate(order) if n == 0 or index[i] != index[order[n - 1]]]
-    return Predictions(ids=[ids[i] for i in first], patients=[patients[i] for i in first],
-                       outputs=output[first].numpy(), labels=label[first].numpy(), loss=float(loss[first].mean()),
-                       statistic=statistic[first].numpy())

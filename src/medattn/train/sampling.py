@@ -8,6 +8,7 @@
   the positive term in the binary cross-entropy (scikit-learn's "balanced" weighting, up to a constant).
 * :func:`drop_instances` (``train.instance_dropout``): each training bag keeps a random subset of its
   instances, so a bag model cannot lean on a few and sees fewer tokens per step.
+* :func:`recipe_labels`: the training labels the first two need (classification only).
 
 All randomness comes from torch (the sampler's generator is seeded from ``seed`` and the epoch, the
 instance draws use the global RNG that the loop seeds and a resumed run restores).
@@ -18,8 +19,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
+from medattn.data.base import TaskInfo, dataset_labels
 from medattn.errors import UserError
 
 
@@ -99,3 +101,14 @@ def drop_instances(batch: dict, rate: float) -> dict:
         if new_coords is not None:
             new_coords[b, : len(index)] = coords[b, index]
     return {**batch, "input": new_features, "mask": new_mask, "coords": new_coords}
+
+
+def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.Tensor | None:
+    """The training labels when ``train.class_balance`` or ``train.pos_weight`` needs them (classification
+    only: a UserError for segmentation), else None."""
+    if not train_cfg["class_balance"] and train_cfg["pos_weight"] is None:
+        return None
+    if task.task_type == "segmentation":
+        raise UserError("train.class_balance and train.pos_weight apply to classification tasks; this task is "
+                        "segmentation")
+    return dataset_labels(train_set)

@@ -3,7 +3,7 @@
 Registry names: ``binary-ste``, ``binary-sg``, ``binary-hamming``, ``binary-bernoulli``.
 """
 
-from .bits import binary_attention, binary_dot, pack_signs
+from .bits import binary_attention
 from .core import BinaryAttention
 from .mechanisms import (
     BinaryBernoulliAttention,
@@ -11,6 +11,7 @@ from .mechanisms import (
     BinarySGAttention,
     BinarySTEAttention,
 )
+from .packing import binary_dot, pack_signs
 
 __all__ = [
     "BinaryAttention",

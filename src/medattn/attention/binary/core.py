@@ -29,7 +29,7 @@ from .bits import Term, binary_attention
 class BinaryAttention(Attention):
     """Base of the binary mechanisms: y = proj(softmax(S) V) with S from :meth:`binarise`.
 
-    Args (besides :class:`~medattn.attention.base.Attention`'s, ``value_dim`` included):
+    Args (besides :class:`~medattn.attention.base.Attention`'s, ``value_dim`` included; keywords):
         tile_size: key tile of the bit kernel (keys per probability tile and GEMM).
         bit_kernel: use the bit kernel when no gradient is needed on a CPU tensor (False: always the float
             emulation). On other devices the emulation runs: the kernel is CPU code and would round-trip
@@ -40,20 +40,8 @@ class BinaryAttention(Attention):
 
     supports_attn_drop = True
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        inner_dim: int | None = None,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        value_dim: int | None = None,
-        tile_size: int = 1024,
-        bit_kernel: bool = True,
-        **timm_kwargs,
-    ) -> None:
-        super().__init__(dim, num_heads, inner_dim, qkv_bias, attn_drop, proj_drop, value_dim, **timm_kwargs)
+    def __init__(self, *args, tile_size: int = 1024, bit_kernel: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         if tile_size <= 0:
             raise ValueError(f"tile_size must be positive, got {tile_size}")
         self.tile_size = tile_size

@@ -24,7 +24,8 @@ from numba import njit, prange
 from torch import nn
 
 from ..base import is_traced
-from .bits import _LOG2E, _exp2, storage_rows
+from .bits import _LOG2E, _exp2
+from .packing import storage_rows
 from .sign import modified_tanh, modified_tanh_scale, sign
 
 _ONE = np.float32(1.0)
@@ -51,7 +52,7 @@ def token_features(x: torch.Tensor, beta: float) -> tuple[torch.Tensor, list[int
     """The features ``[modified_tanh(x, beta) || sign(x)]`` of a float32 CPU tensor by one Numba pass.
 
     x (..., d), any strides -> ``(features, order)``: features (..., 2d) contiguous, with x's leading axes
-    permuted by ``order`` (the order x lies in memory, see :func:`~.bits.storage_rows`); no gradient.
+    permuted by ``order`` (the order x lies in memory, see :func:`~.packing.storage_rows`); no gradient.
     """
     rows, flat, starts, order = storage_rows(x.detach())
     d = x.shape[-1]

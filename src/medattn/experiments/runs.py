@@ -1,5 +1,5 @@
-"""Many runs as one experiment: the machinery shared by cross-validation (:mod:`medattn.train.cv`) and
-comparisons over seeds (:mod:`medattn.train.compare`).
+"""Many runs as one experiment: the machinery shared by cross-validation (:mod:`medattn.experiments.cv`) and
+comparisons over seeds (:mod:`medattn.experiments.compare`).
 
 A :class:`Job` is one normal training run (the same :func:`medattn.train.fit` as ``medattn train``) in its
 own folder under the experiment's folder. :func:`run_jobs` runs them in order and is resumable: a job
@@ -25,9 +25,8 @@ from medattn import metrics
 from medattn.config import flatten, read_config_file
 from medattn.errors import UserError
 from medattn.runtime.build import check_model_config
-
-from .defaults import resolve_training
-from .rundir import config_diff
+from medattn.train.defaults import resolve_training
+from medattn.train.rundir import config_diff
 
 
 @dataclass
@@ -61,8 +60,8 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     last arm fails at once instead of after hours."""
     from medattn.config import validate
     from medattn.data import build_datasets
-
-    from .loop import fit
+    from medattn.explain.cases import case_heatmaps
+    from medattn.train.loop import fit
 
     for job in jobs:
         job.config["out"] = str(root / job.name)
@@ -78,7 +77,7 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
             fit(config, bundle, run_dir, resume=state == "resume", overwrite=state == "new", progress=progress,
-                log=log, init_from=job.init_from if state == "new" else None)
+                log=log, init_from=job.init_from if state == "new" else None, case_pictures=case_heatmaps)
         results.append(json.loads((run_dir / "results.json").read_text()))
     return results
 

@@ -3,7 +3,7 @@
 An arm is the config with another attention mechanism (``--attention``: ``model.attention``) or another
 model preset (``--models``: ``model.name``; the config's mechanism is kept if the preset takes one). Each
 (arm, seed) is a normal run with ``seed`` set, in ``DIR/<arm>/seed_<s>``, resumable
-(:mod:`medattn.train.runs`). The seed drives the model's initialisation, the training order, the
+(:mod:`medattn.experiments.runs`). The seed drives the model's initialisation, the training order, the
 patient-level split and the synthetic generators (unless ``data.seed`` is set): every arm of one seed
 sees the same data and the same test cases.
 
@@ -38,8 +38,8 @@ import numpy as np
 from medattn import metrics
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder, save_figure
+from medattn.train.page import number, write_page
 
-from .page import number, write_page
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
@@ -88,7 +88,7 @@ def replaced_settings(config: dict, arms: dict[str, dict]) -> dict[str, dict[str
     sets (:data:`medattn.train.defaults.AUTO_KEYS`) that differ from the arm's model's own
     (:func:`~medattn.train.defaults.training_defaults`), so a value written for one arm (a ViT's weight decay) is
     seen replacing another's (attention-MIL's). Arms whose own settings all stand are omitted."""
-    from .defaults import AUTO_KEYS, training_defaults
+    from medattn.train.defaults import AUTO_KEYS, training_defaults
 
     replaced = {}
     for name, arm in arms.items():

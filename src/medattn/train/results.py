@@ -1,0 +1,102 @@
+"""The end of a training run: the kept checkpoint on the test split, the verdict, the report files.
+
+:func:`test_best` loads ``checkpoints/best``, scores the test split (:func:`medattn.train.scoring.predict`), judges
+whether the run learned (:func:`learning_verdict`, :mod:`medattn.train.verdict`), writes predictions, ROC, curves,
+the case heatmaps the caller hands in, results.json and report.html (:mod:`medattn.train.page`), and prints the
+summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from medattn.data import input_kinds
+from medattn.data.base import DataBundle, dataset_labels
+from medattn.errors import UserError, writing
+from medattn.runtime import checkpoint, distributed
+from medattn.runtime.outputs import save_json
+from medattn.runtime.predictor import Predictor
+
+from . import report, verdict
+from .loaders import make_loader
+from .objectives import objective_for
+from .page import run_page
+from .sampling import class_keys, positive_weight
+from .scoring import predict
+
+#: What draws the report's case heatmaps, handed in by the caller (``medattn train``, cv and compare, the demo:
+#: :func:`medattn.explain.cases.case_heatmaps`): ``(model, test set, probabilities, labels, ids, task, run folder,
+#: title, count) -> the PNGs written, relative to the run folder``. Training itself draws no heatmaps.
+CasePictures = Callable[..., list[str]]
+
+
+class LateDataError(UserError):
+    """A bad test file found after training (it changed since :func:`medattn.data.validate.decode_all` read it)."""
+
+
+def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path, results: dict,
+              device: torch.device, progress: bool, log: Callable[[str], None], started: float,
+              case_pictures: CasePictures | None = None) -> dict:
+    """Load the best checkpoint, score the test split, write the report files (predictions, ROC, curves, the
+    case heatmaps of ``case_pictures``, results.json, the learned-nothing warnings, report.html) and print the
+    summary; returns ``results`` completed."""
+    train_cfg, task = config["train"], bundle.task
+    objective = objective_for(task, train_cfg["loss"])
+    checkpoint.load_model(checkpoint.resolve(run_dir / "checkpoints" / "best"), model)
+    eval_bs = train_cfg["eval_batch_size"] or train_cfg["batch_size"]
+    test_loader = make_loader(bundle.test, eval_bs, False, config["seed"], train_cfg["num_workers"])
+    try:
+        test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
+    except UserError as error:  # a file that changed since the check before training
+        raise LateDataError(str(error)) from None
+    if distributed.is_main():
+        label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
+        rows = report.read_metrics(run_dir / "metrics.csv")
+        probabilities = test.outputs if objective.outputs_are_probabilities else None
+        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}", results["best_epoch"])
+        results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
+        results["warnings"] += results["learning"]["warnings"]
+        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
+        results["warnings"] += report.trivial_statistic_warnings(
+            probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
+        with writing(run_dir):
+            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
+            if case_pictures is not None and objective.outputs_are_probabilities:  # the highest-scored test cases
+                try:
+                    results["heatmaps"] = case_pictures(model, bundle.test, test.outputs, test.labels, test.ids,
+                                                        task, run_dir, label, config["eval"]["heatmaps"])
+                except Exception as error:  # a picture for the page must never cost a finished run its results
+                    results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
+            report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
+                               label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
+            results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
+            save_json(run_dir / "results.json", results)
+            run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
+        log(report.summary(results, objective))
+    distributed.barrier()
+    return results
+
+
+def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str,
+                     best_epoch: int | None = None) -> dict:
+    """:func:`medattn.train.verdict.judge` of a finished run (kept checkpoint: ``best_epoch``): the constant
+    predictor under the run's own training objective (label smoothing, ``pos_weight``, class balance) and the
+    validation labels."""
+    task, train_cfg = bundle.task, config["train"]
+    if task.task_type == "segmentation":
+        return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch)
+    labels = dataset_labels(bundle.train)
+    objective = objective_for(task, None, train_cfg["label_smoothing"],
+                              positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
+    weights = None
+    if train_cfg["class_balance"]:  # every class drawn with equal total weight
+        keys = class_keys(labels)
+        weights = 1.0 / torch.bincount(keys).double()[keys]
+    return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch,
+                         constant=verdict.constant_loss(objective, labels, weights),
+                         val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])
