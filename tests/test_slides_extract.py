@@ -390,7 +390,7 @@ def test_heatmap_colours_the_tiles_and_nothing_else():
 
     thumb = np.full((60, 80, 3), 200, np.uint8)
     image = np.asarray(draw_heatmap(thumb, (4.0, 4.0), np.array([[0, 0], [160, 120]]), np.array([1.0, 0.0]),
-                                    size0=40, alpha=1.0, cmap="viridis"))
+                                    size0=40, alpha=1.0, cmap="viridis", outline=False))
     high, low = (np.round(np.array(matplotlib.colormaps["viridis"](v)[:3]) * 255) for v in (1.0, 0.0))
     assert (image[:10, :10] == high).all() and (image[30:40, 40:50] == low).all()
     untouched = np.ones((60, 80), bool)

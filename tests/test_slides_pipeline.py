@@ -118,10 +118,10 @@ def test_heatmap_scales_scores_to_their_own_range_or_to_percentiles():
     coords = np.array([[0, 0], [10, 0], [20, 0]])
     ends = [np.round(np.array(matplotlib.colormaps["viridis"](v)[:3]) * 255) for v in (0.0, 1.0)]
     image = np.asarray(draw_heatmap(thumb, (1.0, 1.0), coords, np.array([0.02, 0.03, 0.04]), 10, alpha=1.0,
-                                    cmap="viridis"))
+                                    cmap="viridis", outline=False))
     assert (image[:, :10] == ends[0]).all() and (image[:, 20:] == ends[1]).all()  # attention-sized scores span it
     ranked = np.asarray(draw_heatmap(thumb, (1.0, 1.0), coords, np.array([0.0, 0.001, 1.0]), 10, alpha=1.0,
-                                     cmap="viridis", percentile=True))
+                                     cmap="viridis", percentile=True, outline=False))
     middle = np.round(np.array(matplotlib.colormaps["viridis"](0.5)[:3]) * 255)
     assert np.abs(ranked[:, 10:20].astype(float) - middle).max() <= 1  # the middle rank, not the bottom colour
 

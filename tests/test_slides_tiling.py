@@ -12,6 +12,7 @@ pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
+from medattn.slides.tiling import COLOURS  # noqa: E402
 from medattn.slides import (  # noqa: E402
     TileSettings,
     best_level,
@@ -175,7 +176,7 @@ def test_write_tiles_outputs(tiles, tmp_path):
 
     image = np.asarray(Image.open(paths["png"]))
     x, y = tiles.kept[0] / np.array(tiles.downsample)
-    assert tuple(image[int(y) + 1, int(x)]) == (0, 160, 0)  # the kept grid is drawn in green
+    assert tuple(image[int(y) + 1, int(x)]) == COLOURS["kept"]  # the kept grid is drawn in bluish green
 
 
 def test_tile_command(slide, tmp_path, capsys):

@@ -126,10 +126,12 @@ def _summary(results: list, started: float, tail: str = "") -> str:
     kept = sum(r.kept for r in done)
     seconds = time.perf_counter() - started
     failed = sum(r.status == "failed" for r in results)
+    white, blurry = (sum(r.dropped.get(reason, 0) for r in done) for reason in ("white", "blurry"))
+    dropped = f"{white} white and {blurry} blurry dropped"
+    if done and all(r.filtered_when == "tiling" for r in done):  # extract --tiles: the filter ran in `wsi tile`
+        dropped += " when tiled (wsi tile)"
     line = (f"{len(done)} done, {sum(r.status == 'skipped' for r in results)} already done, {failed} failed; "
-            f"{kept} patches kept, {sum(r.dropped.get('white', 0) for r in done)} white and "
-            f"{sum(r.dropped.get('blurry', 0) for r in done)} blurry dropped; "
-            f"{kept / max(seconds, 1e-9):.1f} patches/s{tail}")
+            f"{kept} patches kept, {dropped}; {kept / max(seconds, 1e-9):.1f} patches/s{tail}")
     if failed:
         line += f"\nWARNING: {failed} of {len(results)} slide(s) failed and were left out (--skip-bad): see above"
     return line

@@ -5,14 +5,16 @@
 
 ``gradrollout`` (the default for transformers) is gradient-weighted rollout (Chefer et al.'s attention-gradient
 rule, positive part per head on the relevance row) and ``rollout`` class-token attention rollout, both linear-time
-for linear attention (SeqNorm, SimA); ``gradxinput`` is gradient x input for any model. Whole-slide bags too
-long for memory stream through :func:`streaming_rollout` (plain rollout);
+for linear attention (SeqNorm, SimA); ``gradxinput`` is gradient x input for any model; ``attention`` a bag
+model's own attention weights per tile (attention-MIL, TransMIL: the model's ``tile_attention``). Whole-slide bags
+too long for memory stream through :func:`streaming_rollout` (plain rollout);
 :mod:`medattn.explain.outputs` writes PNG overlays, NIfTI maps and tile tables.
 """
 
-from .core import METHODS, Explanation, default_method, explain, gradient_x_input
+from .core import METHODS, Explanation, check_method, default_method, explain, gradient_x_input, tile_attention
 from .rollout import attention_rollout, gradient_rollout, record_attention, streaming_rollout
 from .rows import rows_for
 
-__all__ = ["METHODS", "Explanation", "attention_rollout", "default_method", "explain", "gradient_rollout",
-           "gradient_x_input", "record_attention", "rows_for", "streaming_rollout"]
+__all__ = ["METHODS", "Explanation", "attention_rollout", "check_method", "default_method", "explain",
+           "gradient_rollout", "gradient_x_input", "record_attention", "rows_for", "streaming_rollout",
+           "tile_attention"]

@@ -10,6 +10,11 @@ module has a rule, SeqNorm, SimA, elu+1 and softmax, and ``gradxinput`` otherwis
   linear attention (SeqNorm, SimA, elu+1), from the explicit weights for softmax. Class-agnostic (no
   target). Each patch token's value is given to every pixel of its patch (nearest, no smoothing), so a
   heatmap shows the tokens as they are.
+* ``attention``: the model's own attention weights per tile, for bag models whose head reads the tiles through
+  attention weights (``forms_tile_attention``: attention-MIL's gated attention pooling a_k, TransMIL's class-token
+  row of its last softmax layer, a bag transformer with ``readout="attention"``); the explainer asks the model
+  (``model.tile_attention(features, mask, coords)``, (B, N), zero on padding) and never looks at its class. >= 0,
+  class-agnostic (no target), one forward pass. Other models are refused (:func:`check_method`).
 * ``gradxinput``: gradient x input, ``sum_c x_c * d logit_t / d x_c`` over the channels (images) or the
   feature dimension (bags), for any model and any mechanism (binary ones through their surrogate
   gradients). The input is the preprocessed one (after normalisation), so the reference "absent" input
@@ -30,7 +35,7 @@ from ..data import input_kinds
 from ..errors import UserError
 from .rollout import attention_rollout, check_rollout_model, gradient_rollout, target_index
 
-METHODS = ("gradrollout", "rollout", "gradxinput")
+METHODS = ("gradrollout", "rollout", "gradxinput", "attention")
 
 
 @dataclass
@@ -71,24 +76,60 @@ def default_method(model: nn.Module) -> str:
     return "gradrollout"
 
 
+def forms_tile_attention(model: nn.Module) -> bool:
+    """Whether ``model`` says it has attention weights per tile (``forms_tile_attention``) and can give them
+    (``tile_attention``)."""
+    return bool(getattr(model, "forms_tile_attention", False)) and callable(getattr(model, "tile_attention", None))
+
+
+def check_method(model: nn.Module, method: str) -> str:
+    """The method ``method`` resolves to for ``model`` ("auto": :func:`default_method`); one-line UserError for an
+    unknown method or one the model cannot give (rollout without a class token and rules, attention without
+    attention weights per tile)."""
+    if method == "auto":
+        return default_method(model)
+    if method not in METHODS:
+        raise UserError(f"unknown explanation method {method!r}; choose auto or one of {', '.join(METHODS)}")
+    if method in ("rollout", "gradrollout"):
+        check_rollout_model(model)
+    if method == "attention" and not forms_tile_attention(model):
+        raise UserError(f"--method attention draws a bag model's own attention weights per tile (attention-MIL, "
+                        f"TransMIL, a bag transformer with readout 'attention'); {type(model).__name__} "
+                        f"{'has another readout' if is_bag_model(model) else 'is not a bag model'} (use --method "
+                        f"{default_method(model)})")
+    return method
+
+
+def tile_attention(model: nn.Module, features: torch.Tensor, mask: torch.Tensor | None = None,
+                   coords: torch.Tensor | None = None) -> Explanation:
+    """The ``attention`` method: logits and the model's own attention weights per tile (B, N) float32, 0 on
+    padding."""
+    with torch.no_grad():
+        logits = model(features, mask=mask, coords=coords)
+        weights = model.tile_attention(features, mask=mask, coords=coords).float()
+    if mask is not None:
+        weights = weights * mask
+    return Explanation(weights, logits, "attention", None)
+
+
 def explain(model: nn.Module, inputs: torch.Tensor, method: str = "auto", target: int | None = None,
             mask: torch.Tensor | None = None, coords: torch.Tensor | None = None) -> Explanation:
     """Relevance of each input element for ``model``'s prediction on ``inputs``.
 
     inputs: images (B, C, H, W), volumes (B, C, H, W, D) or bags (B, N, F) (with ``mask`` (B, N) bool and
     ``coords`` (B, N, 2) as the bag model takes them). ``method``: one of :data:`METHODS` or "auto"
-    (:func:`default_method`). -> :class:`Explanation` (``method`` the one used). Padded tiles get 0.
+    (:func:`default_method`), checked by :func:`check_method`. -> :class:`Explanation` (``method`` the one used).
+    Padded tiles get 0.
     """
-    if method == "auto":
-        method = default_method(model)
-    if method not in METHODS:
-        raise UserError(f"unknown explanation method {method!r}; choose auto or one of {', '.join(METHODS)}")
+    method = check_method(model, method)
     bag = is_bag_model(model)
     if inputs.ndim < 3 or (bag and inputs.ndim != 3):
         raise UserError(f"explain: expected a batch of {'bags (B, N, F)' if bag else 'images (B, C, ...)'}, "
                         f"got shape {tuple(inputs.shape)}")
     kwargs = {"mask": mask, "coords": coords} if bag else {}
     try:
+        if method == "attention":
+            return tile_attention(model, inputs, **kwargs)
         if method == "gradxinput":
             logits, index, relevance = gradient_x_input(model, inputs, target, **kwargs)
             relevance = relevance.sum(dim=-1 if bag else 1)

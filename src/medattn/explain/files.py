@@ -6,13 +6,17 @@ probabilities come from the same :class:`~medattn.runtime.predictor.Predictor` (
 windows), so the summary equals predict's CSV. Outputs per file, in ``out_dir``: 2D images ``<stem>.png`` (the image
 beside the map over it, at a readable size, with a colour bar saying what the colours mean, a title naming model,
 method and file, the SYNTHETIC note below the panels); 3D volumes ``<stem>.nii.gz`` (the map on the input file's
-grid and affine) and ``<stem>_preview.png`` (three orthogonal slices through the voxel of largest relevance, with
-the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``, ``<stem>_tiles.h5`` and
-``<stem>_tiles.geojson`` (tile squares in level-0 pixels with their score, for QuPath) (a score per
-tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag longer
-than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in bounded memory (the
-gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with the method used, the
-explained output and its probabilities. Which of these a file gets is its input kind's choice
+grid and affine) and ``<stem>_preview.png`` (the sagittal, coronal and axial planes through the centre of the largest
+relevance of the smoothed map, named from the grid's affine and drawn at the voxels' physical aspect, the image alone
+above the map over it, with the same colour bar and title); whole-slide bags (HDF5) ``<stem>_tiles.csv``,
+``<stem>_tiles.h5`` and ``<stem>_tiles.geojson`` (tile squares in level-0 pixels with their score, for QuPath) (a
+score per tile) and ``<stem>.png`` (the scores drawn on the tile coordinates). With method ``auto``/``rollout``, a bag
+longer than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained by rollout streamed in bounded memory
+(the gradient rule needs a backward over the whole bag). ``summary.csv`` lists every file with the method used, the
+explained output and its probabilities. ``colour_scale`` (:data:`~medattn.explain.outputs.COLOUR_SCALES`) sets where
+the pictures' colours end. ``slides``: a folder that does not exist is refused; a bag whose slide is not found there
+is refused when it is the only file, and with several bags each is reported in ``missing_slides`` (the command warns
+per slide and counts them) and drawn at its tile coordinates. Which of these a file gets is its input kind's choice
 (:meth:`~medattn.data.input_kinds.InputKind.explain_file` calls a method of :class:`FileHeatmaps`).
 """
 
@@ -27,7 +31,7 @@ import torch
 from ..data import input_kinds
 from ..errors import UserError
 from . import outputs
-from .core import default_method, explain
+from .core import check_method, explain
 
 
 @dataclass
@@ -39,6 +43,10 @@ class ExplainedFiles:
     streamed: int = 0
     synthetic: bool = False
     checkpoint: str = ""
+    #: (file, why its slide was not drawn) for each bag whose slide ``--slides`` did not find
+    missing_slides: list[tuple[str, str]] = field(default_factory=list)
+    #: bags whose slide ``--slides`` found (None without ``--slides`` or for inputs that are not bags)
+    slides_found: int | None = None
 
 
 def streams(model) -> bool:
@@ -74,13 +82,16 @@ def streamed_bag(model, path: Path, chunk_size: int):
 
 def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
                   target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None,
-                  overwrite: bool = False, slides: str | Path | None = None) -> ExplainedFiles:
+                  overwrite: bool = False, slides: str | Path | None = None,
+                  colour_scale: str = "full") -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
     subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
     planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
     over an input, never over a file this call did not write unless ``overwrite``; inputs of one name get
     ``<name>``, ``<name>_2``, ...). ``slides``: the folder of the scanner files; a bag whose HDF5 names its slide
-    (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail."""
+    (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail (see the
+    module docstring for a slide not found). ``colour_scale``: ``full`` or ``percentile``
+    (:func:`~medattn.explain.outputs.colour_range`)."""
     from ..data.base import collate
     from ..data.files import check_regular
     from ..data.preprocessing import inference_dataset, sample_paths
@@ -96,6 +107,11 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
                         "back to the file yet (medattn predict gives both sides' probabilities)")
     kind = input_kinds.of(prep.input_kind)
+    requested, method = method, check_method(model, method)  # a method the model cannot give: before any work
+    outputs.colour_range([0.0], colour_scale)  # an unknown scale: one line, before any work
+    if slides is not None and not Path(slides).is_dir():
+        raise UserError(f"--slides {slides}: no such folder (the folder of the scanner files the bags were "
+                        f"extracted from)")
     dataset = inference_dataset(prep, sample_paths(prep, files, subtract))
     for item in dataset.items:  # every file before anything is written
         for path in item.paths:
@@ -104,6 +120,11 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             except (FileNotFoundError, ValueError) as error:
                 raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
                     from None
+    headers = [kind.header(item.paths[0]) for item in dataset.items]  # a bag's tile count and attributes, else (0, {})
+    missing = [] if slides is None or not kind.instances else \
+        [(item.id, why) for item, (_, attrs) in zip(dataset.items, headers) if (why := find_slide(attrs, slides)[1])]
+    if missing and len(dataset.items) == 1:
+        raise UserError(f"{dataset.items[0].paths[0]}: --slides {slides}: {missing[0][1]}")
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
     stems = [out.stem_for(item.paths[0]) for item in dataset.items]
     for stem in stems:  # every name this call may write, before any compute
@@ -111,11 +132,11 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             out.path(stem + suffix)
     out.path("summary.csv")
     predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
-    requested, method = method, default_method(model) if method == "auto" else method
-    report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder))
+    report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder), missing_slides=missing,
+                            slides_found=None if slides is None or not kind.instances else len(stems) - len(missing))
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
-        tiles, attrs = kind.header(path)  # read once: a bag's tile count and HDF5 attributes (else 0, {})
+        tiles, attrs = headers[index]
         streamed = tiles > chunk_size and requested in ("auto", "rollout") and streams(model)
         used = "rollout" if streamed else method
         title = f"{trained.model_id} | {used} | {path.name}"
@@ -130,7 +151,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             explained = "" if result.target is None else int(result.target[0])
             with torch.no_grad():
                 probs = predictor.probabilities(collate([sample]))[0]
-        heatmaps = FileHeatmaps(out, stem, path, prep.spacing, title, used, prep.synthetic, attrs, slides)
+        heatmaps = FileHeatmaps(out, stem, path, prep.spacing, title, used, prep.synthetic, attrs, slides,
+                                colour_scale)
         written = heatmaps.tiles(coords, scores) if streamed else \
             kind.explain_file(heatmaps, path, sample, result.relevance[0])
         report.rows.append({"file": item.id, "method": used, "target": explained,
@@ -146,7 +168,7 @@ class FileHeatmaps:
     """The files ``medattn explain`` writes for the input ``path`` (written as ``stem``... into ``out``), by how its
     kind draws the map (:class:`~medattn.data.input_kinds.Heatmaps`); each method returns the names written.
     ``spacing``: the preprocessing's (a volume's map goes back to the file's grid); ``attrs``: a bag's HDF5
-    attributes; ``slides``: the folder of the scanner files."""
+    attributes; ``slides``: the folder of the scanner files; ``colour_scale``: ``full`` or ``percentile``."""
 
     out: object
     stem: str
@@ -157,23 +179,29 @@ class FileHeatmaps:
     synthetic: bool
     attrs: dict
     slides: str | Path | None
+    colour_scale: str = "full"
 
     def image(self, image: np.ndarray, relevance) -> list[str]:
         """``<stem>.png``: the image (C, H, W) beside the map (H, W) over it."""
-        picture = outputs.readable_overlay(image, np.asarray(relevance), self.title, self.method, self.synthetic)
+        picture = outputs.readable_overlay(image, np.asarray(relevance), self.title, self.method, self.synthetic,
+                                           scale=self.colour_scale)
         with self.out.write(f"{self.stem}.png") as tmp:
             picture.save(tmp, format="PNG")
         return [f"{self.stem}.png"]
 
     def volume(self, volume: np.ndarray, relevance) -> list[str]:
         """``<stem>.nii.gz``, the map (H, W, D) on the input file's grid and affine, and ``<stem>_preview.png``,
-        three slices of ``volume`` (H, W, D) through the voxel of largest relevance."""
-        from ..data.readers.volumes import to_native_grid, write_nifti
+        the three planes of ``volume`` (H, W, D) through the centre of the largest relevance
+        (:func:`~medattn.explain.outputs.volume_preview`), on the loader's grid: RAS+ at the preprocessing's spacing
+        (the file's own where it does not resample)."""
+        from ..data.readers.volumes import native_grid, ras_grid, to_native_grid, write_nifti
 
         array, affine = to_native_grid(torch.as_tensor(relevance).float(), self.path, self.spacing)
         with self.out.write(f"{self.stem}.nii.gz") as tmp:
             write_nifti(tmp, array, affine)
-        preview = outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic)
+        spacing = self.spacing or ras_grid(*native_grid(self.path))[1]
+        preview = outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic,
+                                         affine=np.diag([*spacing, 1.0]), scale=self.colour_scale)
         with self.out.write(f"{self.stem}_preview.png") as tmp:
             preview.save(tmp, format="PNG")
         return [f"{self.stem}.nii.gz", f"{self.stem}_preview.png"]
@@ -181,23 +209,37 @@ class FileHeatmaps:
     def tiles(self, coords: np.ndarray, relevance) -> list[str]:
         """The tile table, HDF5 and map of a bag's scores (N,) at ``coords`` (N, 2) (:func:`_write_tiles`)."""
         return _write_tiles(self.out, self.stem, coords, np.asarray(relevance), self.method, self.attrs, self.title,
-                            self.synthetic, self.slides)
+                            self.synthetic, self.slides, self.colour_scale)
+
+
+def find_slide(attrs: dict, slides: str | Path) -> tuple[Path | None, str]:
+    """(the scanner file a bag was extracted from, "") when its map can be drawn on it: the bag's ``slide`` attribute
+    names a file in the folder ``slides`` and the bag records its tile side in level-0 pixels
+    (``patch_size_level0``); else (None, why not, in words)."""
+    name = attrs.get("slide")
+    if not isinstance(name, str) or not name:
+        return None, "the bag names no slide (no 'slide' attribute: medattn wsi extract writes it)"
+    if Path(name).name != name:
+        return None, f"the bag's slide attribute {name!r} is not a file name"
+    path = Path(slides) / name
+    if not path.is_file():
+        return None, f"its slide {name} is not in {slides}"
+    if "patch_size_level0" not in attrs:
+        return None, "the bag does not record its tile side in level-0 pixels (patch_size_level0)"
+    return path, ""
 
 
 def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:
-    """The scanner file a bag was extracted from (its ``slide`` attribute) in the folder ``slides``, if there."""
-    name = attrs.get("slide")
-    if slides is None or not isinstance(name, str) or not name or Path(name).name != name:
-        return None
-    path = Path(slides) / name
-    return path if path.is_file() else None
+    """The scanner file a bag was extracted from (its ``slide`` attribute) in the folder ``slides``, if there and
+    drawable (:func:`find_slide`)."""
+    return None if slides is None else find_slide(attrs, slides)[0]
 
 
 def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
-                 title: str, synthetic: bool, slides: str | Path | None = None) -> list[str]:
+                 title: str, synthetic: bool, slides: str | Path | None = None, scale: str = "full") -> list[str]:
     """A bag's tile table and HDF5, and its map where the tiles have coordinates: on the slide's thumbnail when
-    the slide is found in ``slides``, else on a blank canvas, with a colour bar and ``title``; -> the names
-    written."""
+    the slide is found in ``slides``, else on a blank canvas, with a colour bar (colour ``scale``) and ``title``;
+    -> the names written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
         outputs.write_tile_scores(table, h5, coords, scores, method, attrs)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
@@ -208,17 +250,18 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
             outputs.write_tile_geojson(tmp, level0, side, scores, method)
         written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
-    if slide is not None and "patch_size_level0" in attrs:
+    if slide is not None:
         from ..slides.heatmap import slide_overlay
 
-        cmap, low, high = outputs.colour_range(scores)
+        cmap, low, high = outputs.colour_range(scores, scale)
         picture = slide_overlay(slide, level0, scores, round(side), cmap=cmap, vmin=low, vmax=high)
         title += f" | on {slide.name}"
     elif spread:
-        picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs))
-        title += " | tiles at their coordinates (slide not given: --slides DIR draws them on it)"
+        picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), scale)
+        title += (" | tiles at their coordinates (slide not given: --slides DIR draws them on it)" if slides is None
+                  else " | tiles at their coordinates (slide not found in --slides)")
     else:
         return written
     with out.write(f"{stem}.png") as tmp:
-        outputs.slide_map_figure(picture, scores, title, method, synthetic).save(tmp, format="PNG")
+        outputs.slide_map_figure(picture, scores, title, method, synthetic, scale).save(tmp, format="PNG")
     return [*written, f"{stem}.png"]

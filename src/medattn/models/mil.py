@@ -41,12 +41,15 @@ class AttentionMIL(GatedAttentionPool):
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits.
     ``attention_weights(features, mask=None)``: -> (B, N) a_k, zero on padding, summing to one per bag.
+    ``tile_attention(features, mask=None, coords=None)``: the same a_k, what ``medattn explain --method attention``
+    draws (:mod:`medattn.explain.core` asks a model for them when its ``forms_tile_attention`` is true).
 
     The pooling is :class:`~medattn.models.layers.GatedAttentionPool`'s (this class extends it: its
     ``attention_v``, ``attention_u`` and ``attention_w`` keep their names in the state dict).
     """
 
     input_contract = "bag"
+    forms_tile_attention = True  # explain --method attention: the pooling weights a_k per tile
 
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, attn_dim: int = 128,
                  drop_rate: float = 0.0, standardize_features: bool = True) -> None:
@@ -79,6 +82,12 @@ class AttentionMIL(GatedAttentionPool):
     def attention_weights(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N) attention a_k of each instance (zero on padding), e.g. for a heatmap."""
         return self._embed(features, mask)[1]
+
+    def tile_attention(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                       coords: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N) the gated attention pooling's a_k per tile (zero on padding, summing to one per bag); coords are
+        ignored, as in :meth:`forward`."""
+        return self.attention_weights(features, mask)
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                 coords: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,6 +15,16 @@ approximation, which exists for GPU memory and changes nothing a CPU user can me
 instances; and padded batches run bag by bag (each bag's square grid is built from its own instances only),
 so a bag padded into a batch gives exactly its own output. Features are standardised with the training
 split's statistics (:class:`~medattn.models.layers.FeatureStandardizer`).
+
+Attention per tile (:meth:`TransMIL.tile_attention`, ``medattn explain --method attention``): the class token's row
+of TransLayer 2's softmax weights, the layer whose class token the head reads, averaged over the heads,
+
+    a_j = mean_h softmax(q_cls^h k^h^T / sqrt(d))_j        j over the 1 + N' tokens (class token first)
+
+mapped back to the tiles: grid token j < N is tile j, grid token N + j (a repeated copy) adds to tile j, so a tile's
+weight is the attention its copies receive together; the class token's own share is left out (the tiles' weights
+sum to 1 minus that share). PPEG mixes neighbouring grid tokens before this layer, so a token is its tile plus a
+little of its neighbours on the square grid (which is not the slide's layout). Padded tiles get 0.
 """
 
 from __future__ import annotations
@@ -91,14 +101,55 @@ class TransMIL(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes)
 
-    def _bags(self, features: torch.Tensor) -> torch.Tensor:
-        """Bags of one size (B, N, F) -> (B, num_classes)."""
+    forms_tile_attention = True  # explain --method attention: the class token's last attention row per tile
+
+    def _bags(self, features: torch.Tensor, attention: bool = False) -> torch.Tensor:
+        """Bags of one size (B, N, F) -> (B, num_classes), or with ``attention`` the tiles' weights (B, N) (module
+        docstring)."""
         h = self.embed(self.feature_norm(features))  # (B, N, D)
-        side = math.ceil(math.sqrt(h.shape[1]))
-        h = torch.cat([h, h[:, : side * side - h.shape[1]]], dim=1)  # (B, side^2, D): first instances repeated
+        n = h.shape[1]
+        side = math.ceil(math.sqrt(n))
+        h = torch.cat([h, h[:, : side * side - n]], dim=1)  # (B, side^2, D): first instances repeated
         x = torch.cat([self.cls_token.expand(len(h), -1, -1), h], dim=1)  # (B, 1 + side^2, D)
-        x = self.layer2(self.ppeg(self.layer1(x), side))
+        x = self.ppeg(self.layer1(x), side)
+        if attention:
+            return self._class_row_per_tile(self.layer2, x, n)
+        x = self.layer2(x)
         return self.head(self.norm(x)[:, 0])
+
+    @staticmethod
+    def _class_row_per_tile(layer: TransLayer, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The class token's softmax row in ``layer`` (input x (B, 1 + side^2, D)), mean over heads, without the class
+        token and with each repeated copy added to its tile -> (B, n)."""
+        q, k, _ = layer.attn.split_heads(layer.attn.qkv(layer.norm(x)))  # (B, H, 1 + side^2, d)
+        row = torch.softmax(q[:, :, :1] @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)  # (B, H, 1, 1 + side^2)
+        tokens = row[:, :, 0, 1:].mean(dim=1)  # (B, side^2)
+        weights = tokens[:, :n].clone()
+        weights[:, : tokens.shape[1] - n] += tokens[:, n:]  # the copies belong to the first tiles
+        return weights
+
+    def tile_attention(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                       coords: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N) the class token's head-mean attention in the last layer per tile (module docstring), zero on
+        padding; padded batches run bag by bag as in :meth:`forward`."""
+        self._check(features, mask)
+        if mask is None or bool(mask.all()):
+            return self._bags(features, attention=True)
+        out = features.new_zeros(features.shape[:2])
+        for index, (bag, keep) in enumerate(zip(features, mask)):
+            out[index, keep] = self._bags(bag[keep][None], attention=True)[0]
+        return out
+
+    def _check(self, features: torch.Tensor, mask: torch.Tensor | None) -> None:
+        if features.ndim != 3 or features.shape[-1] != self.feature_dim:
+            raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
+        if mask is None:
+            return
+        if mask.shape != features.shape[:2]:
+            raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = "
+                             f"{tuple(features.shape[:2])}")
+        if not bool(mask.any(dim=-1).all()):
+            raise ValueError("every bag needs at least one real instance (a mask row is all False)")
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                 coords: torch.Tensor | None = None) -> torch.Tensor:
@@ -106,9 +157,5 @@ class TransMIL(nn.Module):
             raise ValueError(f"expected features (B, N, {self.feature_dim}), got {tuple(features.shape)}")
         if mask is None or bool(mask.all()):
             return self._bags(features)
-        if mask.shape != features.shape[:2]:
-            raise ValueError(f"mask shape {tuple(mask.shape)} does not match the bag (B, N) = "
-                             f"{tuple(features.shape[:2])}")
-        if not bool(mask.any(dim=-1).all()):
-            raise ValueError("every bag needs at least one real instance (a mask row is all False)")
+        self._check(features, mask)
         return torch.cat([self._bags(bag[keep][None]) for bag, keep in zip(features, mask)])  # bag by bag: exact

@@ -169,6 +169,17 @@ class WSITransformer(nn.Module):
             raise ValueError("pooling weights exist only with readout='attention'")
         return self.pooled(features, mask, coords)[1]
 
+    @property
+    def forms_tile_attention(self) -> bool:
+        """Whether the head reads the tiles through attention weights of its own (``readout="attention"``), which
+        ``medattn explain --method attention`` draws (:meth:`tile_attention`)."""
+        return self.readout == "attention"
+
+    def tile_attention(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                       coords: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N) the attention readout's a_k per tile (:meth:`pooling_weights`)."""
+        return self.pooling_weights(features, mask, coords)
+
     # --- streamed inference over one gigantic bag (see the class docstring) -------------------------------------
 
     def check_streamable(self, features, coords, chunk_size: int) -> None:

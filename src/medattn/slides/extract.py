@@ -1,7 +1,8 @@
 """Features per slide as CLAM- or STAMP-layout HDF5, resumable and sharded across processes.
 
 One file per slide, ``<out>/<slide stem>.h5``, with attributes ``patch_size_um``, ``patch_size_px``,
-``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, and
+``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, ``tile_settings``, ``synthetic`` (True,
+only for a slide written by ``medattn wsi synthetic``: :func:`medattn.slides.synthetic.is_synthetic`), and
   * CLAM layout (default): ``features`` (N, F) float32, ``coords`` (N, 2) int64 level-0 top-left (x, y) px;
   * STAMP layout: ``feats`` (N, F) float32, ``coords`` (N, 2) float32 top-left (x, y) in microns (level-0
     px x mpp), and STAMP's attributes ``unit`` = "um", ``tile_size_um``, ``tile_size_px``, ``feat_type`` = "tile".
@@ -32,6 +33,7 @@ from .extractors import Extractor
 from .reader import PatchGeometry, open_slide, reading, thumbnail
 from .settings import settings_changes
 from .stain import MacenkoNormalizer
+from .synthetic import SYNTHETIC_ATTR, is_synthetic
 from .tiling import (
     DEFAULT_SETTINGS,
     PatchDataset,
@@ -96,12 +98,30 @@ class SlideResult:
     dropped: dict = field(default_factory=dict)
     seconds: float = 0.0
     message: str = ""
+    filtered_when: str = ""  # "tiling": ``dropped`` is what `medattn wsi tile` dropped (extract --tiles)
 
 
-def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: str):
-    """-> (mpp, geometry, coords to read, whether to filter them, stain normaliser or None, the settings that chose
-    the patches: ``settings``, or those the tiles in ``tiles_dir`` were made with)."""
+@dataclass
+class Patches:
+    """What :func:`extract_slide` reads of a slide: ``coords`` to read (level-0 top-left), whether to ``check``
+    them with the quality filter (False: ``medattn wsi tile`` did, and ``tiled_dropped`` holds what it dropped),
+    the stain ``normalizer`` or None, the settings that ``tiled`` the slide, and whether it is ``synthetic``."""
+
+    mpp: float
+    geometry: PatchGeometry
+    coords: np.ndarray
+    check: bool
+    normalizer: MacenkoNormalizer | None
+    tiled: TileSettings
+    tiled_dropped: dict | None
+    synthetic: bool
+
+
+def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: str) -> Patches:
+    """The patches of ``path`` to read (:class:`Patches`): tiled here with ``settings``, or those kept by the
+    tiles in ``tiles_dir``."""
     slide = open_slide(path)
+    synthetic, tiled_dropped = is_synthetic(slide), None
     if tiles_dir is None:
         mpp, geometry, coords, _, thumb, downsample, mask = tissue_candidates(slide, path, settings)
         check, tiled = True, settings
@@ -109,6 +129,8 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
         coords, meta = read_tiles(tiles_dir, path)
         mpp, geometry, check = meta["mpp"], PatchGeometry(**meta["geometry"]), False
         tiled = TileSettings(**meta["settings"])
+        tiled_dropped = {s: int(meta["counts"][s]) for s in ("white", "blurry")}  # read_tiles checked them
+        synthetic = synthetic or bool(meta.get(SYNTHETIC_ATTR, False))
         if (tiled.patch_um, tiled.patch_px) != (settings.patch_um, settings.patch_px):
             raise UserError(f"{path}: tiles in {tiles_dir} are {tiled.patch_um:g} um / {tiled.patch_px} px, "
                             f"not {settings.patch_um:g} um / {settings.patch_px} px")
@@ -124,7 +146,7 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
             normalizer = MacenkoNormalizer().fit(thumb[mask])
         except UserError as error:
             raise UserError(f"{path}: {error}") from None
-    return mpp, geometry, coords, check, normalizer, tiled
+    return Patches(mpp, geometry, coords, check, normalizer, tiled, tiled_dropped, synthetic)
 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
@@ -133,11 +155,14 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     """Features of one slide's kept patches -> ``out_path`` (module docstring); -> (kept, dropped per reason).
 
     Without ``tiles_dir`` the slide is tiled on the fly (tissue mask, grid, white and blur filter on the
-    patches as they are read, each patch read once). ``progress`` wraps the batch iterable (e.g. tqdm). Without
-    DataLoader workers a thread reads the next batches while the encoder runs (``read_ahead``, :class:`ReadAhead`)."""
+    patches as they are read, each patch read once). With it, the patches ``medattn wsi tile`` kept are read and
+    ``dropped`` holds what that tiling dropped. ``progress`` wraps the batch iterable
+    (e.g. tqdm). Without DataLoader workers a thread reads the next batches while the encoder runs
+    (``read_ahead``, :class:`ReadAhead`)."""
     path = Path(path)
-    mpp, geometry, coords, check, normalizer, tiled = _patches(path, settings, tiles_dir, stain)
-    dataset = PatchDataset(path, coords, geometry, settings.white_level, stain=normalizer)
+    patches = _patches(path, settings, tiles_dir, stain)
+    mpp, geometry, coords, check = patches.mpp, patches.geometry, patches.coords, patches.check
+    dataset = PatchDataset(path, coords, geometry, settings.white_level, stain=patches.normalizer)
     features, kept_coords, statuses = [], [], []
     start = 0
     batches = loader(dataset, batch_size, num_workers)
@@ -157,9 +182,13 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     dropped = {s: int((status == s).sum()) for s in ("white", "blurry")}
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
-    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, tiled) | extractor.record()
+    attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, patches.tiled) | extractor.record()
+    if patches.synthetic:  # the mark follows the data: the wsi_bags kind reads it (TaskInfo.synthetic)
+        attrs[SYNTHETIC_ATTR] = True
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
         write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
+    if patches.tiled_dropped is not None:  # filtered when tiled: what `wsi tile` dropped, not the zeros seen here
+        dropped = dict(patches.tiled_dropped)
     return int(sum(len(f) for f in features)), dropped
 
 
@@ -224,5 +253,6 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
                 raise
             results.append(SlideResult(path, "failed", message=str(error)))
             continue
-        results.append(SlideResult(path, "done", kept, dropped, time.perf_counter() - start))
+        results.append(SlideResult(path, "done", kept, dropped, time.perf_counter() - start,
+                                   filtered_when="" if tiles_dir is None else "tiling"))
     return results

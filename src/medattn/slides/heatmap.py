@@ -9,13 +9,14 @@ from PIL import Image
 
 from ..errors import UserError
 from ..runtime.outputs import save_image
-from .reader import open_slide, reading, thumbnail
+from . import figures
+from .reader import open_slide, reading, slide_mpp, thumbnail
 from .tissue import window_fractions
 
 
 def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.ndarray, scores: np.ndarray,
                  size0: int, alpha: float = 0.5, cmap: str = "inferno", vmin: float | None = None,
-                 vmax: float | None = None, percentile: bool = False) -> Image.Image:
+                 vmax: float | None = None, percentile: bool = False, outline: bool = True) -> Image.Image:
     """Blend a colour per tile over the thumbnail.
 
     thumb: (h, w, 3) uint8; downsample: level-0 px per thumbnail px along (x, y); coords: (N, 2) level-0
@@ -23,7 +24,11 @@ def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.
     linearly from [vmin, vmax] (default: their min and max) to ``cmap``; ``percentile`` first replaces each
     score by its rank among the slide's scores in (0, 1] (as CLAM draws attention), so a few large scores
     do not leave the rest at one colour. Pixels no tile covers keep the thumbnail's colour; where tiles
-    overlap the later one wins. -> RGB image of the thumbnail's size."""
+    overlap the later one wins. ``outline``: each tile outlined in grey (:data:`~medattn.slides.figures.TILE_OUTLINE`)
+    inside itself, a twentieth of its side and at least 1 px wide, so a tile whose score is near zero still reads as a
+    scored tile, not as tissue that was not tiled; tiles under
+    :data:`~medattn.slides.figures.MIN_OUTLINED_PX` px on the thumbnail get none (it would hide their colour).
+    -> RGB image of the thumbnail's size."""
     import matplotlib
     import scipy.stats
 
@@ -47,21 +52,59 @@ def draw_heatmap(thumb: np.ndarray, downsample: tuple[float, float], coords: np.
         layer[max(y0, 0):min(y1, h), max(x0, 0):min(x1, w)] = colour
         covered[max(y0, 0):min(y1, h), max(x0, 0):min(x1, w)] = True
     out = np.where(covered[..., None], (1 - alpha) * thumb + alpha * layer, thumb)
-    return Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
+    image = Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
+    side = figures.side_px(size0, downsample)
+    if outline and len(coords) and side >= figures.MIN_OUTLINED_PX:
+        figures.draw_outlines(image, figures.tile_boxes(coords, size0, downsample), figures.TILE_OUTLINE,
+                              figures.outline_width(side, minimum=1))
+    return image
+
+
+def overlay_legend(image: Image.Image, tiles: int, microns_per_px: float | None) -> Image.Image:
+    """``image`` (a score map over a thumbnail, tiles outlined by :func:`draw_heatmap`) above a band with the tile
+    outline's meaning and a scale bar (``microns_per_px``: µm per picture px; None: "no scale: mpp unknown").
+    For a map drawn elsewhere (e.g. on a blank canvas at the tiles' coordinates) that knows its scale."""
+    return figures.with_legend(image, [(figures.TILE_OUTLINE, f"{tiles} scored tiles (outlined)")], microns_per_px,
+                               line_width=3)
 
 
 def slide_overlay(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, thumbnail_px: int = 2048,
-                  **options) -> Image.Image:
-    """:func:`draw_heatmap` on the slide's own thumbnail (longest side ``thumbnail_px``); ``options`` go to it."""
+                  mpp: float | None = None, legend: bool = True, **options) -> Image.Image:
+    """:func:`draw_heatmap` on the slide's own thumbnail (longest side ``thumbnail_px``), tiles outlined, above a
+    band with a scale bar (:func:`overlay_legend`): from ``mpp`` (µm per level-0 px) when given, else the slide's
+    own; a slide that states none says "no scale: mpp unknown". ``legend`` False: the thumbnail alone.
+    ``options`` go to :func:`draw_heatmap`."""
     with reading(slide_path):
-        thumb, downsample = thumbnail(open_slide(slide_path), thumbnail_px)
-    return draw_heatmap(thumb, downsample, coords, scores, size0, **options)
+        slide = open_slide(slide_path)
+        thumb, downsample = thumbnail(slide, thumbnail_px)
+    picture = draw_heatmap(thumb, downsample, coords, scores, size0, **options)
+    if not legend:
+        return picture
+    if mpp is None:
+        try:
+            mpp = slide_mpp(slide, Path(slide_path))
+        except UserError:  # no scale stated: said in the picture, not an error (the bag's coords are enough)
+            mpp = None
+    return overlay_legend(picture, len(np.asarray(coords).reshape(-1, 2)), None if mpp is None else
+                          mpp * max(downsample))
 
 
 def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
                   thumbnail_px: int = 2048, **options) -> Path:
     """:func:`slide_overlay` written to ``out_png``."""
     return save_image(out_png, slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options), format="PNG")
+
+
+def prediction_text(probabilities, names: list[str], task_type: str = "binary") -> str:
+    """The slide's prediction for a map's title: ``slide P(tumour) = 0.87`` (binary; multi-label: each output);
+    multiclass: the predicted class and its probability, ``slide: LUSC (p = 0.91)``. ``probabilities``: the slide's
+    (K,) probabilities, in the order of ``names``."""
+    values = np.asarray(probabilities, dtype=np.float64).ravel()
+    names = list(names) if names else [f"output {k}" for k in range(len(values))]
+    if task_type == "multiclass":
+        best = int(values.argmax())
+        return f"slide: {names[best]} (p = {values[best]:.2f})"
+    return "slide " + ", ".join(f"P({name}) = {value:.2f}" for name, value in zip(names, values))
 
 
 def tile_overlap(mask: np.ndarray, coords: np.ndarray, size0: int) -> np.ndarray:

@@ -26,6 +26,11 @@ NUCLEUS = np.array([82, 38, 128], dtype=np.float32)
 BLUR_SIGMA = 6.0
 MASKS = ("tissue", "blurry", "tumour", "dust")
 TRUTH_DIR = "truth"
+#: The start of the TIFF ImageDescription of every slide written here (OpenSlide: property tiff.ImageDescription):
+#: the mark that follows the data, to the tiles' JSON and the bags' HDF5 attribute :data:`SYNTHETIC_ATTR`.
+SYNTHETIC_MARK = "SYNTHETIC slide written by medattn (not tissue)"
+#: The HDF5 attribute (and tiles' JSON key) that says a bag comes from a SYNTHETIC slide: True there.
+SYNTHETIC_ATTR = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,25 @@ def render(shape=(1536, 2048), tumour: bool = True, seed: int = 0) -> tuple[np.n
                                                       "dust": dust}
 
 
-def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 3, tile: int = 256) -> None:
+def is_synthetic(slide) -> bool:
+    """Whether an open slide (OpenSlide) was written by :func:`write_synthetic_slide`: its ImageDescription starts
+    with :data:`SYNTHETIC_MARK`."""
+    return str(slide.properties.get("tiff.ImageDescription", "")).startswith(SYNTHETIC_MARK)
+
+
+def bag_is_synthetic(path: Path) -> bool:
+    """Whether a bag's HDF5 file says it comes from a SYNTHETIC slide (attribute :data:`SYNTHETIC_ATTR` true)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return bool(f.attrs.get(SYNTHETIC_ATTR, False))
+
+
+def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 3, tile: int = 256,
+                  description: str | None = None) -> None:
     """Write (H, W, 3) uint8 as a tiled pyramidal TIFF: level k downsampled 4^k by block means, with
-    resolution tags (pixels per centimetre = 1e4 / (mpp 4^k)) when ``mpp`` is given."""
+    resolution tags (pixels per centimetre = 1e4 / (mpp 4^k)) when ``mpp`` is given and ``description`` (ASCII) as
+    the first level's ImageDescription."""
     tifffile = require("tifffile", "writing a synthetic slide")
 
     with atomic(path) as tmp, tifffile.TiffWriter(tmp) as tif:
@@ -107,15 +128,17 @@ def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 
             extra = ({"resolution": (1e4 / (mpp * 4**k),) * 2, "resolutionunit": "CENTIMETER"} if mpp else
                      {"resolutionunit": "NONE"})
             tif.write(level, tile=(tile, tile), photometric="rgb", compression="zlib", compressionargs={"level": 1},
-                      subfiletype=1 if k else 0, metadata=None, **extra)
+                      subfiletype=1 if k else 0, metadata=None,
+                      **({"description": description} if description and not k else {}), **extra)
 
 
 def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=(1536, 2048),
                           mpp: float | None = 1.0, levels: int = 3) -> SyntheticSlide:
-    """Render a SYNTHETIC slide (module docstring) and write it to ``path`` (.tif); -> its ground truth."""
+    """Render a SYNTHETIC slide (module docstring) and write it to ``path`` (.tif), marked as such
+    (:data:`SYNTHETIC_MARK`); -> its ground truth."""
     path = Path(path)
     rgb, masks = render(shape, tumour, seed)
-    write_pyramid(path, rgb, mpp, levels)
+    write_pyramid(path, rgb, mpp, levels, description=f"{SYNTHETIC_MARK}; seed {seed}")
     return SyntheticSlide(path=path, mpp=mpp, **masks)
 
 

@@ -19,16 +19,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from ..errors import UserError
 from ..runtime.outputs import OutputFolder, atomic_write  # noqa: F401 (atomic_write: the slides' writers used it here)
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
+from .synthetic import is_synthetic
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
 
 STATUSES = ("kept", "white", "blurry")
-COLOURS = {"kept": (0, 160, 0), "white": (40, 90, 255), "blurry": (230, 40, 40)}
+#: Outline colour per status (Okabe-Ito, told apart with the common colour-vision deficiencies): kept bluish green,
+#: white blue, blurry vermillion.
+COLOURS = {"kept": (0, 158, 115), "white": (0, 114, 178), "blurry": (213, 94, 0)}
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Tiles:
     thumbnail: np.ndarray
     downsample: tuple[float, float]
     mask: np.ndarray
+    synthetic: bool = False  # the slide says it is SYNTHETIC (medattn wsi synthetic: slides.synthetic.is_synthetic)
 
     @property
     def kept(self) -> np.ndarray:
@@ -56,6 +60,13 @@ class Tiles:
 
     def counts(self) -> dict[str, int]:
         return {s: int((self.status == s).sum()) for s in STATUSES}
+
+    def background(self) -> int:
+        """Grid cells of the slide with too little tissue to be read (not candidates)."""
+        width, height = (int(round(n * d)) for n, d in zip(self.thumbnail.shape[1::-1], self.downsample))
+        size0 = self.geometry.size0
+        cells = (width // size0) * (height // size0)
+        return max(0, cells - len(self.coords))
 
 
 def candidate_grid(mask: np.ndarray, downsample: tuple[float, float], dimensions: tuple[int, int], size0: int,
@@ -210,19 +221,38 @@ def tile_slide(path: Path, settings: TileSettings = DEFAULT_SETTINGS, num_worker
         sharp.append(batch["sharpness"].numpy())
     white, sharp = np.concatenate(white), np.concatenate(sharp)
     return Tiles(path, mpp, geometry, settings, coords, fraction, white, sharp, classify(white, sharp, settings),
-                 thumb, downsample, mask)
+                 thumb, downsample, mask, is_synthetic(slide))
 
 
 def draw_grid(thumb: np.ndarray, downsample: tuple[float, float], coords: np.ndarray, size0: int,
-              status: np.ndarray | None = None) -> Image.Image:
-    """The thumbnail with each patch outlined: green kept, blue white, red blurry (``status`` None: all kept)."""
+              status: np.ndarray | None = None, mpp: float | None = None, background: int | None = None) -> Image.Image:
+    """The thumbnail with each patch outlined in the colour of its status (:data:`COLOURS`: kept bluish green,
+    white blue, blurry vermillion; ``status`` None: all kept), above a legend naming each colour with its count
+    and a scale bar (:func:`medattn.slides.figures.with_legend`).
+
+    Outlines are drawn inside each cell, a twentieth of the cell's side on the thumbnail and at least 2 px wide, so a
+    cell keeps its own colour when the picture is viewed smaller. ``mpp``: microns per level-0 px (None: "no
+    scale"); ``background``: grid cells with too little tissue to be read (not outlined; counted in the legend)."""
+    from .figures import draw_outlines, outline_width, side_px, tile_boxes, with_legend
+
+    status = np.full(len(coords), "kept") if status is None else np.asarray(status)
     image = Image.fromarray(thumb).convert("RGB")
-    draw = ImageDraw.Draw(image)
-    for i, (x, y) in enumerate(coords):
-        colour = COLOURS["kept" if status is None else status[i]]
-        box = (x / downsample[0], y / downsample[1], (x + size0) / downsample[0] - 1, (y + size0) / downsample[1] - 1)
-        draw.rectangle(box, outline=colour, width=1)
-    return image
+    width = outline_width(side_px(size0, downsample))
+    boxes = tile_boxes(coords, size0, downsample)
+    for name in STATUSES:
+        draw_outlines(image, boxes[status == name], COLOURS[name], width)
+    return with_legend(image, grid_legend(status, background), None if mpp is None else mpp * max(downsample), width)
+
+
+def grid_legend(status: np.ndarray, background: int | None = None) -> list[tuple[tuple[int, int, int] | None, str]]:
+    """The legend of :func:`draw_grid`: (colour, "kept 12"), (colour, "white 9 (dropped)"), (colour, "blurry 4
+    (dropped)") and, when ``background`` is given, (None, "background 23 (too little tissue, not outlined)")."""
+    status = np.asarray(status)
+    entries = [(COLOURS[name], f"{name} {int((status == name).sum())}" + ("" if name == "kept" else " (dropped)"))
+               for name in STATUSES]
+    if background is not None:
+        entries.append((None, f"background {background} (too little tissue, not outlined)"))
+    return entries
 
 
 def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
@@ -235,9 +265,11 @@ def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
     stem = tiles.slide.stem
     rows = [[int(x), int(y), f"{t:.4f}", f"{w:.4f}", f"{s:.2f}", status]
             for (x, y), t, w, s, status in zip(tiles.coords, tiles.tissue, tiles.white, tiles.sharp, tiles.status)]
-    image = draw_grid(tiles.thumbnail, tiles.downsample, tiles.coords, tiles.geometry.size0, tiles.status)
+    image = draw_grid(tiles.thumbnail, tiles.downsample, tiles.coords, tiles.geometry.size0, tiles.status, tiles.mpp,
+                      tiles.background())
     meta = {"slide": str(tiles.slide), "mpp": tiles.mpp, "geometry": asdict(tiles.geometry),
-            "settings": asdict(tiles.settings), "counts": tiles.counts()}
+            "settings": asdict(tiles.settings), "counts": tiles.counts(), "background": tiles.background(),
+            "synthetic": tiles.synthetic}
     return {"csv": out.save_csv(f"{stem}.csv", ["x", "y", "tissue_fraction", "white_fraction", "sharpness",
                                                  "status"], rows),
             "png": out.save_image(f"{stem}.png", image, format="PNG"),
