@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 from medattn.cli import main
 from medattn.data.base import TaskInfo
-from medattn.explain import METHODS, explain
-from medattn.explain import outputs
+from medattn.explain import METHODS, explain, outputs
 from medattn.models import AttentionMIL, create_model
 from medattn.models.transmil import TransMIL
 from medattn.runtime.trained import load_checkpoint

@@ -122,10 +122,11 @@ def test_image_kinds_default_to_the_papers_and_volume_kinds_to_strong_augmentati
 
 
 @pytest.mark.parametrize("older", [{"stem": "patch"}, {"stem": "conv"}, {"stem": "conv", "global_pool": "avg"}])
-def test_small_vits_are_hybrid_and_older_checkpoints_keep_their_design(tmp_path, older):
-    """vit2d_small / vit3d_small start with the residual stem and read the mean of the patch tokens (issue 40); a
-    checkpoint written before (no ``model_defaults`` in its metadata, no ``stem`` in its config) builds what its
-    weights show, with the class token as readout unless its config says otherwise."""
+def test_small_vit_designs_and_older_checkpoints_keep_theirs(tmp_path, older):
+    """vit2d_small starts with the residual stem and reads the mean of the patch tokens (issue 40), vit3d_small keeps
+    early convolutions and the class token; a checkpoint of either written before (no ``model_defaults`` in its
+    metadata, no ``stem`` in its config) builds what its weights show, with the class token as readout unless its
+    config says otherwise."""
     from engine_data import tiny_config
     from medattn.data.base import TaskInfo
     from medattn.models.resnet import ResidualStem
@@ -133,9 +134,9 @@ def test_small_vits_are_hybrid_and_older_checkpoints_keep_their_design(tmp_path,
     from medattn.runtime.build import build_model
     from medattn.runtime.trained import load_checkpoint
 
-    for name in checkpoint.SMALL_VIT_PRESETS:
-        model = create_model(name, attention="seqnorm")
-        assert isinstance(model.patch_embed, ResidualStem) and model.global_pool == "avg"
+    hybrid, volumes = create_model("vit2d_small", attention="seqnorm"), create_model("vit3d_small", attention="seqnorm")
+    assert isinstance(hybrid.patch_embed, ResidualStem) and hybrid.global_pool == "avg"
+    assert isinstance(volumes.patch_embed, ConvStem) and volumes.global_pool == "token"
     task = TaskInfo("binary", "volume3d", 1, (1, 32, 32, 16), ["lesion"])
     meta = {"config": tiny_config("model.name=vit3d_small", "model.attention=seqnorm"),
             "task": checkpoint.task_to_dict(task)}

@@ -275,7 +275,8 @@ def test_features_load_through_the_wsi_bags_loader(cohort, descriptor, tmp_path)
                                           "patch_size_level0": 64, "extractor": "descriptor", "stain_norm": "none",
                                           "slide": "-", "tile_settings": json.dumps(asdict(SMALL), sort_keys=True),
                                           "extractor_input_px": 0, "extractor_mean": [-1.0] * 3,
-                                          "extractor_std": [-1.0] * 3, "extractor_mpp": -1.0}  # -1: none
+                                          "extractor_std": [-1.0] * 3, "extractor_mpp": -1.0,  # -1: none
+                                          "synthetic": True}  # a slide of write_synthetic_cohort
         assert len(f["coords"]) == results[1].kept
     features, coords = read_slide(out / "slide_001.h5")
     assert features.shape == (results[1].kept, 32) and (coords % 64 == 0).all()

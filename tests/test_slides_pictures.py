@@ -162,3 +162,20 @@ def test_the_synthetic_mark_follows_the_slides_into_tiles_and_bags(tmp_path, cap
         assert bag_is_synthetic(out / "slide_000.h5") and not bag_is_synthetic(out / "real.h5")
         with h5py.File(out / "slide_000.h5") as f:
             assert f.attrs["synthetic"] == True  # noqa: E712 (numpy bool)
+
+
+def test_wsi_bags_of_synthetic_slides_is_a_synthetic_task_and_of_unmarked_ones_not(tmp_path, capsys):
+    from medattn.data import build_datasets
+
+    slides = tmp_path / "slides"
+    write_synthetic_cohort(slides, count=4, seed=3, shape=(384, 512))
+    out = tmp_path / "features"
+    assert main(["wsi", "extract", str(slides), "--out", str(out), *SMALL]) == 0
+    cfg = {"kind": "wsi_bags", "feature_dir": str(out), "label_columns": ["TUMOUR"],
+           "slide_table": str(slides / "slide_table.csv"), "clinical_table": str(slides / "clinical_table.csv"),
+           "val_fraction": 0.0, "test_fraction": 0.0}
+    assert build_datasets(cfg).task.synthetic is True
+    for bag in out.glob("*.h5"):  # the mark removed: as bags of a scanner's slides
+        with h5py.File(bag, "a") as f:
+            del f.attrs["synthetic"]
+    assert build_datasets(cfg).task.synthetic is False

@@ -12,7 +12,6 @@ pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from medattn.slides.tiling import COLOURS  # noqa: E402
 from medattn.slides import (  # noqa: E402
     TileSettings,
     best_level,
@@ -30,6 +29,7 @@ from medattn.slides import (  # noqa: E402
     write_synthetic_slide,
     write_tiles,
 )
+from medattn.slides.tiling import COLOURS  # noqa: E402
 
 SHAPE = (768, 1024)
 SMALL = TileSettings(patch_um=64, patch_px=32, thumbnail_px=512)

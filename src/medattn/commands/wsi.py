@@ -23,9 +23,10 @@ TILE_DESCRIPTION = """Tissue mask, patch grid and quality filter per slide: meda
 
 Writes per slide, named by its stem: <stem>.csv (every candidate patch: x, y its level-0 top-left corner in pixels,
 tissue_fraction, white_fraction, sharpness, status kept, white or blurry), <stem>.json (slide, microns per pixel,
-geometry, settings, counts; written last, it marks the slide done) and <stem>.png (the thumbnail with the grid drawn).
-A slide whose tiles exist with the same settings is skipped; with other settings it is refused (--overwrite tiles
-it again). `medattn wsi extract --tiles DIR` reads these tiles. See docs/slides.md."""
+geometry, settings, counts; written last, it marks the slide done) and <stem>.png (the thumbnail with the grid
+outlined by status, a legend with the counts and a scale bar). A slide whose tiles exist with the same settings is
+skipped; with other settings it is refused (--overwrite tiles it again). `medattn wsi extract --tiles DIR` reads
+these tiles. See docs/slides.md."""
 EXTRACT_DESCRIPTION = """Patch features per slide: medattn wsi extract SLIDES... --out DIR [--tiles TILES_DIR].
 
 Writes <slide stem>.h5 per slide: with --layout clam, `features` (N, F) and `coords` (N, 2; level-0 top-left
@@ -38,7 +39,9 @@ SYNTHETIC_DESCRIPTION = """Write SYNTHETIC demo slides (not tissue): medattn wsi
 Small pyramidal tiled TIFFs at 1 um per pixel (stroma and nuclei blobs, one out of focus, a dust smudge; a planted
 tumour region on every other slide), slide_table.csv (PATIENT, FILENAME) and clinical_table.csv (PATIENT, TUMOUR)
 beside them and truth/<stem>.npz (the ground-truth masks), as the packaged config synthetic_slides reads them
-after `wsi extract`. Nothing here is a statement about real slides. See docs/slides.md."""
+after `wsi extract`. Each slide's TIFF description marks it SYNTHETIC; `wsi tile` and `wsi extract` carry the mark
+into the tiles' JSON and the bags' HDF5 attribute `synthetic`. Nothing here is a statement about real slides. See
+docs/slides.md."""
 
 #: The options of the tiling settings (``slides.settings.TileSettings``): (field, type, help); the flag is the field
 #: with dashes, its default the field's.

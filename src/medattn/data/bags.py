@@ -10,7 +10,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .options import check_keys, require
 from .preprocessing import Preprocessing
-from .readers.bags import BagLoader, slide_shape
+from .readers.bags import BagLoader, bag_synthetic, slide_shape
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import (
     BadSamples,
@@ -163,7 +163,9 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     if skip_bad:
         records, column = keep_valid(records, column, plain, bad, f"wsi_bags {clinical}")
     parts = split_records(records, cfg, seed, column)
-    task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names)
+    # one bag from a SYNTHETIC slide makes the cohort's results not clinical ones: the note is shown when any carries it
+    synthetic = any(bag_synthetic(path) for record in records for path in record.paths)
+    task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names, synthetic=synthetic)
     return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
                       RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,
                       skipped=bad.count, preprocessing=Preprocessing.of("wsi_bags", task))

@@ -11,7 +11,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .options import check_keys, int_tuple, require
 from .preprocessing import Preprocessing
-from .readers.images import ImageLoader, check_image_header, match_channels  # noqa: F401 (medmnist's import)
+from .readers.images import ImageLoader, check_image_header
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, RecordDataset, as_list, keep_valid, table_records
 from .transforms import augment_level, build_augmentation

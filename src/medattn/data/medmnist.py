@@ -19,9 +19,9 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
-from .images import match_channels
 from .options import SPLITS, check_keys, int_tuple, require
 from .preprocessing import Preprocessing
+from .readers.images import match_channels
 from .tables import BadSamples, infer_label_spec, inferred_class_problems, label_options
 from .transforms import RandomFlip3d, RandomRotateFlip2d
 

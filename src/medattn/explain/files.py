@@ -30,6 +30,7 @@ import torch
 
 from ..data import input_kinds
 from ..errors import UserError
+from ..slides.heatmap import prediction_text
 from . import outputs
 from .core import check_method, explain
 
@@ -151,6 +152,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             explained = "" if result.target is None else int(result.target[0])
             with torch.no_grad():
                 probs = predictor.probabilities(collate([sample]))[0]
+        if kind.instances:  # a slide's map names the slide's prediction
+            title = f"{title} | {prediction_text(probs.tolist(), prep.output_names, prep.task_type)}"
         heatmaps = FileHeatmaps(out, stem, path, prep.spacing, title, used, prep.synthetic, attrs, slides,
                                 colour_scale)
         written = heatmaps.tiles(coords, scores) if streamed else \

@@ -273,7 +273,8 @@ def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str
                                                (0.5, 1.0, "center", "top"), (0.5, 0.0, "center", "bottom")),
                                               (cut.towards[0], _OPPOSITE[cut.towards[0]], cut.towards[1],
                                                _OPPOSITE[cut.towards[1]])):
-                axis.text(x, y, letter, transform=axis.transAxes, ha=ha, va=va, fontsize=8, color="#ffd000")
+                axis.text(x, y, letter, transform=axis.transAxes, ha=ha, va=va, fontsize=8, color="white",
+                          bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0})
         axes[0, column].set_title(f"{cut.plane} (axis {cut.axis} = {cut.index}): image", fontsize=9)
         axes[1, column].set_title(f"{cut.plane}: relevance over the image", fontsize=9)
     _colour_bar(fig, axes, cmap, low, high, _meaning(heat, method, scale), 0.025, heat)

@@ -63,6 +63,11 @@ def _labels_and_splits(sizes: dict[str, int], rng: np.random.Generator) -> tuple
     return np.array(labels), splits
 
 
+def _statistics(values: np.ndarray) -> dict:
+    """What the probes read of a written image or volume: its maximum, its mean and its coarse layout."""
+    return {"max": float(values.max()), "mean": float(values.mean()), LAYOUT: _layout(values)}
+
+
 def _write_brain_2d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
                     rng: np.random.Generator) -> list[tuple[str, dict]]:
     from PIL import Image
@@ -79,7 +84,7 @@ def _write_brain_2d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
         pixels = np.clip(canvas / 1.4 * 255, 0, 255).round().astype(np.uint8)  # a fixed export window
         name = f"images/case_{i:04d}.png"
         images.save_image(Path(name).name, Image.fromarray(pixels))
-        rows.append((name, {"max": float(pixels.max()), "mean": float(pixels.mean()), LAYOUT: _layout(pixels)}))
+        rows.append((name, _statistics(pixels)))
     return rows
 
 
@@ -97,22 +102,20 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
         name = f"volumes/case_{i:04d}.nii.gz"
         with volumes.write(Path(name).name) as tmp:
             nib.save(nib.Nifti1Image(values, np.diag([4.0, 4.0, 4.0, 1.0])), tmp)
-        rows.append((name, {"max": float(values.max()), "mean": float(values.mean()), LAYOUT: _layout(values)}))
+        rows.append((name, _statistics(values)))
     return rows
 
 
 def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
                     rng: np.random.Generator) -> list[tuple[str, dict]]:
-    import h5py
+    from medattn.data.readers.bags import write_bag
 
     image, rows = anatomy.ihc_image(), []
     bags = OutputFolder(folder / "features")
     for i, label in enumerate(labels):
         features, coords = ihc.ihc_bag(image, bool(label), rng)
         name = f"slide_{i:04d}"
-        with bags.write(f"{name}.h5") as tmp, h5py.File(tmp, "w") as f:  # CLAM's layout
-            f.create_dataset("features", data=features)
-            f.create_dataset("coords", data=coords)
+        write_bag(bags.path(f"{name}.h5"), features, coords, {})  # CLAM's layout
         rows.append((name, {"bag size": float(len(features))}))
     return rows
 

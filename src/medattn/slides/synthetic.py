@@ -6,7 +6,9 @@ downsampled by 4 each (generic tiled TIFF, 256-px tiles, deflate). On a near-whi
 background lie three tissue blobs (pink stroma with fibre texture and purple nuclei of ~4 um radius);
 the third blob is out of focus (Gaussian blur, sigma 6 px); a grey, unsaturated smudge (dust, not
 tissue) sits on the glass. A ``tumour`` slide carries a planted tumour region in the first blob:
-nuclei denser, larger and darker. The returned masks are the ground truth at level 0.
+nuclei denser, larger and darker. The returned masks are the ground truth at level 0. Each slide's
+ImageDescription starts with :data:`SYNTHETIC_MARK`: ``medattn wsi tile`` and ``wsi extract`` carry the mark into
+the tiles' JSON and the bags' HDF5 attribute :data:`SYNTHETIC_ATTR` (:func:`is_synthetic`, :func:`bag_is_synthetic`).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def render(shape=(1536, 2048), tumour: bool = True, seed: int = 0) -> tuple[np.n
 def is_synthetic(slide) -> bool:
     """Whether an open slide (OpenSlide) was written by :func:`write_synthetic_slide`: its ImageDescription starts
     with :data:`SYNTHETIC_MARK`."""
-    return str(slide.properties.get("tiff.ImageDescription", "")).startswith(SYNTHETIC_MARK)
+    return str(getattr(slide, "properties", {}).get("tiff.ImageDescription", "")).startswith(SYNTHETIC_MARK)
 
 
 def bag_is_synthetic(path: Path) -> bool:

@@ -108,6 +108,18 @@ class BagLoader:
         return {"input": features, "coords": coords}
 
 
+def bag_synthetic(path: Path) -> bool:
+    """Whether a bag says it comes from a SYNTHETIC slide: HDF5 attribute ``synthetic`` true (``medattn wsi extract``
+    of a slide written by ``medattn wsi synthetic``); False for a file without it or one that does not open."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("synthetic", False))
+    except OSError:
+        return False
+
+
 def write_bag(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
     """Write a bag file atomically (a temporary name, then a rename: :func:`medattn.runtime.outputs.atomic`).
 
