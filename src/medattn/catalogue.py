@@ -79,7 +79,8 @@ PRESETS: dict[str, tuple[str, dict]] = {
     # cases. `vit2d_small` is a hybrid ViT: the small ResNet's trunk makes the tokens (stem="residual") and the head
     # reads the mean of the patch tokens (global_pool="avg"), chosen on the realistic brain slices over 3 seeds;
     # `vit3d_small` keeps early convolutions and the class token: as a hybrid, SeqNorm did not learn the realistic
-    # volumes in 1 of 2 seeds at 5x the step's cost (issue 40, docs/decisions.md "Hybrid CPU ViTs").
+    # volumes on seed 1 (train loss at ln 2 for 56 epochs) at 5x the step's cost (issue 40, docs/decisions.md,
+    # "Hybrid CPU ViTs").
     "pixel_tiny": ("PixelTransformer", dict(in_chans=1, num_classes=2, embed_dim=32, depth=2, num_heads=4,
                                             mlp_dim=128)),
     "vit2d_small": ("VisionTransformer", dict(spatial_dims=2, img_size=64, patch_size=8, in_chans=1, embed_dim=128,
