@@ -29,11 +29,11 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from medattn.attention.rows import FactorisedRows
-from medattn.commands.evaluate import load_trained
 from medattn.data import build_datasets
 from medattn.data import synthetic_wsi as sw
 from medattn.explain import explain, record_attention, rows_for
 from medattn.runtime.build import build_model
+from medattn.runtime.trained import load_checkpoint
 
 
 def planted_tumour(data_cfg: dict, seed: int, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +76,8 @@ def dense_chefer(model, features: torch.Tensor, target: int = 0) -> np.ndarray:
 def wsi(runs: list[str], bags: int) -> dict:
     results = {}
     for run in runs:
-        model, config, task, _ = load_trained(run)
+        trained = load_checkpoint(run)
+        model, config, task = trained.model, trained.config, trained.task
         torch.manual_seed(1)
         fresh = build_model(config["model"], task).eval()
         scores = {"gradrollout": [], "chefer_dense": [], "rollout": [], "|rollout|": [], "gradxinput": [],
@@ -108,7 +109,8 @@ def wsi(runs: list[str], bags: int) -> dict:
 
 
 def cxr(run: str, images: int) -> dict:
-    model, config, task, _ = load_trained(run)
+    trained = load_checkpoint(run)
+    model, config, task = trained.model, trained.config, trained.task
     torch.manual_seed(1)
     fresh = build_model(config["model"], task).eval()
     test = build_datasets(config["data"], seed=config["seed"]).test
@@ -146,13 +148,13 @@ def figures(cxr_run: str, mri_run: str, wsi_run: str, out: str) -> None:
 
     out_dir, work = Path(out), Path(tempfile.mkdtemp())
     medattn = [sys.executable, "-m", "medattn", "explain"]
-    _, config, _, _ = load_trained(cxr_run)
+    config = load_checkpoint(cxr_run).config
     image = build_datasets(config["data"], seed=config["seed"]).test[0]["input"][0]  # zero-mean, unit-std
     grey = ((image - image.min()) / (image.max() - image.min()) * 255).byte().numpy()
     Image.fromarray(grey).resize((256, 256), Image.BILINEAR).save(work / "cxr.png")
     subprocess.run([*medattn, cxr_run, str(work / "cxr.png"), "--out", str(work / "cxr")], check=True)
     Image.open(work / "cxr" / "cxr.png").save(out_dir / "explain_2d_cxr.png")
-    _, config, _, _ = load_trained(mri_run)
+    config = load_checkpoint(mri_run).config
     test = build_datasets(config["data"], seed=config["seed"]).test
     index = next(i for i in range(len(test)) if float(test[i]["label"].flatten()[0]) == 1)
     volume = test[index]["input"][0].numpy()
@@ -163,7 +165,7 @@ def figures(cxr_run: str, mri_run: str, wsi_run: str, out: str) -> None:
     plane = (volume[:, :, z] - volume.min()) / (volume.max() - volume.min())
     overlay(np.kron(plane, np.ones((8, 8)))[None], np.kron(heat[:, :, z], np.ones((8, 8))),
             label="SYNTHETIC").save(out_dir / "explain_3d_mri.png")
-    _, config, _, _ = load_trained(wsi_run)
+    config = load_checkpoint(wsi_run).config
     index = next(i for i in range(40) if planted_tumour(config["data"], config["seed"], "test", i)[1].any())
     features, _ = planted_tumour(config["data"], config["seed"], "test", index)
     sample = build_datasets(config["data"], seed=config["seed"]).test[index]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from medattn.config import read_config_file, with_defaults
 from medattn.data import build_datasets
-from medattn.train.loop import learning_verdict
 from medattn.train.report import read_metrics
+from medattn.train.results import learning_verdict
 
 
 def main() -> None:

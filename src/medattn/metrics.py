@@ -25,6 +25,7 @@ returning NaN.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -168,14 +169,46 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
         ax.plot(fpr, tpr, label=f"{label} (AUROC {score:.3f})")
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
     ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1), ylim=(0, 1.01))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(wrap_title(title, 52), fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
+    fit_title(fig, ax.title)
     from medattn.runtime.outputs import save_figure
 
     save_figure(path, fig, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def wrap_title(text: str, width: int) -> str:
+    """``text`` on lines of at most ``width`` characters, broken after its commas where it can (an interval
+    "0.238 to 1.000" stays on one line), elsewhere between words."""
+    lines: list[str] = []
+    for part in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += ", " + part
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.extend(textwrap.wrap(part, width) or [""])
+    return "\n".join(lines)
+
+
+def fit_title(fig, title) -> None:
+    """Shrink the font of ``title`` (a Text of ``fig``, laid out) until its drawn box lies inside the figure: a
+    long title (model, split, AUROC with its interval, n, the SYNTHETIC mark) is never clipped at the sides."""
+    if title is None or not title.get_text():
+        return
+    fig.canvas.draw()
+    inside = fig.bbox
+    for _ in range(8):
+        box = title.get_window_extent()
+        if box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and box.y1 <= inside.y1:
+            return
+        scale = min(1.0, inside.width / max(box.width, 1.0)) * 0.95
+        title.set_fontsize(max(5.0, title.get_fontsize() * scale))
+        fig.tight_layout()
+        fig.canvas.draw()
 
 
 def class_dice(dice) -> np.ndarray:

@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an earlier evaluation in --out")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="default: the run's eval batch size")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
+    parser.add_argument("--accept-features", action="store_true",
+                        help="bag models: evaluate bags whose features were made otherwise than the training features "
+                             "(another extractor, tile size, mpp or layout; refused by default); eval.json's "
+                             "features_accepted says how each differs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = evaluate(args.checkpoint, config, split=args.split, out=args.out, per_patient=args.per_patient,
                       batch_size=args.batch_size, skip_bad=args.skip_bad, progress=not args.no_progress,
-                      overwrite=args.overwrite)
+                      overwrite=args.overwrite, accept_features=args.accept_features)
     if result:
         if result["skipped_samples"]:
             print(f"skipped {result['skipped_samples']} bad sample(s) (--skip-bad)")

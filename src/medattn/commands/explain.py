@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slides", default=None, metavar="DIR",
                         help="folder of the scanner files: bag maps are drawn on their slide's thumbnail (a folder "
                              "that does not exist, or a single bag's slide not in it, is refused)")
+    parser.add_argument("--accept-features", action="store_true",
+                        help="bag models: explain bags whose features were made otherwise than the training features "
+                             "(another extractor, tile size, mpp or layout; refused by default); summary.csv's "
+                             "features_accepted column says how each differs")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace outputs already in --out (inputs are never written over)")
     parser.add_argument("--chunk-size", type=positive_int, default=32_768,
@@ -66,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from medattn.explain.files import explain_files
 
     report = explain_files(args.checkpoint, args.files, args.out, args.method, args.target, args.chunk_size,
-                           args.subtract, args.overwrite, args.slides, args.colour_scale)
+                           args.subtract, args.overwrite, args.slides, args.colour_scale,
+                           args.accept_features)
     for file, why in report.missing_slides:
         print(f"medattn: warning: {file}: --slides {args.slides}: {why}; its map is drawn at the tile coordinates "
               f"on a blank canvas", file=sys.stderr)

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "left out) (default %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=8,
                         help="files (or bags) per forward pass (default %(default)s)")
+    parser.add_argument("--accept-features", action="store_true",
+                        help="bag models: use bags whose features were made otherwise than the training features "
+                             "(another extractor, tile size, mpp or layout; refused by default); the CSV's "
+                             "features_accepted column says how each differs")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out CSV and label maps (inputs are never written over)")
 
@@ -75,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     if args.threshold is not None:
         parse_thresholds(args.threshold, prep.num_outputs)  # every argument before the outputs are checked
+    from medattn.data.provenance import check_bags
+
+    accepted = check_bags(input_kinds.of(prep.input_kind), runner.features, prep.input_shape[0], inputs,
+                          args.accept_features)  # bags made otherwise: refused before any output
     out = Path(args.out)
     label_dir = Path(args.label_dir) if args.label_dir else out.with_name(f"{out.stem}_labels")
     folder = OutputFolder(out.parent, [p for paths in inputs for p in paths], args.overwrite)
@@ -83,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         folder.path(name)
     try:
         table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
-                              args.overwrite, names)
+                              args.overwrite, names, accepted if args.accept_features else None)
     except BadInputFile as error:
         raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
     with folder.write(out.name) as tmp:
@@ -91,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     joined = f" (patients: {sum(map(len, inputs))} slides joined by {args.patients})" if names else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{joined}{tag}")
+    if accepted:
+        print(f"{len(accepted)} input(s) with features made otherwise than the model's training features, used "
+              f"(--accept-features): see the features_accepted column")
     if table.threshold_source:
         print(f"threshold: {table.threshold_source}")
     if args.skip_bad:

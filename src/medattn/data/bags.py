@@ -10,6 +10,7 @@ from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
 from .options import check_keys, require
 from .preprocessing import Preprocessing
+from .provenance import collect
 from .readers.bags import BagLoader, bag_synthetic, slide_shape
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import (
@@ -166,6 +167,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     # one bag from a SYNTHETIC slide makes the cohort's results not clinical ones: the note is shown when any carries it
     synthetic = any(bag_synthetic(path) for record in records for path in record.paths)
     task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names, synthetic=synthetic)
+    features = collect(path for record in parts["train"] for path in record.paths)  # what made the training features
     return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
                       RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,
-                      skipped=bad.count, preprocessing=Preprocessing.of("wsi_bags", task))
+                      skipped=bad.count, preprocessing=Preprocessing.of("wsi_bags", task), features=features)

@@ -77,7 +77,9 @@ class DataBundle:
     ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json);
     ``defaults`` the values a default chose for keys the config left out (``{"data.augment": "strong"}``),
     recorded with the run; ``preprocessing`` what the builder applied to a file to make an evaluation input
-    (:class:`~medattn.data.preprocessing.Preprocessing`), stored with every checkpoint for predict and export."""
+    (:class:`~medattn.data.preprocessing.Preprocessing`), stored with every checkpoint for predict and export;
+    ``features`` the provenance of a bag cohort's training features (:func:`medattn.data.provenance.collect`),
+    stored with the checkpoint so that eval, predict and explain refuse bags made otherwise."""
 
     train: Dataset
     val: Dataset
@@ -87,6 +89,7 @@ class DataBundle:
     warnings: list[str] = field(default_factory=list)
     defaults: dict = field(default_factory=dict)
     preprocessing: Preprocessing | None = None
+    features: dict | None = None
 
 
 def dataset_labels(dataset: Dataset) -> torch.Tensor:

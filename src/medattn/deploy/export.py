@@ -172,6 +172,8 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path, overwri
         raise UserError(f"{checkpoint}: this model was trained on patches and predicts whole volumes by sliding "
                         f"windows, which an exported graph does not hold yet; predict from the checkpoint")
     meta = metadata(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
+    if trained.meta.get("features"):  # what made a bag model's training features: predict from the file checks them
+        meta["features"] = trained.meta["features"]
     checkpoint_files = tuple(trained.folder.iterdir())
     export_model(trained.model, prep, fmt, out, meta, overwrite, checkpoint_files)
     return read_metadata(out)

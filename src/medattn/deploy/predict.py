@@ -46,12 +46,14 @@ class PredictionTable:
 
 def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
                   threshold: str | None = None, label_dir: Path | None = None, overwrite: bool = False,
-                  names: list[str] | None = None) -> PredictionTable:
+                  names: list[str] | None = None, accepted: dict[tuple, str] | None = None) -> PredictionTable:
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
     (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
     ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids in the ``file``
-    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file)."""
+    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file). ``accepted``
+    (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ from the
+    model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not)."""
     prep = runner.preprocessing
     dataset = inference_dataset(prep, inputs, skip_bad, names)
     if prep.slice_axis is not None:
@@ -81,6 +83,8 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
         table.header = ["file", *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
+    if accepted is not None:
+        table.header.append("features_accepted")
     items = {item.id: item for item in dataset.items}
     for batch in loader:
         probabilities = runner.probabilities(batch)
@@ -92,7 +96,8 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                 labels = torch.from_numpy(np.asarray(p).argmax(0))  # inputs of one name get <name>, <name>_2, ...
                 out, voxels, volumes = write_label_map(labels, item.paths[0], prep, maps, stems[sample_id])
                 sizes = [f"{v:.3f}" for v in volumes] if volumes is not None else [""] * len(voxels)
-                table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance])
+                table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance,
+                                   *([] if accepted is None else [""])])
                 continue
             probs = [f"{v:.6f}" for v in p]
             if cut is None:
@@ -100,7 +105,8 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             else:
                 decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
             sides = [item.side] if prep.split_sides else []
-            table.rows.append([item.name, *sides, *probs, *decided, *provenance])
+            table.rows.append([item.name, *sides, *probs, *decided, *provenance,
+                               *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     seen = set()
     for sample_id, reason in dataset.bad.items():  # one line per input, not per side
         item = items[sample_id]

@@ -35,6 +35,7 @@ class Runner:
     checkpoint_sha256: str
     source: str
     run: object  # batch dict -> np.ndarray probabilities
+    features: dict | None = None  # what made a bag model's training features (medattn.data.provenance), if recorded
 
     def probabilities(self, batch: dict) -> np.ndarray:
         """Collated batch (``input``; bags also ``mask``, ``coords``) -> probabilities (B, K) or (B, K, H, W, D)."""
@@ -55,7 +56,8 @@ def _torch_runner(path: str | Path) -> Runner:
     def run(batch: dict) -> np.ndarray:
         return predictor.probabilities(batch).cpu().numpy()
 
-    return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run)
+    return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run,
+                  trained.meta.get("features"))
 
 
 def _graph_session(path: Path, expected: list[str]) -> tuple[list[str], object]:
@@ -93,6 +95,11 @@ def _exported_runner(path: Path) -> Runner:
         thresholds = checked_thresholds(thresholds, prep.num_outputs, f"{source}: threshold")
     if prep.unpredictable:
         raise UserError(f"{source}: {prep.unpredictable}")
+    features = meta.get("features")
+    if features is not None:
+        from medattn.data.provenance import check_recorded
+
+        check_recorded(features, source)
     kind = input_kinds.of(prep.input_kind)
     expected = list(kind.input_names)
     names, graph = _graph_session(path, expected)
@@ -119,7 +126,7 @@ def _exported_runner(path: Path) -> Runner:
         return session_run({n: t.numpy() for n, t in zip(names, inputs)})
 
     return Runner(prep, thresholds, str(meta.get("model_id", "")), str(meta.get("checkpoint_sha256", "")), str(path),
-                  run)
+                  run, features)
 
 
 def open_model(path: str | Path) -> Runner:

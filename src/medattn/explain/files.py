@@ -84,7 +84,7 @@ def streamed_bag(model, path: Path, chunk_size: int):
 def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
                   target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None,
                   overwrite: bool = False, slides: str | Path | None = None,
-                  colour_scale: str = "full") -> ExplainedFiles:
+                  colour_scale: str = "full", accept_features: bool = False) -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
     subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
     planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
@@ -92,7 +92,9 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     ``<name>``, ``<name>_2``, ...). ``slides``: the folder of the scanner files; a bag whose HDF5 names its slide
     (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail (see the
     module docstring for a slide not found). ``colour_scale``: ``full`` or ``percentile``
-    (:func:`~medattn.explain.outputs.colour_range`)."""
+    (:func:`~medattn.explain.outputs.colour_range`). A bag whose features were made otherwise than the model's
+    training features (:mod:`medattn.data.provenance`) is refused before anything is written, unless
+    ``accept_features``: then the summary's ``features_accepted`` column says how each differs."""
     from ..data.base import collate
     from ..data.files import check_regular
     from ..data.preprocessing import inference_dataset, sample_paths
@@ -121,6 +123,10 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             except (FileNotFoundError, ValueError) as error:
                 raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
                     from None
+    from ..data.provenance import check_bags
+
+    accepted = check_bags(kind, trained.meta.get("features"), prep.input_shape[0],
+                          [item.paths for item in dataset.items], accept_features)
     headers = [kind.header(item.paths[0]) for item in dataset.items]  # a bag's tile count and attributes, else (0, {})
     missing = [] if slides is None or not kind.instances else \
         [(item.id, why) for item, (_, attrs) in zip(dataset.items, headers) if (why := find_slide(attrs, slides)[1])]
@@ -160,7 +166,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
             kind.explain_file(heatmaps, path, sample, result.relevance[0])
         report.rows.append({"file": item.id, "method": used, "target": explained,
                             **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
-                            "outputs": " ".join(written)})
+                            "outputs": " ".join(written),
+                            **({"features_accepted": accepted.get(tuple(item.paths), "")} if accept_features else {})})
     with out.write("summary.csv") as tmp:
         outputs.write_summary(tmp, report.rows)
     return report

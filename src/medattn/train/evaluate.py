@@ -30,12 +30,14 @@ from .report import score_split
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
              per_patient: str | None = None, batch_size: int | None = None, skip_bad: bool = False,
-             progress: bool = True, overwrite: bool = False) -> dict:
+             progress: bool = True, overwrite: bool = False, accept_features: bool = False) -> dict:
     """Evaluate ``checkpoint`` (a run folder, checkpoint folder or model.safetensors) on split ``split`` of the
     data of ``config`` (a resolved run config; its ``data``, ``seed`` and ``eval`` sections are used);
     returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
     ``eval_<config name>_<split>`` in the checkpoint's run folder; files already there that this call did not
-    write are replaced only with ``overwrite``, checked before any prediction."""
+    write are replaced only with ``overwrite``, checked before any prediction. Bags whose features were made otherwise
+    than the checkpoint's training features (:mod:`medattn.data.provenance`) are refused, unless ``accept_features``:
+    then ``eval.json``'s ``features_accepted`` maps each such sample to how its features differ."""
     from medattn.data import build_datasets
     from medattn.data.preprocessing import differences
     from medattn.runtime.device import open_device
@@ -53,6 +55,14 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     task, run_config, folder = trained.task, trained.config, trained.folder
     bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=skip_bad)
     data_task = bundle.task
+    accepted: dict = {}
+    records = getattr(getattr(bundle, split), "records", None)
+    if data_task.input_kind == task.input_kind and records is not None:  # bags made otherwise: refused here
+        from medattn.data import input_kinds
+        from medattn.data.provenance import check_bags
+
+        accepted = check_bags(input_kinds.of(task.input_kind), trained.meta.get("features"), task.input_shape[0],
+                              [record.paths for record in records], accept_features)
     if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
             (task.task_type, task.input_kind, task.num_outputs) or data_task.input_shape[0] != task.input_shape[0]:
         raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
@@ -98,6 +108,8 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
                         patients, scored, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
             result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
                           synthetic=data_task.synthetic, split=split, out=str(out), task=task_to_dict(data_task))
+            if accept_features:
+                result["features_accepted"] = {", ".join(map(str, paths)): note for paths, note in accepted.items()}
             target.save_json("eval.json", result)
     distributed.cleanup()
     return result

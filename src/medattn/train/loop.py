@@ -205,6 +205,8 @@ def _setup(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool, ini
             "model_defaults": preset_design(config["model"])}
     if bundle.preprocessing is not None:  # what the builder applied: predict, explain and export reuse it
         meta["preprocessing"] = bundle.preprocessing.to_dict()
+    if bundle.features is not None:  # what made the training bags' features: eval, predict, explain refuse others
+        meta["features"] = bundle.features
     setup = {"init_from": init_report, "warnings": setup_warnings, "defaults": defaults,
              "feature_standardization": standardized, "plan": planned}
     return _Run(config, task, model, ddp_model, optimizer, ema, objective, train_objective, train_loader, val_loader,

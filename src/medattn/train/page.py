@@ -15,6 +15,8 @@ from pathlib import Path
 
 from medattn.runtime.outputs import save_text
 
+from .report import span
+
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;text-align:left}"
          ".warning{background:#fff3cd;border-left:4px solid #d39e00;padding:.4em .8em;margin:.3em 0}"
@@ -22,17 +24,45 @@ STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}
 
 
 def _table(rows: list[list]) -> str:
+    """The first row is the header, left out when all its cells are empty (a table of name-value pairs)."""
     head, *body = rows
     cells = "".join(f"<th>{html.escape(str(c))}</th>" for c in head)
+    header = f"<tr>{cells}</tr>" if any(str(c) for c in head if c is not None) else ""
     lines = "".join("<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in row) + "</tr>"
                     for row in body)
-    return f"<table><tr>{cells}</tr>{lines}</table>"
+    return f"<table>{header}{lines}</table>"
 
 
-def _image(path: Path) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return f'<figure><img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">' \
-           f"<figcaption>{html.escape(path.name)}</figcaption></figure>"
+#: What each of a page's pictures shows, in a sentence (its file name is given after it).
+CAPTIONS = {
+    "roc_test.png": "ROC curve on the test split: sensitivity (true positive rate) against 1 - specificity (false "
+                    "positive rate) over all thresholds; the title gives the AUROC with its 95% interval and n.",
+    "training_curves.png": "Training curves: loss on the training and validation splits (left) and the validation "
+                           "score (right) per epoch; the dashed line marks the kept epoch.",
+    "compare.png": "The compared models' scores over the seeds.",
+}
+
+
+def caption(name: str) -> str:
+    """A readable sentence for the picture ``name`` (relative to the page's folder)."""
+    if name in CAPTIONS:
+        return CAPTIONS[name]
+    path = Path(name)
+    if path.parent.name == "heatmaps" and path.stem.isdigit():
+        return (f"Test case ranked {path.stem} by predicted probability: the input beside the map of what the "
+                f"model looked at (the title gives the case, its probability and its true label).")
+    return path.stem.replace("_", " ").capitalize() + "."
+
+
+def _image(folder: Path, name: str) -> str:
+    data = base64.b64encode((folder / name).read_bytes()).decode()
+    text = caption(name)
+    return f'<figure><img alt="{html.escape(text)}" src="data:image/png;base64,{data}">' \
+           f'<figcaption>{html.escape(text)} <small>({html.escape(name)})</small></figcaption></figure>'
+
+
+#: How the summary names a metric.
+ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice"}
 
 
 def number(value: float | None) -> str:
@@ -47,7 +77,7 @@ def write_page(folder: Path, title: str, synthetic: bool, summary: list[list], w
     folder = Path(folder)
     mark = '<p class="synthetic">SYNTHETIC data: not real patients, not a clinical result</p>' if synthetic else ""
     notes = "".join(f'<div class="warning">{html.escape(w)}</div>' for w in warnings)
-    pictures = "".join(_image(folder / name) for name in images if (folder / name).is_file())
+    pictures = "".join(_image(folder, name) for name in images if (folder / name).is_file())
     page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{mark}{notes}{_table(summary)}"
             f"{pictures}</body></html>")
@@ -55,17 +85,41 @@ def write_page(folder: Path, title: str, synthetic: bool, summary: list[list], w
     return save_text(path, page)
 
 
+def _rate(rate: dict) -> str:
+    if rate.get("value") is None:
+        return "undefined"
+    return f"{rate['value']:.3f} (95% CI {span(rate['ci_low'], rate['ci_high'])})"
+
+
+def operating_rows(points: list[dict]) -> list[list[str]]:
+    """The operating point(s) as table rows: the threshold chosen on validation (Youden's J) and the test
+    sensitivity and specificity there, with Wilson intervals and counts, as ``medattn eval`` prints them."""
+    rows = []
+    for p in points:
+        rows.append([f"operating point ({p['output']})",
+                     f"threshold {p['threshold']:.3f} (chosen on validation, Youden's J): test sensitivity "
+                     f"{_rate(p['sensitivity'])} [{p['tp']} of {p['tp'] + p['fn']}], specificity "
+                     f"{_rate(p['specificity'])} [{p['tn']} of {p['tn'] + p['fp']}]"])
+    return rows
+
+
 def run_page(run_dir: Path, results: dict) -> Path:
     """The page of one training run (results.json's content)."""
     test = results.get("test", {})
     metric = results.get("metric", "")
-    ci = "" if test.get("ci_low") is None else f" ({test['ci_low']:.3f}-{test['ci_high']:.3f})"
+    ci = "" if test.get("ci_low") is None else f" (95% CI {span(test['ci_low'], test['ci_high'])})"
     value = test.get(metric)
+    provenance = results.get("provenance", {})
     rows = [["", ""], ["data", results.get("data")], ["model", results.get("model")],
             ["attention", results.get("attention")], ["best epoch", f"{results.get('best_epoch')} of "
                                                                     f"{results.get('epochs')}"],
-            [f"test {metric}", "undefined" if value is None else f"{value:.4f}{ci}, n={test.get('n')}"],
+            [f"test {ABBREVIATIONS.get(metric, metric)}",
+             "undefined" if value is None else f"{value:.4f}{ci}, n={test.get('n')}"],
+            *operating_rows(results.get("operating_point", [])),
             ["learned", "yes" if results.get("learning", {}).get("learned", True) else "NO: not a result"],
+            *[[name, provenance[key]] for name, key in (
+                ("model id", "model_id"), ("checkpoint weights SHA-256", "weights_sha256"), ("date", "date"),
+                ("medattn version", "medattn_version")) if provenance.get(key)],
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),

@@ -35,10 +35,33 @@ def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, re
     write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
     if result.get("auroc") is None:
         return
-    ci = "" if result["ci_low"] is None else f" ({result['ci_low']:.3f}-{result['ci_high']:.3f})"
+    ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
     title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
     title += " (SYNTHETIC data)" if task.synthetic else ""
     metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title, task.class_names)
+
+
+def span(low: float, high: float) -> str:
+    """An interval of rates (AUROC, sensitivity, a chance interval) as ``"a to b"``, both clipped to [0, 1]: no
+    bound outside what a rate can be, and no minus sign that reads as a dash ("-0.480-1.480")."""
+    return f"{min(max(low, 0.0), 1.0):.3f} to {min(max(high, 0.0), 1.0):.3f}"
+
+
+def class_labels(labels: np.ndarray, task: TaskInfo) -> list[str]:
+    """Each case's label (N,) or (N, K) by its class name(s): binary with one name ``"cardiomegaly"`` /
+    ``"no cardiomegaly"``, multi-class the class's name, multi-label the present labels' names (``"none"``);
+    the number where the task names no classes."""
+    names, out = list(task.class_names), []
+    for row in np.asarray(labels).reshape(len(labels), -1):
+        values = [int(round(float(v))) for v in row]
+        if task.task_type == "multilabel":
+            present = [names[k] if k < len(names) else str(k) for k, v in enumerate(values) if v]
+            out.append(", ".join(present) if present else "none")
+        elif task.task_type == "binary" and len(names) == 1:
+            out.append(names[0] if values[0] else f"no {names[0]}")
+        else:
+            out.append(names[values[0]] if values[0] < len(names) else str(values[0]))
+    return out
 
 
 def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
@@ -202,8 +225,9 @@ def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    epochs = [row["epoch"] for row in rows]
+    epochs = [int(row["epoch"]) for row in rows]
     fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(9, 3.5))
     ax_loss.plot(epochs, [row["train_loss"] for row in rows], "o-", label="train")
     ax_loss.plot(epochs, [row["val_loss"] for row in rows], "o-", label="validation")
@@ -215,8 +239,11 @@ def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_e
         for axis in (ax_loss, ax_score):
             axis.axvline(best_epoch, color="0.4", linestyle="--", linewidth=1, label=f"kept: epoch {best_epoch}")
         ax_score.legend()
-    fig.suptitle(title)
+    for axis in (ax_loss, ax_score):  # epochs are whole: no 1.2, 1.4 ... on a short run
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    heading = fig.suptitle(title)
     fig.tight_layout()
+    metrics.fit_title(fig, heading)
     save_figure(path, fig, dpi=100)
     plt.close(fig)
     return ax_loss, ax_score

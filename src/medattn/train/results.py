@@ -66,9 +66,11 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
+            results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
             if case_pictures is not None and objective.outputs_are_probabilities:  # the highest-scored test cases
                 try:
-                    results["heatmaps"] = case_pictures(model, bundle.test, test.outputs, test.labels, test.ids,
+                    results["heatmaps"] = case_pictures(model, bundle.test, test.outputs,
+                                                        report.class_labels(test.labels, task), test.ids,
                                                         task, run_dir, label, config["eval"]["heatmaps"])
                 except Exception as error:  # a picture for the page must never cost a finished run its results
                     results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
@@ -80,6 +82,30 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         log(report.summary(results, objective))
     distributed.barrier()
     return results
+
+
+def reader_facts(run_dir: Path, task, test, ci: float) -> dict:
+    """What a clinical reader of report.html needs beside the AUROC: ``provenance`` (the kept checkpoint's model
+    id and weights SHA-256, the date, the medattn version) and, for binary and multi-label tasks, the
+    ``operating_point`` on the test split at the thresholds chosen on validation (Youden's J, stored in the
+    checkpoint), as ``medattn eval`` reports it."""
+    import datetime
+
+    import medattn
+    from medattn.clinical_metrics import operating_point
+    from medattn.runtime.threshold import stored_thresholds
+    from medattn.runtime.trained import model_id, weights_sha256
+
+    best = checkpoint.resolve(run_dir / "checkpoints" / "best")
+    meta = checkpoint.load_meta(best)
+    facts: dict = {"provenance": {
+        "model_id": model_id(meta), "weights_sha256": weights_sha256(best),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "medattn_version": medattn.__version__}}
+    thresholds = stored_thresholds(meta, task.num_outputs, str(best / checkpoint.META_FILE))
+    if thresholds is not None and task.task_type in ("binary", "multilabel"):
+        facts["operating_point"] = operating_point(test.outputs, test.labels, thresholds, ci, task.class_names)
+    return facts
 
 
 def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str,

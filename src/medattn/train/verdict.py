@@ -103,10 +103,10 @@ def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int |
                             f"the training data")
         half = None if val_labels is None else chance_halfwidth(val_labels, task_type, ci)
         if half is not None:
-            interval = [0.5 - half, 0.5 + half]
+            interval = [max(0.0, 0.5 - half), min(1.0, 0.5 + half)]  # an AUROC lies in [0, 1]
             if abs(max(scores) - 0.5) <= half:
                 reasons.append(f"the best validation AUROC {max(scores):.3f} lies within chance "
-                               f"({interval[0]:.3f}-{interval[1]:.3f} at {ci:.0%} for these validation labels)")
+                               f"({interval[0]:.3f} to {interval[1]:.3f} at {ci:.0%} for these validation labels)")
     quarter = max(1, len(scores) // 4)
     if best == len(scores) - 1 and len(scores) >= 4 and scores[-1] > scores[-1 - quarter]:
         warnings.append(f"the best epoch is the last ({len(scores)}) and the validation score still rose over the "
