@@ -232,8 +232,8 @@ def _match(model: VisionTransformer, state: dict, origin: dict, how: dict, where
     With ``keep`` (glob patterns on timm's names) only matching tensors of the file are used."""
     if isinstance(model.patch_embed, (ConvStem, ResidualStem)) and "patch_embed.proj.weight" in state:
         raise UserError(f"{where}: holds a patch embedding, but the model starts with a convolutional stem "
-                        f"({type(model.patch_embed).__name__}; the _small presets start with the residual one); set "
-                        f"model.kwargs.stem=patch to load it")
+                        f"({type(model.patch_embed).__name__}, as the _small presets do); set model.kwargs.stem=patch "
+                        f"to load it")
     own = model.state_dict()
     tensors, used = {}, set()
     report = {"loaded": [], "adapted": [], "new": [], "dropped": [], "not_kept": [], "how": {}}
