@@ -282,3 +282,12 @@ def test_catalogue_names_resolve_to_the_registered_classes():
     for name, where in catalogue.ATTENTIONS.items():
         assert get_attention_class(name).__name__ == where.split(":")[1]
     assert {name: (cls.__name__, kwargs) for name, (cls, kwargs) in PRESETS.items()} == catalogue.PRESETS
+
+
+def test_demo_table_rounds_the_auroc_of_a_run_that_learned_nothing():
+    from medattn.commands.demo import COLUMNS, format_table
+
+    rows = [{"task": "synthetic_cxr", "task_label": "CXR", "mechanism": m, "auroc": 0.4567891, "ci_low": 0.3,
+             "ci_high": 0.6, "did_not_learn": "within chance" if m == "seqnorm" else ""} for m in COLUMNS]
+    table = format_table(rows, ["synthetic_cxr"])
+    assert "its AUROC 0.457 is not a result" in table and "0.4567891" not in table

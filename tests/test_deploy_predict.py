@@ -325,7 +325,7 @@ def test_a_patient_with_several_slides_gets_one_prediction_of_their_joined_bag(t
                  "--out", str(tmp_path / "patients.csv")]) == 0
     assert "(patients: 3 slides joined by" in capsys.readouterr().out
     rows = list(csv.DictReader(open(tmp_path / "patients.csv")))
-    assert [r["file"] for r in rows] == ["P1", "P2"]
+    assert [r["patient"] for r in rows] == ["P1", "P2"]  # the ids under their own name (issue 36)
     assert main(["predict", str(ck), str(tmp_path / "a+b.h5"), str(tmp_path / "c.h5"),
                  "--out", str(tmp_path / "joined.csv")]) == 0
     joined = list(csv.DictReader(open(tmp_path / "joined.csv")))

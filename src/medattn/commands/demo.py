@@ -257,6 +257,10 @@ def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
     return "\n".join(["", f"why linear attention: {title} (scaling.png, scaling.csv)", format_table(table, columns)])
 
 
+def _rounded(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.3f}"
+
+
 def format_table(rows: list[dict], tasks: list[str], quick: bool = False) -> str:
     """Rows: tasks; columns: the baseline and the mechanisms; cells: test AUROC (95% CI)."""
     width = 22
@@ -278,6 +282,6 @@ def format_table(rows: list[dict], tasks: list[str], quick: bool = False) -> str
                 cells.append(f"{row['auroc']:.2f} ({row['ci_low']:.2f}-{row['ci_high']:.2f})")
         label = next(r["task_label"] for r in rows if r["task"] == task)
         lines.append(f"{label:<34}" + "".join(f"{c:>{width}}" for c in cells))
-    lines += [f"{r['task']} {r['mechanism']}: did not learn ({r['did_not_learn']}); its AUROC {r['auroc']} is not a "
-              f"result" for r in rows if r["did_not_learn"]]
+    lines += [f"{r['task']} {r['mechanism']}: did not learn ({r['did_not_learn']}); its AUROC {_rounded(r['auroc'])} "
+              f"is not a result" for r in rows if r["did_not_learn"]]
     return "\n".join(lines)

@@ -50,12 +50,13 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
     (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
-    ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids in the ``file``
-    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file). ``accepted``
-    (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ from the
-    model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not)."""
+    ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids, in a ``patient``
+    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file, in ``file``).
+    ``accepted`` (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ
+    from the model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not)."""
     prep = runner.preprocessing
     dataset = inference_dataset(prep, inputs, skip_bad, names)
+    first = "file" if names is None else "patient"  # the column naming each sample
     if prep.slice_axis is not None:
         batch_size = 1  # volumes of different slice counts do not stack
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=0)
@@ -82,7 +83,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
         else:
             cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
-        table.header = ["file", *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
+        table.header = [first, *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
     if accepted is not None:
         table.header.append("features_accepted")
     items = {item.id: item for item in dataset.items}
