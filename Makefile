@@ -20,7 +20,7 @@ demo: $(STAMP)
 # The suite runs in one worker per core (pytest-xdist), each on one thread unless the user set OMP_NUM_THREADS /
 # NUMBA_NUM_THREADS: the cores are shared out, never oversubscribed (16 min serial, about 10 on two cores).
 test: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1} $(PY) -m pytest -n auto
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1} $(PY) -m pytest -n auto --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
