@@ -36,9 +36,9 @@ import torch
 from medattn.attention import available_attentions, build_attention, get_attention_class
 from medattn.errors import UserError
 from medattn.text import format_table
-from medattn.threads import set_threads
 
 from .common import (
+    add_device_options,
     add_overwrite,
     comma_list,
     current_rss_bytes,
@@ -49,6 +49,7 @@ from .common import (
     reset_peak_memory,
     results_folder,
     row_environment,
+    run_device,
     run_in_process,
     run_isolated,
     write_results,
@@ -287,18 +288,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=30.0, help="seconds per call before larger N are skipped")
     parser.add_argument("--memory-budget-gb", type=float, default=8.0,
                         help="GiB of peak memory before larger N are skipped")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where to run (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--no-isolate", action="store_true",
-                        help="run every configuration in this process (faster, memory figures less clean)")
+    add_device_options(parser)
     parser.add_argument("--out", default="reports/bench-attention", help="output folder (default: %(default)s)")
     add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.threads = set_threads(args.threads)  # isolated runs get the same count
+    device = run_device(args)
     _check_mechanisms(args.mechanisms, not args.no_peers)  # before measuring
     out = results_folder(args.out, ["attention"], args.overwrite)
     rates = measure_rates(device=device)

@@ -155,6 +155,25 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def add_device_options(parser) -> None:
+    """``--device``, ``--threads`` and ``--no-isolate`` of the benches that time a model on one device
+    (``bench attention``, ``bench scaling``); :func:`run_device` applies the first two."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run (default: cuda when available, else cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--no-isolate", action="store_true",
+                        help="run every configuration in this process (faster, memory figures less clean)")
+
+
+def run_device(args) -> str:
+    """The device of :func:`add_device_options` (cuda when available unless given), after setting the torch threads
+    (``args.threads`` becomes the count set, so isolated runs get the same)."""
+    from medattn.threads import set_threads
+
+    args.threads = set_threads(args.threads)
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def add_overwrite(parser) -> None:
     """A bench's ``--overwrite``: without it, results already in ``--out`` are refused before anything is measured
     (:func:`results_folder`)."""

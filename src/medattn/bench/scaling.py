@@ -61,12 +61,12 @@ from medattn.config import DEFAULTS
 from medattn.errors import UserError
 from medattn.models import available_models, create_model
 from medattn.text import format_table
-from medattn.threads import set_threads
 from medattn.train.defaults import GENERAL
 from medattn.train.optim import make_optimizer
 
 from .attention import RUNTIME_ALLOWANCE_BYTES
 from .common import (
+    add_device_options,
     add_overwrite,
     comma_list,
     cpu_bf16_support,
@@ -77,6 +77,7 @@ from .common import (
     reset_peak_memory,
     results_folder,
     row_environment,
+    run_device,
     run_in_process,
     run_isolated,
     write_results,
@@ -411,22 +412,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GiB of peak memory before larger resolutions are skipped")
     parser.add_argument("--images-per-epoch", type=int, default=15000,
                         help="images of the epoch whose time is reported")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where to run (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add_device_options(parser)
     parser.add_argument("--compile", action="store_true",
                         help="also measure each step with torch.compile(model, fullgraph=True), in the same process")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="also measure each step with per-block activation checkpointing, in the same process")
-    parser.add_argument("--no-isolate", action="store_true",
-                        help="run every configuration in this process (faster, memory figures less clean)")
     parser.add_argument("--out", default="reports/bench-scaling", help="output folder (default: %(default)s)")
     add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.threads = set_threads(args.threads)  # isolated runs get the same count
+    device = run_device(args)
     _check_arguments(args.mechanisms, args.resolutions, args.model, args.precision)  # before measuring
     out = results_folder(args.out, ["scaling"], args.overwrite, ("scaling.png",))
     rates = measure_rates(device=device)
