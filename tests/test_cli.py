@@ -291,3 +291,18 @@ def test_demo_table_rounds_the_auroc_of_a_run_that_learned_nothing():
              "ci_high": 0.6, "did_not_learn": "within chance" if m == "seqnorm" else ""} for m in COLUMNS]
     table = format_table(rows, ["synthetic_cxr"])
     assert "its AUROC 0.457 is not a result" in table and "0.4567891" not in table
+
+
+def test_models_lists_aligned_presets_and_every_tile_encoder(capsys):
+    """Issue 36: the columns stay aligned for the longest preset name, and the tile encoders are listed (from their
+    cards) with the design keys of the presets (stem, readout)."""
+    from medattn.slides.encoders import extractor_kinds
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("  ") and "=" in line]
+    columns = {line.index(line.split()[1]) for line in rows}  # where the class name starts
+    assert len(columns) == 1, rows
+    encoders = out.split("tile encoders")[1].split("attention mechanisms")[0]
+    assert all(f"  {name} " in encoders for name in extractor_kinds())
+    assert "stem=residual" in out and "readout=max" in out
