@@ -254,7 +254,11 @@ def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
                  for m in SCALING["mechanisms"]}} for n in seq_lens]
     columns = [("n", "tokens N", "")] + [(f"{m}_ms", f"{m} ms", ".1f") for m in SCALING["mechanisms"]] + \
         [(f"{m}_mb", f"{m} MiB", ".0f") for m in SCALING["mechanisms"]]
-    return "\n".join(["", f"why linear attention: {title} (scaling.png, scaling.csv)", format_table(table, columns)])
+    lines = ["", f"why linear attention: {title} (scaling.png, scaling.csv)", format_table(table, columns)]
+    if quick:  # at a few hundred tokens the linear form's fixed costs can outweigh the N^2 work it saves
+        lines.append(f"[--quick] at N = {', '.join(map(str, seq_lens))} a linear layer's fixed costs can outweigh the "
+                     f"N^2 work it saves; `medattn demo` measures N = {', '.join(map(str, SCALING['seq_lens']))}")
+    return "\n".join(lines)
 
 
 def _rounded(value: float | None) -> str:
