@@ -25,9 +25,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
-# Every script in benchmarks/ at a toy size, the slow ones included (tests/test_benchmark_scripts.py; a few minutes).
+# Every script in benchmarks/ at a toy size, the slow ones included (tests/bench/test_benchmark_scripts.py; a few minutes).
 bench-smoke: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -n auto -m '' tests/test_benchmark_scripts.py
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -n auto -m '' tests/bench/test_benchmark_scripts.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

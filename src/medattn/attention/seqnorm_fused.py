@@ -33,7 +33,7 @@ accumulated in float32 (squares block by block), ``K^T V`` and ``Q A_q`` run as 
 float32 by PyTorch) and the output is bf16. The shift keeps the raw moments well conditioned in bf16, whose
 ``K^T V`` is rounded to bf16: without it, channels whose means are about twice their spread give an output 6e-2
 off (measured) instead of 3e-3. The backward takes the same shifted tensors and gives bf16 gradients of q, k, v
-and float32 ones of the affines. Tolerance (tests/test_seqnorm_bf16.py): relative Frobenius error of the output
+and float32 ones of the affines. Tolerance (tests/attention/test_seqnorm_bf16.py): relative Frobenius error of the output
 and of every gradient against float64 on the same bf16 inputs at most 2^-7 (two bf16 roundings); measured
 2.4-3.0e-3 and 2.9-4.0e-3, where rounding the exact output to bf16 alone gives 1.7e-3. No (B, H, N, d)-sized
 tensor is cast in the layer.

@@ -30,7 +30,7 @@ import argparse
 
 from medattn.cli_args import positive_int
 
-# the registry's names without importing torch for --help (tests/test_explain.py checks they are METHODS)
+# the registry's names without importing torch for --help (tests/explain/test_explain.py checks they are METHODS)
 METHOD_CHOICES = ("auto", "gradrollout", "rollout", "gradxinput", "attention")
 COLOUR_SCALES = ("full", "percentile")  # medattn.explain.outputs.COLOUR_SCALES (checked by the same test)
 

@@ -23,7 +23,7 @@ how a report shows a case       :meth:`InputKind.show_case`
 Drawing belongs to ``medattn.explain``, a higher layer: the two explain methods take a :class:`Heatmaps` (one
 method per way of drawing a relevance map) that explain implements, and call the one their kind needs.
 A new kind is one subclass here and one line in :data:`KINDS` (docs/architecture.md, "Where a new part goes");
-``tests/test_input_kinds.py`` asks every registered kind every question, and fails when a comparison with a
+``tests/house/test_input_kinds.py`` asks every registered kind every question, and fails when a comparison with a
 kind's name appears outside this module.
 """
 

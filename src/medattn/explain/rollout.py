@@ -37,7 +37,7 @@ Chefer's (at every depth, by induction), >= 0, and equal to Chefer's for the top
 the class row itself, which is exact) and wherever one head's terms ``r_i X_ij`` for a key j share one
 sign. Softmax uses the same row rule from its explicit weights (block-wise), so the maps of all
 mechanisms mean the same thing. Tested against explicit N x N float64 matrices whose gradient autograd
-gives (tests/test_explain.py).
+gives (tests/explain/test_explain.py).
 
 The gradients g come from one backward pass: a forward hook adds a zero probe tensor to each attention
 module's output, autograd gives ``d y_t / d output`` and, since :class:`~medattn.attention.base.Attention`

@@ -1,5 +1,5 @@
 """The tile encoders' cards (medattn.slides.encoders) are the one table: the extractor kinds, `wsi extract --help`,
-`bench extract` and the layouts tests/test_vit_encoders.py builds come from them; every card's layout check and
+`bench extract` and the layouts tests/slides/test_vit_encoders.py builds come from them; every card's layout check and
 loader run against randomly initialised weights of its own architecture; one strict loader (medattn.models.weights)
 reads every encoder's file."""
 

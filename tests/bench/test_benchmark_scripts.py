@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 #: script -> (toy arguments, "{out}" for an output folder; a text its output must contain).
 TOY_RUNS = {
@@ -50,7 +50,7 @@ SLOW = {"validation_cost.py", "wsi_heatmap_mass.py"}
 HELP_ONLY = {
     "bag_statistics_probe.py": "reads a realistic ihc_bags folder (medattn realistic, a minute to write)",
     "paired_arms.py": "reads the run folders of two finished experiments",
-    "diffusion_scaling.py": "run at a toy size by tests/test_diffusion_bench.py",
+    "diffusion_scaling.py": "run at a toy size by tests/diffusion/test_diffusion_bench.py",
     "explain_sanity.py": "reads finished training runs",
     "heatmap_examples.py": "reads the folder a `medattn demo` wrote",
     "realistic_reference.py": "trains on a realistic task folder (minutes per seed)",

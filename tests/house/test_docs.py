@@ -21,7 +21,7 @@ from medattn.cli import build_parser
 from medattn.config import config_path, load_config
 from medattn.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 

@@ -2,7 +2,7 @@
 locality, and initialisation from DINO/timm ViT-S/8 weights with the paper's keep choice.
 
 Every mechanism through both presets (forward, backward, every parameter trained) is in
-tests/test_contract_models.py, generated from the registries.
+tests/models/test_contract_models.py, generated from the registries.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_compile_fullgraph_keeps_the_fused_operator_forward_and_backward():
 
 def test_exported_programs_hold_no_medattn_operator():
     """torch.export takes the explicit form, so the program runs where medattn is not installed (ONNX likewise:
-    tests/test_contract_attention.py runs it in onnxruntime)."""
+    tests/attention/test_contract_attention.py runs it in onnxruntime)."""
     attn = build_attention("seqnorm", dim=16, num_heads=2).eval()
     x = torch.randn(1, 20, 16)
     program = torch.export.export(attn, (x,))

@@ -22,7 +22,7 @@ from medattn.data.input_kinds import KINDS, Heatmaps
 from medattn.data.preprocessing import Preprocessing, from_dict, inference_dataset, items
 from medattn.errors import UserError
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "medattn"
+SRC = Path(__file__).resolve().parents[2] / "src" / "medattn"
 MODULE = SRC / "data" / "input_kinds.py"
 
 

@@ -36,8 +36,8 @@ COMMANDS_WITH_FILES = {
     "explain": lambda run, files, out: ["explain", str(run), *map(str, files), "--out", str(out)],
 }
 #: Commands that read no user file per input (configs, checkpoints, slides and volumes are covered elsewhere:
-#: tests/test_bad_input_*.py, tests/test_slides_*.py, tests/test_diffusion_cli.py, tests/test_extras.py; the unlabelled
-#: pool of pretrain and the data plan reads: tests/test_pretrain.py, tests/test_plan.py).
+#: tests/test_bad_input_*.py, tests/test_slides_*.py, tests/diffusion/test_diffusion_cli.py, tests/core/test_extras.py; the unlabelled
+#: pool of pretrain and the data plan reads: tests/pretrain/test_pretrain.py, tests/plan/test_plan.py).
 COVERED_ELSEWHERE = {"demo", "train", "cv", "compare", "eval", "export", "inpaint", "models", "wsi", "realistic",
                      "pretrain", "plan"}
 

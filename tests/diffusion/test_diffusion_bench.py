@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "diffusion_scaling.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diffusion_scaling.py"
 
 
 def test_diffusion_scaling_bench_writes_time_and_memory(tmp_path):

@@ -28,7 +28,7 @@ def _loss_and_grads(module, model, x):
 def test_compiled_checkpointed_step_matches_eager(monkeypatch, mechanism):
     """The whole model's forward and backward captured with fullgraph=True (a graph break raises) and
     checkpointed blocks give the eager model's loss and gradients. (Every mechanism's own capture is
-    checked fast in tests/test_contract_attention.py; here the whole model, seqnorm in CI.)"""
+    checked fast in tests/attention/test_contract_attention.py; here the whole model, seqnorm in CI.)"""
     monkeypatch.setattr(acceleration, "COMPILE_BACKEND", "aot_eager")  # the same capture, no C++ build
     torch.manual_seed(0)
     model = create_model("vit2d_tiny", attention=mechanism)

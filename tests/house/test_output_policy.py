@@ -16,7 +16,7 @@ any ``.save(...)``, ``to_csv``, ``TiffWriter``, ``shutil.rmtree``/``copy*``/``mo
 * in :data:`SCRATCH`, named with its reason.
 
 Each checker is also fed fake snippets, so that it is seen to fail. The behavioural half (every command run twice
-into one folder holding a user's file) is ``tests/test_output_commands.py``.
+into one folder holding a user's file) is ``tests/runtime/test_output_commands.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "medattn"
 
 #: Modules that may write anywhere (paths relative to src/medattn).

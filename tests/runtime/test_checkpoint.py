@@ -56,7 +56,7 @@ def _fit_in_a_fresh_process(run_dir, *overrides) -> subprocess.Popen:
               "from medattn.train import fit\n"
               "fit(tiny_config(*sys.argv[3:]), image_bundle(), sys.argv[2], progress=False, log=lambda m: None)\n")
     env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", script, os.path.dirname(__file__), str(run_dir), *overrides],
+    return subprocess.Popen([sys.executable, "-c", script, os.path.dirname(os.path.dirname(__file__)), str(run_dir), *overrides],
                             env=env)
 
 

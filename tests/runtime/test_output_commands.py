@@ -76,9 +76,9 @@ CASES = {
 #: Commands that write a folder but cannot run in seconds here: the test that runs them twice into one folder.
 ELSEWHERE = {
     "inpaint": "needs a trained VQ-AE and transformer (minutes): refusal, --overwrite and distinct stems in "
-               "tests/test_diffusion_cli.py and tests/test_outputs.py",
+               "tests/diffusion/test_diffusion_cli.py and tests/runtime/test_outputs.py",
     "pretrain": "a run folder of train.rundir (the same transaction as train, tested here): refusal, --resume and "
-                "--overwrite in tests/test_pretrain.py",
+                "--overwrite in tests/pretrain/test_pretrain.py",
 }
 #: Commands that write no file.
 NO_FOLDER = {"models": "prints the presets", "plan": "prints the plan a config gets"}
