@@ -2,6 +2,16 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA GPU: skipped where torch sees none (``pytest -m cuda`` on a GPU machine)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

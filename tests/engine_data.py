@@ -3,11 +3,16 @@ and DDP tests."""
 
 from __future__ import annotations
 
+import csv
+
 import torch
 from torch.utils.data import Dataset
 
 from medattn.config import load_config
 from medattn.data.base import DataBundle, TaskInfo
+from medattn.data.preprocessing import Preprocessing
+from medattn.runtime import checkpoint
+from medattn.runtime.build import build_model
 
 
 class SignalImages(Dataset):
@@ -70,3 +75,24 @@ def tiny_config(*overrides: str) -> dict:
     base = ["data.kind=test_images", "model.name=vit2d_tiny", "train.epochs=2", "train.batch_size=4",
             "train.lr=1e-3", "train.warmup_epochs=0.5", "eval.bootstrap=50", "train.threads=1"]
     return load_config(None, [*base, *overrides])
+
+
+#: Overrides of a tiny CLI run (synthetic_cxr at 32 px, one epoch): a few seconds.
+TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
+        "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
+
+
+def save_checkpoint(folder, config_name, overrides, task, **steps):
+    """A checkpoint of a fresh model whose data were prepared with ``steps`` (:meth:`Preprocessing.of`)."""
+    config = load_config(config_name, overrides)
+    torch.manual_seed(0)
+    model = build_model(config["model"], task)
+    prep = Preprocessing.of(config["data"]["kind"], task, **steps)
+    checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task),
+                                    "preprocessing": prep.to_dict()})
+    return folder
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -89,6 +89,21 @@ def linear_reference(attn, x):
     return merge(attn, (sim @ v) / (sim.sum(dim=-1, keepdim=True) + attn.eps))
 
 
+def binary_attention_reference(q_terms, k_terms, v, scale, mask=None):
+    """softmax(S) V in float64 for BinaryFormer's scores S = scale sum_(a,b) (wq_a wk_b^T) * (yq_a yk_b^T) (eq. 2 as
+    a float product): terms ``(signs (B, H, N, c) +-1, weights (B, H, N) or None)``, v (B, H, N, D_v), mask (B, N)
+    bool (False keys get no weight); differentiable in the signs, weights and v."""
+    scores = 0
+    for yq, wq in q_terms:
+        for yk, wk in k_terms:
+            s = yq.double() @ yk.double().transpose(-1, -2)  # (B, H, N, N)
+            s = s if wq is None else s * wq.double()[..., :, None]
+            scores = scores + scale * (s if wk is None else s * wk.double()[..., None, :])
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v.double()
+
+
 REFERENCES = {
     "softmax": softmax_reference,
     "seqnorm": seqnorm_reference,

@@ -70,6 +70,14 @@ def apply_help_style(parser: argparse.ArgumentParser) -> None:
                 apply_help_style(sub)
 
 
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of the commands that run a trained model (eval, predict, explain): where it runs, named as
+    ``train.device`` names devices; the device it was trained on is recorded in the checkpoint, not obeyed."""
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where the model runs: auto (the best this machine has: CUDA, else MPS, else CPU), cpu, "
+                             "mps, cuda or cuda:N, whatever train.device it was trained with")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_seqnorm_operator import recording_backend
 
 from medattn.attention import build_attention
 from medattn.attention.seqnorm_fused import seqnorm_core
 from medattn.bench.casts import CastRecorder
 from references import seqnorm_core_reference
-from test_seqnorm_operator import recording_backend
 
 #: The stated tolerance (docs/performance.md, the bf16 core): relative Frobenius error of the output and of the
 #: gradients against float64 at most two bf16 roundings (unit roundoff 2^-8). Measured: 2.4-3.0e-3 for the output,

@@ -30,6 +30,7 @@ TOY_RUNS = {
     "binary_pixel_training.py": (["--steps", "2", "--size", "8", "--dim", "16", "--depth", "1"], "binary-bernoulli"),
     "extract_overlap.py": (["--encoders", "resnet50", "--side", "768", "--rounds", "1", "--threads", "1",
                             "--out", "{out}"], "'overlap_saved'"),
+    "independent_survival.py": (["--write", "16", "4", "10", "--out", "{out}"], "test C-index"),
     "pam_cpu_seconds.py": (["1000", "1"], "cpu_s_per_1M"),
     "pam_segmentation_training.py": (["--model-pair", "unet", "--seeds", "0", "--steps", "2", "--train-size", "2",
                                       "--val-size", "2", "--threads", "1"], "mean upamnet"),
@@ -44,7 +45,7 @@ TOY_RUNS = {
 }
 
 #: Toy runs of more than 10 s (1 thread): in ``make bench-smoke`` and ``make test-slow``, not ``make test``.
-SLOW = {"validation_cost.py", "wsi_heatmap_mass.py"}
+SLOW = {"independent_survival.py", "validation_cost.py", "wsi_heatmap_mass.py"}
 
 #: script -> why it is only asked for --help here.
 HELP_ONLY = {

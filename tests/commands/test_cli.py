@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine_data import TINY
 from medattn.cli import COMMANDS, main
 from medattn.data import build_datasets
 from medattn.errors import UserError
-
-TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
-        "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
 
 
 def _error(capsys, argv) -> str:

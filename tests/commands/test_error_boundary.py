@@ -97,7 +97,7 @@ def test_a_full_disk_during_training_is_one_line_and_the_previous_run_stays(tmp_
     import subprocess
     import sys
 
-    from test_cli import TINY
+    from engine_data import TINY
 
     run = tmp_path / "run"
     assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0

@@ -3,9 +3,9 @@
 For each input kind (image, volume, bag: the kinds of ``medattn.data.base.INPUT_KINDS``) a small model is trained
 and each command that reads files of that kind (:data:`COMMANDS`) meets each fault of :data:`FAULTS` (missing,
 empty, truncated, wrong content, a folder in a file's place, two inputs of one name, the input folder as output
-folder, an existing output). The property checked every time: the command exits 0 with one result per input, or
-prints exactly one ``medattn: error:`` line (status 2, no traceback); and no file that existed before the command
-is changed or lost. The outcome counts are printed (``-s``) for the closing note's table.
+folder, an existing output, a ``--device`` this machine lacks). The property checked every time: the command exits 0
+with one result per input, or prints exactly one ``medattn: error:`` line (status 2, no traceback); and no file that
+existed before the command is changed or lost. The outcome counts are printed (``-s``) for the closing note's table.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ COMMANDS_WITH_FILES = {
     "explain": lambda run, files, out: ["explain", str(run), *map(str, files), "--out", str(out)],
 }
 #: Commands that read no user file per input (configs, checkpoints, slides and volumes are covered elsewhere:
-#: tests/test_bad_input_*.py, tests/test_slides_*.py, tests/diffusion/test_diffusion_cli.py, tests/core/test_extras.py; the unlabelled
-#: pool of pretrain and the data plan reads: tests/pretrain/test_pretrain.py, tests/plan/test_plan.py).
+#: tests/*/test_bad_input_*.py, tests/slides/, tests/diffusion/test_diffusion_cli.py, tests/core/test_extras.py; the
+#: unlabelled pool of pretrain and the data plan reads: tests/pretrain/test_pretrain.py, tests/plan/test_plan.py).
 COVERED_ELSEWHERE = {"demo", "train", "cv", "compare", "eval", "export", "inpaint", "models", "wsi", "realistic",
                      "pretrain", "plan"}
 
@@ -91,7 +91,10 @@ FAULTS = {
                                 _good((d / "y").mkdir() or d / "y" / f"s{SUFFIX[k]}", k, 4)], d / "out"),
     "out is input folder": lambda d, k: ([_good(d / f"p{SUFFIX[k]}", k, 5)], d),
     "existing output": lambda d, k: ([_good(d / f"q{SUFFIX[k]}", k, 6)], _folder_with_outputs(d / "out")),
+    "device not here": lambda d, k: ([_good(d / f"a{SUFFIX[k]}", k, 0)], d / "out"),
 }
+#: fault -> the options the command is given with it (good inputs, a device no machine here has).
+OPTIONS = {"device not here": ["--device", "cuda:99"]}
 OUTCOMES: Counter = Counter()
 
 
@@ -123,7 +126,7 @@ def test_one_result_per_input_or_one_error_line_and_nothing_owned_is_lost(comman
         _truncate(files[0])
     before = _snapshot(tmp_path)
     capsys.readouterr()
-    code = main(COMMANDS_WITH_FILES[command](runs[kind], files, out))
+    code = main([*COMMANDS_WITH_FILES[command](runs[kind], files, out), *OPTIONS.get(fault, [])])
     captured = capsys.readouterr()
     after = _snapshot(tmp_path)
     assert {p: h for p, h in after.items() if p in before} == before, "a file the user had was changed or lost"
@@ -136,8 +139,8 @@ def test_one_result_per_input_or_one_error_line_and_nothing_owned_is_lost(comman
         err = captured.err.strip()
         assert code == 2 and err.startswith("medattn: error: ") and "\n" not in err and "Traceback" not in err, err
     assert fault not in ("good", "same name") or code == 0, captured.err
-    assert fault not in ("missing", "empty", "truncated", "wrong content", "folder as file", "existing output") \
-        or code == 2, f"{fault} was accepted"
+    assert fault not in ("missing", "empty", "truncated", "wrong content", "folder as file", "existing output",
+                         "device not here") or code == 2, f"{fault} was accepted"
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("pydicom")
 
 from medattn.data import build_datasets  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from test_data_writers import write_csv, write_dicom, write_h5, write_nifti, write_pillow  # noqa: E402
+from writers import write_csv, write_dicom, write_h5, write_nifti, write_pillow  # noqa: E402
 
 N = 12  # good rows of every table
 

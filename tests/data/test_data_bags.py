@@ -10,7 +10,7 @@ pytest.importorskip("h5py")
 
 from medattn.data import build_datasets, collate  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from test_data_writers import write_csv, write_h5  # noqa: E402
+from writers import write_csv, write_h5  # noqa: E402
 
 F_DIM = 6
 

@@ -13,7 +13,7 @@ pytest.importorskip("PIL")
 
 from medattn.data import build_datasets  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from test_data_writers import write_csv, write_nifti, write_pillow  # noqa: E402
+from writers import write_csv, write_nifti, write_pillow  # noqa: E402
 
 
 def _images(tmp_path, n=12):

@@ -12,7 +12,7 @@ pytest.importorskip("pydicom")
 from medattn.data import build_datasets  # noqa: E402
 from medattn.data.readers.images import read_image  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from test_data_writers import write_csv, write_dicom, write_pillow  # noqa: E402
+from writers import write_csv, write_dicom, write_pillow  # noqa: E402
 
 RAMP = np.tile(np.arange(16, dtype=np.uint8) * 16, (12, 1))  # (12, 16), dark left, bright right
 

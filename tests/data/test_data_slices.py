@@ -16,7 +16,7 @@ from medattn.data.slices import foreground_slices, plan_slices
 from medattn.data.synthetic_mri_slices import CLASSES
 from medattn.errors import UserError
 from medattn.train import fit
-from test_data_writers import write_nifti
+from writers import write_nifti
 
 
 def test_plan_keeps_foreground_slices_and_a_seeded_share_of_empty_ones():

@@ -12,7 +12,7 @@ pytest.importorskip("pydicom")
 from medattn.data import build_datasets  # noqa: E402
 from medattn.data.readers.volumes import crop_or_pad, normalise, read_dicom_series, read_volume, to_native_grid  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from test_data_writers import write_csv, write_dicom, write_nifti  # noqa: E402
+from writers import write_csv, write_dicom, write_nifti  # noqa: E402
 
 
 def _ramp(shape=(6, 5, 4)):

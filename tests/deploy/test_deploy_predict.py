@@ -308,8 +308,8 @@ def test_a_patient_with_several_slides_gets_one_prediction_of_their_joined_bag(t
     """--patients SLIDE_TABLE joins a patient's slides into one bag, as training's wsi_bags did."""
     import h5py
 
+    from engine_data import save_checkpoint
     from medattn.data.base import TaskInfo
-    from test_explain_command import save_checkpoint
 
     ck = save_checkpoint(tmp_path / "ck", "synthetic_wsi", ["model.name=vitwsi_tiny", "model.attention=seqnorm"],
                          TaskInfo("binary", "bag", 1, (16,), ["tumour"], synthetic=True))

@@ -34,7 +34,7 @@ from medattn.runtime.predictor import Predictor
 from medattn.train.loaders import make_loader
 from medattn.train.loop import predict
 from medattn.train.objectives import objective_for
-from test_data_writers import write_csv, write_h5, write_nifti, write_pillow
+from writers import write_csv, write_h5, write_nifti, write_pillow
 
 pytest.importorskip("nibabel")
 pytest.importorskip("h5py")

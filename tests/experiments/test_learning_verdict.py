@@ -20,6 +20,7 @@ from medattn.train.objectives import objective_for
 from medattn.train.verdict import chance_halfwidth, constant_loss, judge
 
 BINARY = TaskInfo("binary", "image2d", 1, (1, 8, 8))
+SEGMENTATION = TaskInfo("segmentation", "volume3d", 2, (1, 8, 8, 8))
 
 
 def test_constant_loss_is_the_label_priors_entropy():
@@ -58,27 +59,28 @@ def _rows(losses, scores):
 
 def test_judge_flags_a_constant_predictor_and_chance_level_validation():
     val = np.array([[1]] * 30 + [[0]] * 30)
+    binary = objective_for(BINARY)
     # the attention-MIL: train loss rose above ln 2
-    flat = judge(_rows([0.706, 0.73, 0.758], [0.55, 0.52, 0.53]), "val_auroc", "binary", constant=math.log(2),
+    flat = judge(_rows([0.706, 0.73, 0.758], [0.55, 0.52, 0.53]), "val_auroc", binary, constant=math.log(2),
                  val_labels=val)
     assert not flat["learned"] and len(flat["reasons"]) == 2
     # the ViTs: 0.683 and 0.674 (ln 2 = 0.693) with a validation AUROC well above chance: learned, warned
-    vit = judge(_rows([0.70, 0.69, 0.683], [0.60, 0.68, 0.72]), "val_auroc", "binary", constant=math.log(2),
+    vit = judge(_rows([0.70, 0.69, 0.683], [0.60, 0.68, 0.72]), "val_auroc", binary, constant=math.log(2),
                 val_labels=val)
     assert vit["learned"] and any("within 5% of a constant predictor" in w for w in vit["warnings"])
     # fits the training data, chance on validation: did not learn anything that generalises
-    overfit = judge(_rows([0.6, 0.3, 0.1], [0.5, 0.55, 0.52]), "val_auroc", "binary", constant=math.log(2),
+    overfit = judge(_rows([0.6, 0.3, 0.1], [0.5, 0.55, 0.52]), "val_auroc", binary, constant=math.log(2),
                     val_labels=val)
     assert not overfit["learned"] and "within chance" in overfit["reasons"][0]
-    rising = judge(_rows([0.6, 0.5, 0.4, 0.3], [0.6, 0.7, 0.75, 0.8]), "val_auroc", "binary",
+    rising = judge(_rows([0.6, 0.5, 0.4, 0.3], [0.6, 0.7, 0.75, 0.8]), "val_auroc", binary,
                    constant=math.log(2), val_labels=val)
     assert rising["learned"] and any("budget may be too short" in w for w in rising["warnings"])
     # fitted, then fell back (TransMIL on the realistic bags): judged by the epoch whose checkpoint is tested
     relapse = _rows([0.70, 0.60, 0.72], [0.55, 0.90, 0.52])
-    assert judge(relapse, "val_auroc", "binary", best_epoch=2, constant=math.log(2), val_labels=val)["learned"]
+    assert judge(relapse, "val_auroc", binary, best_epoch=2, constant=math.log(2), val_labels=val)["learned"]
     relapse = _rows([0.75, 0.71, 0.70], [0.9, 0.80, 0.75])  # epoch-mean losses lag; none beat the prior's
-    assert not judge(relapse, "val_auroc", "binary", best_epoch=1, constant=math.log(2), val_labels=val)["learned"]
-    dice = judge([{"epoch": 1, "train_loss": 1.0, "val_dice": 0.0}], "val_dice", "segmentation")
+    assert not judge(relapse, "val_auroc", binary, best_epoch=1, constant=math.log(2), val_labels=val)["learned"]
+    dice = judge([{"epoch": 1, "train_loss": 1.0, "val_dice": 0.0}], "val_dice", objective_for(SEGMENTATION))
     assert not dice["learned"]
 
 

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
+from engine_data import TINY
 from medattn.cli import main
-from test_cli import TINY
 
 
 class _Page(html.parser.HTMLParser):

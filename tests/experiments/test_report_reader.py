@@ -9,10 +9,10 @@ import re
 
 import numpy as np
 import pytest
-
-from medattn.cli import main
-from test_cli import TINY
 from test_report_page import _read
+
+from engine_data import TINY
+from medattn.cli import main
 
 #: The issue's title: model, split, AUROC with its interval, n and the SYNTHETIC mark.
 LONG = "vit2d_tiny seqnorm, test: AUROC 0.750 (95% CI 0.238 to 1.000), n=8 (SYNTHETIC data)"
@@ -146,10 +146,13 @@ def test_the_page_shows_the_operating_point_and_provenance_as_eval_does(run):
 
 
 def test_chance_intervals_are_clipped_and_written_a_to_b(run):
+    from medattn.data.base import TaskInfo
+    from medattn.train.objectives import objective_for
     from medattn.train.verdict import judge
 
     rows = [{"epoch": 1, "train_loss": 0.7, "val_auroc": 0.5}, {"epoch": 2, "train_loss": 0.6, "val_auroc": 0.5}]
-    verdict = judge(rows, "val_auroc", "binary", val_labels=np.array([[1], [0]]))  # the issue's -0.480-1.480
+    binary = objective_for(TaskInfo("binary", "image2d", 1, (1, 8, 8)))
+    verdict = judge(rows, "val_auroc", binary, val_labels=np.array([[1], [0]]))  # the issue's -0.480-1.480
     assert verdict["chance_interval"] == [0.0, 1.0]
     assert "(0.000 to 1.000 at 95%" in verdict["reasons"][0]
     text = (run[0] / "report.html").read_text()

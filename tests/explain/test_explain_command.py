@@ -3,8 +3,6 @@ files are prepared as medattn predict prepares them (the checkpoint's stored pre
 
 from __future__ import annotations
 
-import csv
-
 import h5py
 import nibabel as nib
 import numpy as np
@@ -12,31 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
+from engine_data import rows, save_checkpoint
 from medattn.cli import main
-from medattn.config import load_config
 from medattn.data.base import TaskInfo
-from medattn.data.preprocessing import Preprocessing
 from medattn.data.readers.volumes import to_native_grid, uncrop_or_unpad
 from medattn.errors import UserError
-from medattn.runtime import checkpoint
-from medattn.runtime.build import build_model
 from pictures import colour_bar_span
-
-
-def save_checkpoint(folder, config_name, overrides, task, **steps):
-    """A checkpoint of a fresh model whose data were prepared with ``steps`` (:meth:`Preprocessing.of`)."""
-    config = load_config(config_name, overrides)
-    torch.manual_seed(0)
-    model = build_model(config["model"], task)
-    prep = Preprocessing.of(config["data"]["kind"], task, **steps)
-    checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task),
-                                    "preprocessing": prep.to_dict()})
-    return folder
-
-
-def rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize("method", ["auto", "rollout", "gradxinput"])

@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine_data import save_checkpoint
 from medattn.cli import main
 from medattn.data.base import TaskInfo
 from medattn.explain import METHODS, explain, outputs
 from medattn.models import AttentionMIL, create_model
 from medattn.models.transmil import TransMIL
 from medattn.runtime.trained import load_checkpoint
-from test_explain_command import save_checkpoint
 
 
 def rows(path):

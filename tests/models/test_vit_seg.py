@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_pretrained import timm_state
 
 from medattn.errors import UserError
 from medattn.models import create_model
 from medattn.models.pretrained import describe, load_pretrained
 from medattn.models.segmentation.vit_seg import CellMix, parameter_counts
-from test_pretrained import timm_state
 
 
 def test_tiny_twin_maps_images_to_per_pixel_logits_at_any_multiple_of_the_patch():

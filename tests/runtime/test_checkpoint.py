@@ -56,8 +56,8 @@ def _fit_in_a_fresh_process(run_dir, *overrides) -> subprocess.Popen:
               "from medattn.train import fit\n"
               "fit(tiny_config(*sys.argv[3:]), image_bundle(), sys.argv[2], progress=False, log=lambda m: None)\n")
     env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", script, os.path.dirname(os.path.dirname(__file__)), str(run_dir), *overrides],
-                            env=env)
+    tests = os.path.dirname(os.path.dirname(__file__))
+    return subprocess.Popen([sys.executable, "-c", script, tests, str(run_dir), *overrides], env=env)
 
 
 def test_resume_gives_the_same_final_metrics_as_an_uninterrupted_run(tmp_path):
@@ -187,7 +187,7 @@ def test_resume_after_a_crash_removes_unfinished_checkpoint_writes(tmp_path):
     (lambda m: m.pop("task"), "must be a mapping with 'config' and 'task'"),
     (lambda m: m["task"].update(num_outputs="1"), r"task.num_outputs is missing or invalid \(got '1'\)"),
     (lambda m: m["task"].update(input_shape=[1, 10**6, 10**6]), "task.input_shape is missing or invalid"),
-    (lambda m: m["task"].update(task_type="regression"), "task.task_type"),
+    (lambda m: m["task"].update(task_type="ranking"), "task.task_type"),
     (lambda m: m["task"].update(evil=1), r"task has unknown keys \['evil'\]"),
     (lambda m: m["config"]["model"]["kwargs"].update(depth=10**9), "config.model.kwargs.depth is 1000000000"),
     (lambda m: m["config"]["model"]["kwargs"].update(embed_dim=10**7), "config.model.kwargs.embed_dim is 10000000"),

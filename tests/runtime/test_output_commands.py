@@ -108,8 +108,9 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def quick(monkeypatch):
     """What makes the slow parts quick: fixed machine rates for the benches, a fake training for demo."""
-    from medattn.bench import attention, roofline, scaling
     from test_outputs import _fake_demo
+
+    from medattn.bench import attention, roofline, scaling
 
     rates = roofline.MachineRates({"fp32": 100.0, "bf16": 400.0}, 10.0)
     for module in (attention, scaling):

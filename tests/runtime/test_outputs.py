@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
+from engine_data import rows, save_checkpoint
 from medattn.cli import main
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.runtime.outputs import OutputFolder
-from test_explain_command import rows, save_checkpoint
 
 
 def test_inputs_are_never_written_over_and_existing_files_only_with_overwrite(tmp_path):
@@ -90,7 +90,7 @@ def test_export_replaces_an_existing_file_only_with_overwrite_and_never_the_chec
 
 
 def test_eval_keeps_an_earlier_evaluation_unless_overwrite(tmp_path, capsys):
-    from test_cli import TINY
+    from engine_data import TINY
 
     run = tmp_path / "run"
     assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0

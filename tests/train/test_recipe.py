@@ -91,7 +91,7 @@ def test_image_kinds_default_to_the_papers_and_volume_kinds_to_strong_augmentati
 
     from medattn.data import build_datasets
     from medattn.data.transforms import DEFAULT_AUGMENT, Compose, RandomFlip3d, RandomRotateFlip2d
-    from test_data_writers import write_csv, write_nifti, write_pillow
+    from writers import write_csv, write_nifti, write_pillow
 
     assert DEFAULT_AUGMENT == {2: True, 3: "strong"}
     rows = [[f"i{k}.png", k % 2] for k in range(8)]

@@ -33,9 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import triton_support
 from .base import Attention, at_least_float32, is_exporting, token_weights
 from .rows import FactorisedRows, masked, row_weights
 from .seqnorm_fused import affine_views, centred_seqnorm, keeps_dtype, scale_shift, seqnorm_core, sequence_normalize
+
+if triton_support.available():  # CUDA tensors run the core's Triton kernels (imports triton)
+    from .triton_seqnorm import register
+
+    register()
 
 
 class SequenceNorm(nn.Module):

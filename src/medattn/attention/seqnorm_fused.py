@@ -24,7 +24,9 @@ written out by hand (:func:`_output_map_backward`, :func:`_normalize_backward`),
 an operator. Where the backward must itself be differentiable (``create_graph=True``: double backward,
 Hessian-vector products) it differentiates the explicit centred form with autograd instead, so higher derivatives
 are those of the explicit form. ``torch.export`` and ONNX export take the explicit form
-(:func:`medattn.attention.base.is_exporting`): an exported program then needs no medattn to run.
+(:func:`medattn.attention.base.is_exporting`): an exported program then needs no medattn to run. On CUDA, where
+``triton`` is installed, both operators run Triton kernels (:mod:`medattn.attention.triton_seqnorm` registers them
+when the mechanism module is imported: the same outputs, the same paths).
 
 **The bf16 core.** Given bf16 q, k, v (bf16 autocast), the operator computes in bf16 instead of in float32: each
 channel is first shifted by its mean rounded to bf16 (``x - shift``, zero at padded tokens; the output does not
@@ -33,8 +35,8 @@ accumulated in float32 (squares block by block), ``K^T V`` and ``Q A_q`` run as 
 float32 by PyTorch) and the output is bf16. The shift keeps the raw moments well conditioned in bf16, whose
 ``K^T V`` is rounded to bf16: without it, channels whose means are about twice their spread give an output 6e-2
 off (measured) instead of 3e-3. The backward takes the same shifted tensors and gives bf16 gradients of q, k, v
-and float32 ones of the affines. Tolerance (tests/attention/test_seqnorm_bf16.py): relative Frobenius error of the output
-and of every gradient against float64 on the same bf16 inputs at most 2^-7 (two bf16 roundings); measured
+and float32 ones of the affines. Tolerance (tests/attention/test_seqnorm_bf16.py): relative Frobenius error of the
+output and of every gradient against float64 on the same bf16 inputs at most 2^-7 (two bf16 roundings); measured
 2.4-3.0e-3 and 2.9-4.0e-3, where rounding the exact output to bf16 alone gives 1.7e-3. No (B, H, N, d)-sized
 tensor is cast in the layer.
 """
@@ -374,7 +376,6 @@ for _name, _function, _shapes in (("seqnorm_core", _core, _core_shapes),
     _LIBRARY.impl(_name, _function, "CompositeExplicitAutograd")
     torch.library.register_fake(f"medattn::{_name}", _shapes, lib=_LIBRARY)
 torch.library.register_autograd("medattn::seqnorm_core", _backward, setup_context=_setup, lib=_LIBRARY)
-
 
 @register_flop_formula(torch.ops.medattn.seqnorm_core)
 def _core_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:

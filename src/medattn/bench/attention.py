@@ -21,6 +21,12 @@ memory extrapolated likewise (exponent at least 0; none from a single point) exc
 interpreter (the extrapolation underestimates where small N are dominated by fixed overhead) or past a
 wall timeout; both are recorded as skipped.
 
+Triton: on CUDA, where ``triton`` is installed, the mechanisms with Triton kernels (:data:`TRITON_MECHANISMS`,
+:mod:`medattn.attention.triton_seqnorm` and :mod:`medattn.attention.triton_bits`) are measured twice, their rows
+told apart by ``implementation``: ``torch`` (the kernels switched off,
+:func:`~medattn.attention.triton_support.kernels_off`) and ``triton``; the table then has a ``kernels`` column.
+Elsewhere rows carry no ``implementation``.
+
     medattn bench attention --mechanisms softmax,seqnorm --seq-lens 196,1024,4096 --out reports/bench-attention
 """
 
@@ -33,7 +39,7 @@ from contextlib import nullcontext
 
 import torch
 
-from medattn.attention import available_attentions, build_attention, get_attention_class
+from medattn.attention import available_attentions, build_attention, get_attention_class, triton_support
 from medattn.errors import UserError
 from medattn.text import format_table
 
@@ -42,6 +48,7 @@ from .common import (
     add_overwrite,
     comma_list,
     current_rss_bytes,
+    default_device,
     environment,
     extrapolate,
     median_time,
@@ -67,6 +74,16 @@ PEERS = {
 }
 #: Memory a benchmark process may use beyond the budget before it is killed (interpreter, torch).
 RUNTIME_ALLOWANCE_BYTES = 2**30
+#: Mechanisms whose CUDA path runs Triton kernels where ``triton`` is installed (module docstring).
+TRITON_MECHANISMS = ("seqnorm", "binary-ste", "binary-sg", "binary-hamming", "binary-bernoulli")
+
+
+def implementations(mechanism: str, device: str) -> list[str | None]:
+    """The implementations to measure of ``mechanism`` on ``device``: ``torch`` and ``triton`` where it has Triton
+    kernels and they can run (CUDA, ``triton`` installed), else one unnamed (None)."""
+    if device == "cuda" and mechanism in TRITON_MECHANISMS and triton_support.available():
+        return ["torch", "triton"]
+    return [None]
 
 
 def installed_peers() -> list[str]:
@@ -89,8 +106,9 @@ def _build_peer(name: str, dim: int, heads: int, head_dim: int) -> torch.nn.Modu
 def measure_one(mechanism: str, seq_len: int, part: str, heads: int = 8, head_dim: int = 64, dim: int = 512,
                 precision: str = "fp32", passes: tuple[str, ...] = PASSES, repeats: int = 5, warmup: int = 1,
                 budget_s: float | None = None, device: str = "cpu", seed: int = 0,
-                threads: int | None = None) -> dict:
+                threads: int | None = None, implementation: str | None = None) -> dict:
     """Time and peak memory of one (mechanism, N, part) for each pass; run in a fresh process.
+    ``implementation`` ``torch`` switches the Triton kernels off (:func:`implementations`).
 
     Returns ``{"results": {pass: {"median_s", "peak_mem_bytes"}}, "memory_method": str}``.
     """
@@ -123,14 +141,15 @@ def measure_one(mechanism: str, seq_len: int, part: str, heads: int = 8, head_di
         forward().float().sum().backward()
 
     results = {}
-    for pass_name in passes:
-        for tensor in inputs:
-            tensor.requires_grad_(pass_name == "fwd+bwd")
-        fn = forward_backward if pass_name == "fwd+bwd" else forward
-        reset_peak_memory(device)
-        with torch.no_grad() if pass_name == "fwd" else nullcontext():
-            seconds = median_time(fn, repeats=repeats, warmup=warmup, budget_s=budget_s)
-        results[pass_name] = {"median_s": seconds, "peak_mem_bytes": peak_memory_bytes(device, baseline)}
+    with triton_support.kernels_off() if implementation == "torch" else nullcontext():
+        for pass_name in passes:
+            for tensor in inputs:
+                tensor.requires_grad_(pass_name == "fwd+bwd")
+            fn = forward_backward if pass_name == "fwd+bwd" else forward
+            reset_peak_memory(device)
+            with torch.no_grad() if pass_name == "fwd" else nullcontext():
+                seconds = median_time(fn, repeats=repeats, warmup=warmup, budget_s=budget_s)
+            results[pass_name] = {"median_s": seconds, "peak_mem_bytes": peak_memory_bytes(device, baseline)}
     method = ("torch.cuda.max_memory_allocated" if device == "cuda"
               else "peak RSS minus RSS after imports, peak reset before each pass")
     return {"results": results, "memory_method": method}
@@ -157,10 +176,10 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
             _check_choice(value, allowed, name)
     if repeats < 1 or budget_s <= 0 or memory_budget_gb <= 0:
         raise UserError("repeats, the time budget and the memory budget must be positive")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     if threads:
         torch.set_num_threads(threads)
-    env = environment(precision)
+    env = environment(precision, str(device))
     env_fields = row_environment(env)
     rates = rates or measure_rates(device=device)
     memory_budget = memory_budget_gb * 2**30
@@ -170,22 +189,23 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
             rows.append({"mechanism": mechanism, "precision": precision,
                          "status": f"skipped: {PEERS[mechanism]} not installed", **env_fields})
             continue
-        for part in parts:
+        for part, implementation in ((p, i) for p in parts for i in implementations(mechanism, device)):
             if mechanism in PEERS and part == "core":
                 rows.append({"mechanism": mechanism, "part": part, "precision": precision,
                              "status": "skipped: peer exposes no separate core", **env_fields})
                 continue
+            named = {} if implementation is None else {"implementation": implementation}
             times: list[tuple[float, float]] = []
             memories: list[tuple[float, float]] = []
             over_time = None
             for n in seq_lens:
-                base = dict(mechanism=mechanism, part=part, n=n, heads=heads, head_dim=head_dim, dim=dim,
+                base = dict(mechanism=mechanism, **named, part=part, n=n, heads=heads, head_dim=head_dim, dim=dim,
                             precision=precision)
                 status = _skip_reason(n, times, memories, over_time, budget_s, memory_budget)
                 if status is None:
                     kwargs = dict(mechanism=mechanism, seq_len=n, part=part, heads=heads, head_dim=head_dim,
                                   dim=dim, precision=precision, passes=tuple(passes), repeats=repeats,
-                                  warmup=warmup, budget_s=budget_s, device=device, threads=threads)
+                                  warmup=warmup, budget_s=budget_s, device=device, threads=threads, **named)
                     started = time.perf_counter()
                     if isolate:
                         timeout = (warmup + 2) * budget_s * len(passes) * 4 + 120
@@ -194,7 +214,8 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
                     else:
                         measured = run_in_process(measure_one, kwargs)
                     if verbose:
-                        print(f"  {mechanism} {part} N={n}: {time.perf_counter() - started:.1f} s wall", flush=True)
+                        label = " ".join([mechanism, *named.values(), part])
+                        print(f"  {label} N={n}: {time.perf_counter() - started:.1f} s wall", flush=True)
                     status = measured.get("status")
                 if status is not None:
                     rows.extend({**base, "pass": p, "status": status, **env_fields} for p in passes)
@@ -271,6 +292,13 @@ TABLE = [("mechanism", "mechanism", ""), ("part", "part", ""), ("n", "N", ""), (
          ("roofline_fraction", "of roofline", ".2f"), ("peak_mem_mb", "peak MiB", ".0f"), ("status", "status", "")]
 
 
+def table_columns(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """:data:`TABLE`, with a ``kernels`` column (torch or triton) after the mechanism where rows name one."""
+    if not any("implementation" in row for row in rows):
+        return TABLE
+    return [TABLE[0], ("implementation", "kernels", ""), *TABLE[1:]]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mechanisms", type=comma_list, default=None,
                         help="comma-separated registry names or peer:... names (default: all registered + peers)")
@@ -304,8 +332,8 @@ def run(args: argparse.Namespace) -> int:
         args.precision, tuple(args.parts), tuple(args.passes), args.repeats, args.warmup, args.time_budget,
         args.memory_budget_gb, not args.no_peers, device, rates, not args.no_isolate, args.threads, verbose=True,
     )
-    env = {**environment(args.precision), "rates": rates.as_dict()}
+    env = {**environment(args.precision, device), "rates": rates.as_dict()}
     csv_path, json_path = write_results(rows, out, "attention", env)
-    print(format_table(rows, TABLE))
+    print(format_table(rows, table_columns(rows)))
     print(f"wrote {csv_path} and {json_path}")
     return 0

@@ -28,14 +28,17 @@ from medattn import allocator
 from medattn.runtime.outputs import OutputFolder
 
 
-def environment(precision: str = "fp32") -> dict:
+def environment(precision: str = "fp32", device: str | None = None) -> dict:
     """Machine, threads, allocator, precision and versions, for the header of every result file.
 
     ``cpu_bf16`` says whether the CPU multiplies bf16 in hardware (see :func:`cpu_bf16_support`) and
     ``load_average_1min`` how busy the machine was when the benchmark started (other processes' work
-    slows every timing; ratios within one run are what counts).
+    slows every timing; ratios within one run are what counts). ``device``: where the bench ran (``cpu``, ``cuda``,
+    ``cuda:N``; None: :func:`default_device`), recorded with the name of its hardware (``device_name``,
+    :func:`device_name`: the GPU's on CUDA), which the plot titles show.
     """
     bf16 = cpu_bf16_support()
+    device = device or default_device()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
@@ -49,8 +52,22 @@ def environment(precision: str = "fp32") -> dict:
         "precision": precision,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "device": device,
+        "device_name": device_name(device),
     }
+
+
+def default_device() -> str:
+    """Where a bench runs unless told: ``cuda`` when available, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_name(device: str) -> str:
+    """The hardware ``device`` names, for a result's record and its plot titles: the GPU's name
+    (``torch.cuda.get_device_name``) for ``cuda`` / ``cuda:N``, else the CPU's model name."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return _cpu_model()
 
 
 def _cpu_model() -> str:
@@ -171,7 +188,7 @@ def run_device(args) -> str:
     from medattn.threads import set_threads
 
     args.threads = set_threads(args.threads)
-    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return args.device or default_device()
 
 
 def add_overwrite(parser) -> None:
@@ -301,7 +318,7 @@ def run_in_process(measure: Callable[..., dict], kwargs: dict) -> dict:
 
 
 #: The environment fields copied into every result row.
-ROW_ENV_KEYS = ("machine", "processor", "cpu_bf16", "torch_threads", "allocator", "torch", "device")
+ROW_ENV_KEYS = ("machine", "processor", "cpu_bf16", "torch_threads", "allocator", "torch", "device", "device_name")
 
 
 def row_environment(env: dict) -> dict:

@@ -29,14 +29,15 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
         ax_mem.plot(resolutions, [row["peak_mem_mb"] / 1024 for row in done], marker="o", label=label)
     first = rows[0] if rows else {}
     title = (f"{first.get('model', '')} training step, batch {first.get('batch_size', '')}, "
-             f"{first.get('precision', '')}, {first.get('processor', '')}")
+             f"{first.get('precision', '')}, {hardware(rows)}")
     return _save(plt, fig, ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")),
                  sorted({row["resolution"] for row in rows}), "image size (px)", title, Path(path), dpi=120)
 
 
 def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Path | None:
     """Two panels, time and peak memory of one attention layer (forward + backward) versus the token count N, one
-    line per mechanism, log-log; skipped configurations are named in the legend. None without matplotlib."""
+    line per mechanism, log-log; skipped configurations are named in the legend; the title ends with the hardware the
+    rows were measured on (:func:`hardware`). None without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -49,8 +50,14 @@ def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Pa
         ax_time.plot([r["n"] for r in done], [r["median_s"] * 1000 for r in done], marker="o", label=label)
         ax_mem.plot([r["n"] for r in done], [r["peak_mem_mb"] for r in done], marker="o", label=label)
     return _save(plt, fig, ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")),
-                 sorted({row["n"] for row in rows}), "tokens N (image patches or bag instances)", title, Path(path),
-                 dpi=110)
+                 sorted({row["n"] for row in rows}), "tokens N (image patches or bag instances)",
+                 ", ".join(filter(None, (title, hardware(rows)))), Path(path), dpi=110)
+
+
+def hardware(rows: list[dict]) -> str:
+    """What the rows were measured on, for a title: their ``device_name`` (:func:`medattn.bench.common.device_name`:
+    the GPU's name on CUDA, else the CPU's model name); empty for no rows."""
+    return str(rows[0]["device_name"]) if rows else ""
 
 
 def _pyplot():

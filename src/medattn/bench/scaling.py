@@ -71,6 +71,7 @@ from .common import (
     comma_list,
     cpu_bf16_support,
     current_rss_bytes,
+    default_device,
     environment,
     extrapolate,
     peak_memory_bytes,
@@ -263,10 +264,10 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
     resolutions = _check_arguments(mechanisms, resolutions, model, precisions)
     if batch_size < 1 or repeats < 1 or images_per_epoch < 1 or time_budget_s <= 0 or memory_budget_gb <= 0:
         raise UserError("batch size, repeats, images per epoch and the budgets must be positive")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     if threads:
         torch.set_num_threads(threads)
-    env = environment(precisions[0])
+    env = environment(precisions[0], str(device))
     env_fields = row_environment(env)
     rates = rates or measure_rates(device=device)
     memory_budget = memory_budget_gb * 2**30
@@ -433,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         not args.no_isolate, args.threads, verbose=True, compile=args.compile,
         activation_checkpointing=args.activation_checkpointing,
     )
-    env = {**environment(args.precision[0]), "rates": rates.as_dict()}
+    env = {**environment(args.precision[0], device), "rates": rates.as_dict()}
     csv_path, json_path = write_results(rows, out, "scaling", env)
     print(format_table(rows, TABLE))
     print(f"wrote {csv_path} and {json_path}")

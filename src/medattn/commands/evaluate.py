@@ -7,14 +7,15 @@ data.test_fraction=1 data.val_fraction=0) is an external cohort. Prints the AURO
 sensitivity and specificity at the checkpoint's stored threshold and the expected calibration error;
 --per-patient mean|max scores patients with several images or slides too. Writes predictions_<split>.csv,
 roc_<split>.png, reliability_<split>.png and eval.json to --out (default: eval_<config name>_<split> in the
-checkpoint's run folder); see medattn.train.evaluate.
+checkpoint's run folder); see medattn.train.evaluate. --device picks where the model runs (default: the best this
+machine has), whatever device it was trained on.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from medattn.cli_args import positive_int
+from medattn.cli_args import add_device_option, positive_int
 from medattn.config import load_config
 
 
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(another extractor, tile size, mpp or layout; refused by default); eval.json's "
                              "features_accepted says how each differs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_device_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = evaluate(args.checkpoint, config, split=args.split, out=args.out, per_patient=args.per_patient,
                       batch_size=args.batch_size, skip_bad=args.skip_bad, progress=not args.no_progress,
-                      overwrite=args.overwrite, accept_features=args.accept_features)
+                      overwrite=args.overwrite, accept_features=args.accept_features, device=args.device)
     if result:
         if result["skipped_samples"]:
             print(f"skipped {result['skipped_samples']} bad sample(s) (--skip-bad)")

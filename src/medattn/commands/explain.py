@@ -20,7 +20,8 @@ With `auto`, a SeqNorm bag longer than --chunk-size tiles is explained by rollou
 streamed in bounded memory (the gradient rule needs a backward over the whole bag). `summary.csv` lists
 every file with the method used and its probabilities. --colour-scale percentile ends the colours at the 1st and
 99th percentiles of the map (99th of |values| for a signed map), so a few extreme tiles or voxels do not wash the
-rest out. --slides DIR: a folder that does not exist is refused; a bag whose slide is not in it is refused when
+rest out. --device picks where the model runs (default: the best this machine has), whatever device it was
+trained on. --slides DIR: a folder that does not exist is refused; a bag whose slide is not in it is refused when
 it is the only file, and with several bags each missing slide is a warning and counted in the summary.
 """
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 
-from medattn.cli_args import positive_int
+from medattn.cli_args import add_device_option, positive_int
 
 # the registry's names without importing torch for --help (tests/explain/test_explain.py checks they are METHODS)
 METHOD_CHOICES = ("auto", "gradrollout", "rollout", "gradxinput", "attention")
@@ -62,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=positive_int, default=32_768,
                         help="with --method auto/rollout, SeqNorm bags longer than this stream in chunks of this "
                              "many tiles (plain rollout)")
+    add_device_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,13 +73,15 @@ def run(args: argparse.Namespace) -> int:
 
     report = explain_files(args.checkpoint, args.files, args.out, args.method, args.target, args.chunk_size,
                            args.subtract, args.overwrite, args.slides, args.colour_scale,
-                           args.accept_features)
+                           args.accept_features, args.device)
     for file, why in report.missing_slides:
         print(f"medattn: warning: {file}: --slides {args.slides}: {why}; its map is drawn at the tile coordinates "
               f"on a blank canvas", file=sys.stderr)
     tag = " [SYNTHETIC model]" if report.synthetic else ""
     used = "/".join(sorted({row["method"] for row in report.rows}))
     print(f"explained {len(report.rows)} file(s) with {used}{tag} -> {args.out} (checkpoint {report.checkpoint})")
+    for note in report.notes:  # the DICOM annotations of DICOM slides written, or why not
+        print(note)
     if report.slides_found is not None:
         print(f"slides: {report.slides_found} of {len(report.rows)} bag map(s) drawn on their slide, "
               f"{len(report.missing_slides)} slide(s) not found in {args.slides}")

@@ -9,9 +9,11 @@ trained on left/right halves give two rows per file (``side``).
 
 Classification CSV: file, probabilities, the predicted label (binary/multi-label: from the validation
 threshold stored at training, Youden's J, or ``--threshold``), model id and checkpoint hash.
-Segmentation: a NIfTI label map per file on the input's grid (``--label-dir``) and per-structure volumes
-in mm^3 in the CSV. ``--skip-bad`` lists unreadable files with their reasons in ``<out>_skipped.csv``
-instead of stopping. See docs/deploy.md.
+Survival: a ``risk`` column (log relative risk, higher = earlier event); regression: ``pred_<target>`` columns in
+the targets' units. Segmentation: a NIfTI label map per file on the input's grid (``--label-dir``) and
+per-structure volumes in mm^3 in the CSV. ``--skip-bad`` lists unreadable files with their reasons in
+``<out>_skipped.csv`` instead of stopping. ``--device`` picks where a checkpoint runs (default: the best this
+machine has), whatever device it was trained on. See docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from medattn.cli_args import positive_int
+from medattn.cli_args import add_device_option, positive_int
 from medattn.errors import UserError
 
 
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "features_accepted column says how each differs")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out CSV and label maps (inputs are never written over)")
+    add_device_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.runtime.threshold import parse_thresholds
     from medattn.text import write_csv
 
-    runner = open_model(args.checkpoint)
+    runner = open_model(args.checkpoint, args.device)
     prep = runner.preprocessing
     inputs, names = sample_paths(prep, args.files, args.subtract), None
     if args.patients is not None:
@@ -99,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     joined = f" (patients: {sum(map(len, inputs))} slides joined by {args.patients})" if names else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{joined}{tag}")
+    for note in table.notes:  # the DICOM Segmentations of DICOM series written, or why not
+        print(note)
+    trained = f" (trained with train.device={runner.trained_device})" if runner.trained_device else ""
+    print(f"ran on {runner.device}{trained}")
     if accepted:
         print(f"{len(accepted)} input(s) with features made otherwise than the model's training features, used "
               f"(--accept-features): see the features_accepted column")

@@ -157,6 +157,10 @@ KEYS: dict[str, Key] = {
     "eval.bootstrap": Key(1000, _integer(0, 1_000_000), "resamples for the test AUROC's confidence interval"),
     "eval.heatmaps": Key(3, _integer(0, 100), "test cases whose heatmaps report.html shows, the highest-scored "
                                               "first (medattn.explain.cases; 0: none)"),
+    "eval.times": Key(None, Rule("null or a list of positive numbers",
+                                 lambda v: v is None or (isinstance(v, list) and 0 < len(v) <= 64
+                                                         and all(_is_number(t) and t > 0 for t in v))),
+                      "survival: times (the table's unit) of the time-dependent AUC; null -> quartiles of event times"),
     "eval.ci": Key(0.95, Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1)),
     "eval.sliding_window": Key(None, Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
                                "segmentation: null -> on when train.patch_size is set (medattn.runtime.sliding)"),

@@ -17,8 +17,8 @@ from .tables import (
     BadSamples,
     Record,
     RecordDataset,
-    as_list,
     keep_valid,
+    label_columns,
     label_entries,
     label_options,
     parse_cells,
@@ -28,7 +28,8 @@ from .tables import (
 )
 
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
-                  "label_columns", "split_column", "task_type", "classes", "num_classes", "max_instances",
+                  "label_columns", "time_column", "event_column", "split_column", "task_type", "classes",
+                  "num_classes", "max_instances",
                   "check_files"}) | SPLIT_KEYS
 
 
@@ -80,7 +81,7 @@ def _slide_path(root: Path, name: str, where: str) -> Path:
 
 
 def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns: list[str], patient_column: str,
-             split_column: str | None, classes, bad: BadSamples) -> list[tuple]:
+             split_column: str | None, classes, task_type: str | None, bad: BadSamples) -> list[tuple]:
     """(record, parsed labels, split) of each clinical row whose patient has slides and whose cells parse; the
     other rows are reported to ``bad``."""
     entries = []
@@ -91,7 +92,7 @@ def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns
             if patient not in slides:
                 raise UserError(f"{where}: patient {patient!r} has no slide in the slide table")
             paths = tuple(_slide_path(root, name, slide_where) for name, slide_where in slides[patient])
-            values = parse_cells([row[c] for c in label_columns], label_columns, classes)
+            values = parse_cells([row[c] for c in label_columns], label_columns, classes, task_type)
             split = parse_split(row[split_column], where) if split_column else None
         except (UserError, ValueError) as exc:
             bad.report(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
@@ -109,7 +110,8 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     "FILENAME"; ".h5" is appended when missing); several rows per patient = several slides, which
     are concatenated into one bag in table order), ``clinical_table`` (required; CSV with the same
     patient column and ``label_columns``; ``split_column`` optional), ``label_columns``
-    (required), ``task_type``, ``classes`` (e.g. [LUAD, LUSC]: label cells hold class names),
+    (required; for ``task_type: survival`` instead ``time_column`` and ``event_column``), ``task_type``,
+    ``classes`` (e.g. [LUAD, LUSC]: label cells hold class names),
     ``num_classes``, ``max_instances`` (training only: keep a random subset of at most this many
     instances per bag; default none), ``check_files`` (default true), ``val_fraction``,
     ``test_fraction``, ``folds``, ``fold``.
@@ -127,7 +129,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     root = Path(cfg["feature_dir"])
     if not root.is_dir():
         raise UserError(f"feature_dir {root}: folder not found")
-    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    columns = label_columns(cfg, kind)
     patient_column, split_column = cfg.get("patient_column", "PATIENT"), cfg.get("split_column")
     max_instances = cfg.get("max_instances")
     if max_instances is not None and (not isinstance(max_instances, int) or max_instances < 1):
@@ -135,12 +137,12 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     slides = _slides_by_patient(cfg)
     clinical = Path(cfg["clinical_table"])
     header, rows = read_csv(clinical, "clinical table")
-    require_columns(header, [patient_column, *label_columns, *([split_column] if split_column else [])], clinical,
+    require_columns(header, [patient_column, *columns, *([split_column] if split_column else [])], clinical,
                     "clinical table")
-    classes = label_options(cfg)[1]
+    task_type, classes, _ = label_options(cfg)
     bad = BadSamples(skip_bad)
-    entries = _entries(rows, clinical, root, slides, label_columns, patient_column, split_column, classes, bad)
-    records, spec, column, problems = label_entries(entries, label_columns, cfg)
+    entries = _entries(rows, clinical, root, slides, columns, patient_column, split_column, classes, task_type, bad)
+    records, spec, column, problems = label_entries(entries, columns, cfg)
     for message in problems:
         bad.report(message)
     column = column if split_column else None
@@ -163,10 +165,11 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     plain = BagLoader(feature_dim)
     if skip_bad:
         records, column = keep_valid(records, column, plain, bad, f"wsi_bags {clinical}")
-    parts = split_records(records, cfg, seed, column)
+    parts = split_records(records, cfg, seed, column, spec.stratum)
     # one bag from a SYNTHETIC slide makes the cohort's results not clinical ones: the note is shown when any carries it
     synthetic = any(bag_synthetic(path) for record in records for path in record.paths)
-    task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names, synthetic=synthetic)
+    task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names, synthetic=synthetic,
+                    **spec.targets(parts["train"]))
     features = collect(path for record in parts["train"] for path in record.paths)  # what made the training features
     return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
                       RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,

@@ -4,8 +4,9 @@ A sample is a dict:
 
 * ``"input"``: float32 tensor: image (C, H, W), volume (C, H, W, D) or feature bag (N, F).
 * ``"label"``: float32 tensor (num_outputs,) for binary and multi-label tasks (0/1 per output),
-  an int64 scalar for multi-class tasks, or an int64 label map (H, W, D) with values in
-  [0, num_outputs) for segmentation (class 0 = background).
+  an int64 scalar for multi-class tasks, an int64 label map (H, W, D) with values in
+  [0, num_outputs) for segmentation (class 0 = background), float32 (2,) ``[time, event]`` for survival
+  (event 1 = observed, 0 = censored at ``time``) or float32 (num_outputs,) target values for regression.
 * ``"id"``: str, the sample's identifier (file name, slide or patient id), used in predictions.
 * ``"patient"``: str, the patient id (splits never put one patient in two splits).
 * bags only: ``"coords"``: float32 (N, 2) patch coordinates (zeros when the file has none).
@@ -27,7 +28,9 @@ from .input_kinds import KINDS
 if TYPE_CHECKING:
     from .preprocessing import Preprocessing
 
-TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation")
+TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation", "survival", "regression")
+#: Task types whose labels are classes (0/1 per output or a class index): thresholds, ROC curves, class balance.
+CLASSIFICATION_TASKS = ("binary", "multiclass", "multilabel")
 #: The stored names of the input kinds (:mod:`medattn.data.input_kinds`, where each is a class).
 INPUT_KINDS = tuple(KINDS)
 
@@ -38,7 +41,11 @@ class TaskInfo:
 
     ``num_outputs`` is the model's number of logits: 1 for binary, the class count for multi-class,
     the label count for multi-label, the class count including background for segmentation (logits
-    per voxel). ``class_names`` names the outputs (or the classes).
+    per voxel), 1 for survival (the log relative risk of a Cox model), the target count for regression.
+    ``class_names`` names the outputs (or the classes; regression: the target columns).
+    ``target_mean`` / ``target_std`` (regression only, one per target): the training targets' mean and standard
+    deviation; the model predicts standardised targets ``(y - mean) / std`` and its outputs are mapped back
+    (:func:`medattn.runtime.predictor.probabilities`), so they travel with every checkpoint and export.
     ``input_shape`` is one sample's input shape without the bag length: (C, H, W), (C, H, W, D) or
     (F,) for bags; :mod:`medattn.runtime.build` sets the model's ``in_chans``/``img_size`` or ``feature_dim`` from it.
     """
@@ -49,6 +56,8 @@ class TaskInfo:
     input_shape: tuple[int, ...]
     class_names: list[str] = field(default_factory=list)
     synthetic: bool = False
+    target_mean: list[float] = field(default_factory=list)
+    target_std: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
@@ -63,9 +72,11 @@ def task_problem(task_type: str, num_outputs: int, class_names: list[str]) -> st
     given, name every output (binary: the positive class, or both classes)."""
     if task_type == "binary" and num_outputs != 1:
         return f"a binary task has 1 output, not {num_outputs}"
+    if task_type == "survival" and num_outputs != 1:
+        return f"a survival task has 1 output (the risk), not {num_outputs}"
     if task_type in ("multiclass", "segmentation") and num_outputs < 2:
         return f"a {task_type} task has at least 2 outputs, not {num_outputs}"
-    allowed = (0, 1, 2) if task_type == "binary" else (0, num_outputs)
+    allowed = (0, 1, 2) if task_type == "binary" else (0, 1) if task_type == "survival" else (0, num_outputs)
     if len(class_names) not in allowed:
         return f"{len(class_names)} class name(s) for {num_outputs} output(s) of a {task_type} task"
     return None

@@ -13,10 +13,12 @@ from .options import check_keys, int_tuple, require
 from .preprocessing import Preprocessing
 from .readers.images import ImageLoader, check_image_header
 from .splits import SPLIT_KEYS, split_records
-from .tables import BadSamples, RecordDataset, as_list, keep_valid, table_records
+from .tables import BadSamples, RecordDataset, keep_valid, table_records
+from .tables import label_columns as table_label_columns
 from .transforms import augment_level, build_augmentation
 
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
+                  "time_column", "event_column",
                   "task_type", "classes", "num_classes", "image_size", "in_chans", "mean", "std", "augment",
                   "check_files"}) | SPLIT_KEYS
 
@@ -51,7 +53,7 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     kind = "image_table"
     check_keys(cfg, KEYS, kind)
     require(cfg, "csv", kind)
-    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    label_columns = table_label_columns(cfg, kind)
     in_chans = int(cfg.get("in_chans", 3))
     if in_chans not in (1, 3):
         raise UserError(f"image_table: in_chans must be 1 or 3, got {in_chans}")
@@ -65,11 +67,12 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     check = plain if skip_bad else (lambda r: check_image_header(r.paths[0])) if cfg.get("check_files", True) else None
     records, column = keep_valid(records, column, check, bad, f"image_table {cfg['csv']}")
     records, column = resolve_duplicates(records, column, bad)
-    parts = split_records(records, cfg, seed, column)
+    parts = split_records(records, cfg, seed, column, spec.stratum)
     level, chosen = augment_level(cfg, 2)
     augment = build_augmentation(level, 2)
     train_loader = ImageLoader(size, in_chans, mean, std, augment)
-    task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names)
+    task = TaskInfo(spec.task_type, "image2d", spec.num_outputs, (in_chans, *size), spec.class_names,
+                    **spec.targets(parts["train"]))
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count, defaults=chosen,
                       preprocessing=Preprocessing.of(kind, task, mean=mean, std=std))

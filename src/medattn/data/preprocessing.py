@@ -70,6 +70,8 @@ class Preprocessing:
     split_sides: bool = False
     slice_axis: int | None = None
     unpredictable: str = ""
+    target_mean: tuple[float, ...] = ()
+    target_std: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, data_kind: str, task: TaskInfo, **steps) -> Preprocessing:
@@ -78,7 +80,8 @@ class Preprocessing:
         steps = {k: tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for k, v in steps.items()}
         return cls(data_kind=data_kind, input_kind=task.input_kind, task_type=task.task_type,
                    num_outputs=task.num_outputs, class_names=tuple(task.class_names),
-                   input_shape=tuple(task.input_shape), synthetic=task.synthetic, **steps)
+                   input_shape=tuple(task.input_shape), synthetic=task.synthetic,
+                   target_mean=tuple(task.target_mean), target_std=tuple(task.target_std), **steps)
 
     @property
     def inputs_per_sample(self) -> int:
@@ -97,7 +100,7 @@ class Preprocessing:
 
     def task(self) -> TaskInfo:
         return TaskInfo(self.task_type, self.input_kind, self.num_outputs, self.input_shape, list(self.class_names),
-                        self.synthetic)
+                        self.synthetic, list(self.target_mean), list(self.target_std))
 
 
 def from_dict(data, source: str) -> Preprocessing:
@@ -138,6 +141,8 @@ def from_dict(data, source: str) -> Preprocessing:
         "split_sides": isinstance(data.get("split_sides", False), bool),
         "slice_axis": data.get("slice_axis") in (None, 0, 1, 2) and not isinstance(data.get("slice_axis"), bool),
         "unpredictable": isinstance(data.get("unpredictable", ""), str),
+        "target_mean": numbers(data.get("target_mean", []), len(data.get("target_std", []))),
+        "target_std": numbers(data.get("target_std", [])) and all(v > 0 for v in data.get("target_std", [])),
     }
     bad = next((key for key, ok in checks.items() if not ok), None)
     if bad is not None:
@@ -160,7 +165,7 @@ def check_task(prep: Preprocessing, task: TaskInfo, source: str) -> None:
     """The description agrees with the checkpoint's task (type, input kind, outputs, classes, input shape);
     a UserError naming the first field that differs (an edited file)."""
     stated = prep.task()
-    for name in ("task_type", "input_kind", "num_outputs", "class_names", "input_shape"):
+    for name in ("task_type", "input_kind", "num_outputs", "class_names", "input_shape", "target_mean", "target_std"):
         mine, theirs = getattr(stated, name), getattr(task, name)
         if (list(mine) != list(theirs)) if isinstance(mine, (list, tuple)) else (mine != theirs):
             raise UserError(f"{source}: preprocessing.{name} is {mine!r} but the task says {theirs!r}; the file was "

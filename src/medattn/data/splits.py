@@ -9,9 +9,13 @@ patient-level shuffle split.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "test": "test", "testing": "test"}
@@ -28,8 +32,12 @@ def parse_split(value: str, where: str) -> str:
 
 def _fractions(cfg: dict) -> tuple[float, float]:
     """(val_fraction, test_fraction); ``test_fraction: 1`` (with ``val_fraction: 0``) makes every patient a test
-    patient: an external cohort for ``medattn eval``."""
-    val, test = float(cfg.get("val_fraction", 0.15)), float(cfg.get("test_fraction", 0.15))
+    patient: an external cohort for ``medattn eval``; null is the default, 0.15."""
+    val, test = (cfg.get(key) for key in ("val_fraction", "test_fraction"))
+    if not all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+               for value in (val, test)):
+        raise UserError(f"val_fraction and test_fraction must be numbers, got {val!r} and {test!r}")
+    val, test = 0.15 if val is None else float(val), 0.15 if test is None else float(test)
     if test == 1 and val == 0:
         return val, test
     if val < 0 or test < 0 or val + test >= 1:
@@ -115,17 +123,19 @@ def splits_from_column(patients: Sequence[str], names: Sequence[str], wheres: Se
     return list(names)
 
 
-def split_records(records: Sequence, cfg: dict, seed: int, column: Sequence[str] | None = None) -> dict[str, list]:
+def split_records(records: Sequence, cfg: dict, seed: int, column: Sequence[str] | None = None,
+                  stratum: Callable[[torch.Tensor], str] | None = None) -> dict[str, list]:
     """Records (with ``.patient``, ``.label``, ``.where``) -> {"train": [...], "val": [...], "test": [...]}.
 
-    ``column``: the split of each record from the table's split column; else :func:`assign_splits`.
+    ``column``: the split of each record from the table's split column; else :func:`assign_splits`, stratified by
+    ``stratum(label)`` (:meth:`medattn.data.tables.LabelSpec.stratum`; default the label itself).
     """
     if column is not None:
         if cfg.get("folds") is not None:
             raise UserError("give either a split column or folds, not both")
         names = splits_from_column([r.patient for r in records], column, [r.where for r in records])
     else:
-        keys = [str(r.label.tolist()) for r in records]
+        keys = [str(r.label.tolist()) if stratum is None else stratum(r.label) for r in records]
         names = assign_splits([r.patient for r in records], keys, cfg, seed)
     out: dict[str, list] = {"train": [], "val": [], "test": []}
     for record, name in zip(records, names):

@@ -18,11 +18,14 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-from .base import TASK_TYPES
+from .base import CLASSIFICATION_TASKS
 from .files import check_regular
+from .options import require
 
 #: Task types a label table can describe (segmentation labels come as label maps, not columns).
-CLASSIFICATION_TASKS = tuple(t for t in TASK_TYPES if t != "segmentation")
+TABLE_TASKS = (*CLASSIFICATION_TASKS, "survival", "regression")
+#: Task types whose label cells are real numbers (a follow-up time, a biomarker level), not class numbers.
+NUMERIC_TASKS = ("survival", "regression")
 
 log = logging.getLogger("medattn.data")
 
@@ -126,7 +129,17 @@ class LabelSpec:
     num_outputs: int
 
     def tensor(self, values: list[float]) -> torch.Tensor:
-        """Parsed cells -> the label tensor; ValueError when they do not fit the task."""
+        """Parsed cells -> the label tensor; ValueError when they do not fit the task. Survival: ``[time, event]``
+        with time >= 0 and event 0 (censored) or 1 (observed); regression: the values as they are."""
+        if self.task_type == "survival":
+            time, event = values
+            if time < 0:
+                raise ValueError(f"follow-up time {time:g} is negative")
+            if event not in (0.0, 1.0):
+                raise ValueError(f"event {event:g} is not 0 (censored) or 1 (event observed)")
+            return torch.tensor(values, dtype=torch.float32)
+        if self.task_type == "regression":
+            return torch.tensor(values, dtype=torch.float32)
         if self.task_type == "multiclass":
             if values[0] >= self.num_outputs:
                 raise ValueError(f"label {int(values[0])} is out of range for {self.num_outputs} classes")
@@ -136,9 +149,30 @@ class LabelSpec:
             raise ValueError(f"label {shown} is not 0/1, as a {self.task_type} task needs")
         return torch.tensor(values, dtype=torch.float32)
 
+    def targets(self, train: Sequence[Record]) -> dict:
+        """``TaskInfo``'s ``target_mean`` and ``target_std`` for regression: per target over the training records
+        (population std; a constant target gets 1, so it is only centred); empty for other tasks."""
+        if self.task_type != "regression" or not train:
+            return {}
+        values = torch.stack([r.label for r in train]).double()
+        std = values.std(0, correction=0)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        return {"target_mean": values.mean(0).tolist(), "target_std": std.tolist()}
 
-def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None) -> list[float]:
-    """Label cells -> numbers (class indices when ``classes`` names them); ValueError with the reason."""
+    def stratum(self, label: torch.Tensor) -> str:
+        """The key splits stratify by (:func:`medattn.data.splits.assign_splits`): the label of a class, the event
+        flag of a survival label (so events spread over the splits), nothing for regression."""
+        if self.task_type == "survival":
+            return str(int(label[1]))
+        return "" if self.task_type == "regression" else str(label.tolist())
+
+
+def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None,
+                task_type: str | None = None) -> list[float]:
+    """Label cells -> numbers (class indices when ``classes`` names them; any finite number for survival and
+    regression, :data:`NUMERIC_TASKS`); ValueError with the reason."""
+    if task_type in NUMERIC_TASKS:
+        return [_finite(cell, column) for column, cell in zip(columns, cells)]
     values = []
     for column, cell in zip(columns, cells):
         if classes is not None:
@@ -156,6 +190,34 @@ def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None)
     return values
 
 
+def _finite(cell: str, column: str) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        raise ValueError(f"value {cell!r} in column {column!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"value {cell!r} in column {column!r} is not a finite number")
+    return value
+
+
+def label_columns(cfg: dict, kind: str) -> list[str]:
+    """The label columns a table config names: ``label_columns`` (one or several); for ``task_type: survival``
+    the ``time_column`` (follow-up time, any unit) and ``event_column`` (1 event, 0 censored), in that order."""
+    if cfg.get("task_type") != "survival":
+        if cfg.get("time_column") is not None or cfg.get("event_column") is not None:
+            raise UserError(f"data kind {kind!r}: time_column and event_column describe a survival task; set "
+                            f"task_type: survival")
+        return as_list(require(cfg, "label_columns", kind), "label_columns")
+    if cfg.get("label_columns") is not None:
+        raise UserError(f"data kind {kind!r} with task_type: survival takes time_column and event_column, not "
+                        f"label_columns")
+    missing = [key for key in ("time_column", "event_column") if not cfg.get(key)]
+    if missing:
+        raise UserError(f"data kind {kind!r} with task_type: survival needs data.{' and data.'.join(missing)} (the "
+                        f"follow-up time and the event flag, 1 event / 0 censored)")
+    return [*as_list(cfg["time_column"], "time_column"), *as_list(cfg["event_column"], "event_column")]
+
+
 #: An inferred class (no ``classes``/``num_classes`` declared) needs this many rows: fewer cannot reach
 #: train, validation and test, and are most often a typo (a ``2`` in a 0/1 column).
 MIN_CLASS_ROWS = 3
@@ -171,8 +233,14 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
     fit are rejected by :meth:`LabelSpec.tensor`; an inferred class set is checked by
     :func:`inferred_class_problems`.
     """
-    if task_type is not None and task_type not in CLASSIFICATION_TASKS:
-        raise UserError(f"task_type must be one of {CLASSIFICATION_TASKS}, got {task_type!r}")
+    if task_type is not None and task_type not in TABLE_TASKS:
+        raise UserError(f"task_type must be one of {TABLE_TASKS}, got {task_type!r}")
+    if task_type == "survival":
+        if len(columns) != 2:
+            raise UserError(f"a survival task needs a time and an event column, got {columns}")
+        return LabelSpec("survival", [], 1)
+    if task_type == "regression":
+        return LabelSpec("regression", list(columns), len(columns))
     seen = {v for row in values for v in row}
     if task_type is None:
         if len(columns) > 1:
@@ -304,14 +372,15 @@ def table_records(cfg: dict, kind: str, label_columns: list[str], extra_columns:
     wanted = [path_column, *(c for cols in per_side.values() for c in cols), *extra_columns,
               *(c for c in (patient_column, split_column) if c)]
     require_columns(header, wanted, csv_path)
-    classes = label_options(cfg)[1]
+    task_type, classes, _ = label_options(cfg)
     entries, problems = [], []  # (record, parsed labels, split)
     for number, row in rows:
         where = f"{csv_path.name} row {number}"
         try:
             paths = tuple(resolve_path(root, row[c], where) for c in (path_column, *extra_columns))
             split = parse_split(row[split_column], where) if split_column else None
-            parsed = {side: parse_cells([row[c] for c in cols], cols, classes) for side, cols in per_side.items()}
+            parsed = {side: parse_cells([row[c] for c in cols], cols, classes, task_type)
+                      for side, cols in per_side.items()}
         except (UserError, ValueError) as exc:
             message = str(exc)
             problems.append(message if message.startswith(where) else f"{where}: {message}")

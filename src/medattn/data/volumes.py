@@ -14,11 +14,13 @@ from .options import check_keys, float_tuple, int_tuple, require
 from .preprocessing import Preprocessing
 from .readers.volumes import NORMALISATIONS, VolumeLoader, check_volume_header, resampled_shape
 from .splits import SPLIT_KEYS, split_records
-from .tables import BadSamples, Record, RecordDataset, as_list, keep_valid, table_records
+from .tables import BadSamples, Record, RecordDataset, keep_valid, table_records
+from .tables import label_columns as table_label_columns
 from .transforms import augment_level, build_augmentation
 
 SIDES = ("left", "right")
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
+                  "time_column", "event_column",
                   "subtract_column", "task_type", "classes", "num_classes", "target_spacing", "target_size",
                   "normalize", "split_sides", "augment", "check_files"}) | SPLIT_KEYS
 
@@ -79,7 +81,7 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     kind = "volume_table"
     check_keys(cfg, KEYS, kind)
     require(cfg, "csv", kind)
-    label_columns = as_list(require(cfg, "label_columns", kind), "label_columns")
+    label_columns = table_label_columns(cfg, kind)
     spacing, size, method = volume_options(cfg, default_size=(256, 256, 32))
     subtract = [cfg["subtract_column"]] if cfg.get("subtract_column") else []
     sides = SIDES if cfg.get("split_sides", False) else ()
@@ -104,10 +106,11 @@ def build_volume_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> Data
     records, column = keep_valid(records, column, check, bad, f"volume_table {cfg['csv']}")
     warning = None if "target_size" in cfg else crop_warning(grids, spacing, size, bool(sides))
     records, column = resolve_duplicates(records, column, bad)
-    parts = split_records(records, cfg, seed, column)
+    parts = split_records(records, cfg, seed, column, spec.stratum)
     level, chosen = augment_level(cfg, 3)
     train_loader = VolumeLoader(spacing, size, method, build_augmentation(level, 3))
-    task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names)
+    task = TaskInfo(spec.task_type, "volume3d", spec.num_outputs, (1, *size), spec.class_names,
+                    **spec.targets(parts["train"]))
     return DataBundle(RecordDataset(parts["train"], train_loader), RecordDataset(parts["val"], plain),
                       RecordDataset(parts["test"], plain), task, skipped=bad.count,
                       warnings=[warning] if warning else [], defaults=chosen,

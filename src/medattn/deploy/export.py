@@ -56,15 +56,16 @@ from .format import FORMATS, METADATA_KEY, OPSET, PT2_EXTRA, metadata, onnx_sess
 class Deployable(nn.Module):
     """``model`` followed by its output activation: inputs -> probabilities (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, task_type: str, input_kind: str) -> None:
+    def __init__(self, model: nn.Module, task_type: str, input_kind: str, target_scale=((), ())) -> None:
         super().__init__()
         self.model, self.task_type, self.input_kind = model, task_type, input_kind
+        self.target_scale = target_scale  # regression: (target_mean, target_std), constants of the graph
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, coords: torch.Tensor | None = None) -> \
             torch.Tensor:
         """x: images/volumes, or bag features with ``mask`` and ``coords`` -> probabilities."""
         logits = forward(self.model, {"input": x, "mask": mask, "coords": coords}, self.input_kind)
-        return probabilities(logits, self.task_type)
+        return probabilities(logits, self.task_type, *self.target_scale)
 
 
 def any_input_size(model: nn.Module) -> bool:
@@ -127,7 +128,8 @@ def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Pat
     refusal = export_refusal(model)
     if refusal:
         raise UserError(f"cannot export this model to {fmt}: {refusal}")
-    wrapper = Deployable(model.float().cpu().eval(), prep.task_type, prep.input_kind).eval()
+    wrapper = Deployable(model.float().cpu().eval(), prep.task_type, prep.input_kind,
+                         (prep.target_mean, prep.target_std)).eval()
     if fmt == "onnx":  # torch's ONNX exporter imports both on use
         require("onnx", "exporting to ONNX")
         require("onnxscript", "exporting to ONNX")
@@ -195,7 +197,8 @@ def check_onnx(checkpoint: str | Path, path: str | Path, tolerance: float = 1e-4
     session = onnx_session(path)
     (actual,) = session.run(None, {n: t.numpy() for n, t in zip(names, args)})
     with torch.no_grad():
-        expected = Deployable(trained.model, prep.task_type, prep.input_kind)(*args).numpy()
+        expected = Deployable(trained.model, prep.task_type, prep.input_kind,
+                              (prep.target_mean, prep.target_std))(*args).numpy()
     error = float((abs(actual - expected) / abs(expected).clip(min=1e-6)).max())
     if error > tolerance:
         raise UserError(f"{path}: onnxruntime differs from the checkpoint by {error:.2e} relative (> {tolerance})")

@@ -11,7 +11,9 @@
 * segmentation: ``file``, ``label_map`` (the NIfTI written on the input's grid, a PNG for a 2D image given
   to a model trained on slices, see :mod:`medattn.deploy.segmentation`), ``voxels_<class>`` and
   ``volume_mm3_<class>`` per foreground class (empty for 2D images), ``model_id`` and ``checkpoint_sha256``.
-  Models trained on slices take one file per batch (volumes differ in their slice count).
+  Models trained on slices take one file per batch (volumes differ in their slice count). A DICOM series also gets
+  its label map as a DICOM Segmentation ``<stem>_seg.dcm`` beside the NIfTI (:mod:`medattn.runtime.dicom_results`,
+  with highdicom); ``PredictionTable.notes`` says what was written, or why not.
 
 With ``skip_bad`` a file that cannot be read or prepared is left out of the rows and listed in
 ``PredictionTable.bad`` as (file, reason); without it the first one raises a UserError naming it.
@@ -28,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from medattn.data.base import collate
 from medattn.data.preprocessing import inference_dataset
+from medattn.data.tables import NUMERIC_TASKS
 from medattn.runtime.threshold import resolve_thresholds
 
 from .runtime import Runner
@@ -36,12 +39,14 @@ from .runtime import Runner
 @dataclass
 class PredictionTable:
     """CSV header and rows; ``bad``: (file, reason) of the files left out; ``threshold_source``: where the
-    thresholds came from (binary/multi-label only)."""
+    thresholds came from (binary/multi-label only); ``notes``: lines for the user (the DICOM Segmentations of DICOM
+    series written, or why not)."""
 
     header: list[str]
     rows: list[list]
     bad: list[tuple[str, str]] = field(default_factory=list)
     threshold_source: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
@@ -65,6 +70,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
+        from medattn.runtime.dicom_results import SegmentationWriter, is_dicom_series
         from medattn.runtime.outputs import OutputFolder
 
         from .segmentation import label_map_name, write_label_map
@@ -74,16 +80,23 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
         maps = OutputFolder(label_dir if label_dir is not None else "label_maps",
                             [p for item in dataset.items for p in item.paths], overwrite)
         stems = {item.id: maps.stem_for(item.paths[0]) for item in dataset.items}
+        dicom = SegmentationWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
         for item in dataset.items:
             maps.path(label_map_name(item.paths[0], prep, stems[item.id]))
+            if is_dicom_series(item.paths[0]) and dicom.available:
+                maps.path(dicom.name(stems[item.id]))
     else:
         sides = ["side"] if prep.split_sides else []
-        if prep.task_type == "multiclass":
+        outputs = [f"prob_{n}" for n in names]
+        if prep.task_type in NUMERIC_TASKS:  # a risk score or values: nothing to decide
+            cut, decision = None, []
+            outputs = ["risk"] if prep.task_type == "survival" else [f"pred_{n}" for n in names]
+        elif prep.task_type == "multiclass":
             cut, decision = None, ["pred_label"]
         else:
             cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
-        table.header = [first, *sides, *[f"prob_{n}" for n in names], *decision, "model_id", "checkpoint_sha256"]
+        table.header = [first, *sides, *outputs, *decision, "model_id", "checkpoint_sha256"]
     if accepted is not None:
         table.header.append("features_accepted")
     items = {item.id: item for item in dataset.items}
@@ -95,19 +108,23 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             item = items[sample_id]
             if segmentation:
                 labels = torch.from_numpy(np.asarray(p).argmax(0))  # inputs of one name get <name>, <name>_2, ...
-                out, voxels, volumes = write_label_map(labels, item.paths[0], prep, maps, stems[sample_id])
+                out, voxels, volumes = write_label_map(labels, item.paths[0], prep, maps, stems[sample_id], dicom)
                 sizes = [f"{v:.3f}" for v in volumes] if volumes is not None else [""] * len(voxels)
                 table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance,
                                    *([] if accepted is None else [""])])
                 continue
             probs = [f"{v:.6f}" for v in p]
-            if cut is None:
+            if not decision:
+                decided = []
+            elif cut is None:
                 decided = [names[int(np.argmax(p))]]
             else:
                 decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
             sides = [item.side] if prep.split_sides else []
             table.rows.append([item.name, *sides, *probs, *decided, *provenance,
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
+    if segmentation:
+        table.notes = dicom.notes()
     seen = set()
     for sample_id, reason in dataset.bad.items():  # one line per input, not per side
         item = items[sample_id]

@@ -6,7 +6,8 @@
 probabilities: a checkpoint through :class:`medattn.runtime.predictor.Predictor` (as eval predicts), an ONNX
 file through the exported graph (:class:`~medattn.deploy.export.Deployable`, the same function), so both
 give the same numbers (checked to 1e-4 relative in the tests). onnxruntime is optional (the ``onnx``
-extra); without it an ONNX file is a one-line UserError.
+extra); without it an ONNX file is a one-line UserError. A checkpoint runs on the device asked for (``auto``: the best
+this machine has), whatever ``train.device`` it was trained with; an exported file runs on the CPU.
 """
 
 from __future__ import annotations
@@ -36,28 +37,29 @@ class Runner:
     source: str
     run: object  # batch dict -> np.ndarray probabilities
     features: dict | None = None  # what made a bag model's training features (medattn.data.provenance), if recorded
+    device: str = "cpu"  # where it runs
+    trained_device: str | None = None  # a checkpoint's train.device: recorded, not obeyed
 
     def probabilities(self, batch: dict) -> np.ndarray:
         """Collated batch (``input``; bags also ``mask``, ``coords``) -> probabilities (B, K) or (B, K, H, W, D)."""
         return self.run(batch)
 
 
-def _torch_runner(path: str | Path) -> Runner:
-    from medattn.runtime.device import open_device
-    from medattn.runtime.predictor import Predictor
+def _torch_runner(path: str | Path, device: str) -> Runner:
+    from medattn.runtime.device import inference_device
     from medattn.runtime.trained import load_checkpoint
 
+    where = inference_device(device)  # a device this machine lacks: before the checkpoint is read
     trained = load_checkpoint(path)
     prep = trained.file_preprocessing("predict")
-    device = open_device(trained.config["train"]["device"])
-    predictor = Predictor.for_run(trained.model.to(device), trained.config, trained.task, device)  # as eval predicts
+    predictor = trained.predictor(where)  # as eval predicts
 
     @torch.no_grad()
     def run(batch: dict) -> np.ndarray:
         return predictor.probabilities(batch).cpu().numpy()
 
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run,
-                  trained.meta.get("features"))
+                  trained.meta.get("features"), str(where), trained.config["train"]["device"])
 
 
 def _graph_session(path: Path, expected: list[str]) -> tuple[list[str], object]:
@@ -129,11 +131,16 @@ def _exported_runner(path: Path) -> Runner:
                   run, features)
 
 
-def open_model(path: str | Path) -> Runner:
-    """A :class:`Runner` for a checkpoint or an exported ``.onnx`` / ``.pt2`` file."""
+def open_model(path: str | Path, device: str = "auto") -> Runner:
+    """A :class:`Runner` for a checkpoint or an exported ``.onnx`` / ``.pt2`` file. ``device`` (``auto``, ``cpu``,
+    ``mps``, ``cuda`` or ``cuda:N``; ``auto``: the best this machine has) is where a checkpoint runs, whatever
+    ``train.device`` it was trained with; an exported file runs on the CPU (``auto`` or ``cpu``)."""
     path = Path(path)
     if path.suffix.lower() in (".onnx", ".pt2"):
+        if device not in ("auto", "cpu"):
+            raise UserError(f"--device={device}: an exported {path.suffix.lower()} file runs on the CPU here; use "
+                            f"--device=auto or cpu, or predict from the checkpoint")
         if not path.is_file():
             raise UserError(f"{path}: no such file")
         return _exported_runner(path)
-    return _torch_runner(path)
+    return _torch_runner(path, device)

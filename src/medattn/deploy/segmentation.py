@@ -11,7 +11,8 @@ A 2D model trained on slices (``slice_axis``) segments a volume slice by slice, 
 slicing axis last ((h, w, S)); :func:`write_label_map` puts the axis back first. A 2D image file given to such
 a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only.
 
-A DICOM series gets the RAS affine the volume reader builds from its slice positions and orientation.
+A DICOM series gets the RAS affine the volume reader builds from its slice positions and orientation, and its label map
+also as a DICOM Segmentation referencing the series (:mod:`medattn.runtime.dicom_results`, with highdicom).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from medattn.data.preprocessing import Preprocessing
 from medattn.data.readers.volumes import to_native_grid
+from medattn.runtime.dicom_results import is_dicom_series
 
 
 def to_input_grid(labels: torch.Tensor, path: Path, prep: Preprocessing) -> tuple[np.ndarray, np.ndarray]:
@@ -52,11 +54,13 @@ def label_map_name(path: Path, prep: Preprocessing, stem: str) -> str:
     return f"{stem}_labels.png" if image else f"{stem}_labels.nii.gz"
 
 
-def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, stem: str
+def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, stem: str, dicom=None
                     ) -> tuple[Path, list[int], list[float] | None]:
     """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written into ``out``
-    (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`. Returns (the
-    file, voxels per class 1..K-1, mm^3 per class or None for 2D images)."""
+    (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`; for a DICOM series,
+    the same map also as a DICOM Segmentation by ``dicom``
+    (:class:`~medattn.runtime.dicom_results.SegmentationWriter`, when given). Returns (the file, voxels per class
+    1..K-1, mm^3 per class or None for 2D images)."""
     from medattn.data.readers.slices import is_volume_file
     from medattn.data.readers.volumes import uncrop_or_unpad, write_nifti
 
@@ -75,5 +79,7 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, 
     array, affine = to_input_grid(labels, path, prep)
     with out.write(label_map_name(path, prep, stem)) as tmp:
         write_nifti(tmp, array, affine)
+    if dicom is not None and is_dicom_series(path):
+        dicom.write(array, affine, path, prep.output_names, out, stem)
     volumes = structure_volumes(array, affine, prep.num_outputs)
     return out.path(label_map_name(path, prep, stem)), structure_counts(array, prep.num_outputs), volumes

@@ -38,7 +38,7 @@ import numpy as np
 from medattn import metrics
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder, save_figure
-from medattn.train.page import number, write_page
+from medattn.train.page import ABBREVIATIONS, number, write_page
 
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
@@ -239,7 +239,7 @@ def status_of(failed: dict) -> str:
 def format_summary(summary: dict) -> str:
     from medattn.text import format_table
 
-    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    label = ABBREVIATIONS.get(summary["metric"], summary["metric"])
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
     seeds = [f"seed {s}" for s in summary["seeds"]]
     arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r), "status": r["status"],
@@ -272,7 +272,7 @@ def plot_arms(summary: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    label = ABBREVIATIONS.get(summary["metric"], summary["metric"])
     arms = summary["arms"]
     fig, axis = plt.subplots(figsize=(1.2 + 1.1 * len(arms), 3.6))
     for i, arm in enumerate(arms):
@@ -284,7 +284,7 @@ def plot_arms(summary: dict, path: Path):
     axis.set_xticks(range(len(arms)), [a["arm"] + ("" if a["status"] == "learned" else "\n(did not learn)")
                                        for a in arms], fontsize=8)
     axis.set_ylabel(f"test {label}")
-    if summary["metric"] == "auroc":
+    if summary["metric"] in ("auroc", "c_index"):  # chance
         axis.axhline(0.5, color="0.5", linestyle=":", linewidth=1)
     axis.set_title(f"{summary['data']}: mean over seeds {summary['seeds']} (points: seeds)"
                    + (" [SYNTHETIC data]" if summary["synthetic"] else ""), fontsize=9)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
-from medattn.train.page import number, write_page
+from medattn.train.page import ABBREVIATIONS, number, write_page
 
 from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, run_jobs
 
@@ -44,11 +44,12 @@ def fold_jobs(config: dict, folds: int) -> list[Job]:
 def summarise_folds(results: list[dict]) -> dict:
     """Per-fold test metrics and their mean (std) over folds, from the folds' results.json (in fold order).
 
-    Rows: ``AUROC`` (classification), or ``overall`` (the mean foreground Dice of the fold's test part) then
-    one row per foreground structure (its Dice over the fold's test cases). ``did_not_learn``: fold -> the
+    Rows: the metric (``AUROC``, ``C-index``, ``R^2``), or ``overall`` (the mean foreground Dice of the fold's test
+    part) then one row per foreground structure (its Dice over the fold's test cases). ``did_not_learn``: fold -> the
     reasons its run did not learn (:mod:`medattn.train.verdict`); such folds are named under the table."""
     metric = results[0]["metric"]
-    rows = [{"structure": "overall" if metric == "dice" else "AUROC", "per_fold": [metric_of(r) for r in results]}]
+    name = "overall" if metric == "dice" else ABBREVIATIONS.get(metric, metric)
+    rows = [{"structure": name, "per_fold": [metric_of(r) for r in results]}]
     if metric == "dice":
         names = list(results[0]["test"]["dice_per_class"])[1:]  # background first, left out
         rows += [{"structure": name, "per_fold": [r["test"]["dice_per_class"].get(name) for r in results]}
@@ -66,7 +67,7 @@ def format_summary(summary: dict) -> str:
     """The printed table: one row per structure, one column per fold, then mean (std)."""
     from medattn.text import format_table
 
-    label = {"dice": "Dice", "auroc": "AUROC"}.get(summary["metric"], summary["metric"])
+    label = ABBREVIATIONS.get(summary["metric"], summary["metric"])
     mechanism = f" ({summary['attention']})" if summary["attention"] else ""
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
     folds = [f"fold_{k}" for k in range(summary["folds"])]

@@ -24,6 +24,8 @@ import numpy as np
 from medattn import metrics
 from medattn.config import flatten, read_config_file
 from medattn.errors import UserError
+from medattn.metrics_regression import r2
+from medattn.metrics_survival import concordance_index
 from medattn.runtime.build import check_model_config
 from medattn.train.defaults import resolve_training
 from medattn.train.rundir import config_diff
@@ -87,7 +89,9 @@ class Cases:
     """A run's per-case test outputs read back from ``predictions_test.csv``.
 
     Classification: ``outputs`` probabilities (N, K), ``labels`` (N,) class indices (multi-class) or (N, K)
-    0/1; segmentation: ``outputs`` Dice per class (N, K) with NaN where undefined, ``labels`` None."""
+    0/1; segmentation: ``outputs`` Dice per class (N, K) with NaN where undefined, ``labels`` None; survival:
+    ``outputs`` risk scores (N, 1), ``labels`` ``[time, event]`` (N, 2); regression: ``outputs`` predicted and
+    ``labels`` true values (N, K)."""
 
     ids: list[str]
     patients: list[str]
@@ -96,10 +100,16 @@ class Cases:
     task_type: str
 
     def score(self, index: np.ndarray) -> float | None:
-        """The run's test metric on the cases ``index`` (AUROC, or mean foreground Dice); None if undefined."""
+        """The run's test metric on the cases ``index`` (AUROC, mean foreground Dice, C-index or R^2); None if
+        undefined."""
         try:
             if self.task_type == "segmentation":
                 return metrics.mean_dice(self.outputs[index])
+            if self.task_type == "survival":
+                labels = self.labels[index]
+                return concordance_index(self.outputs[index, 0], labels[:, 0], labels[:, 1].astype(bool))
+            if self.task_type == "regression":
+                return r2(self.outputs[index], self.labels[index])
             return metrics.auroc(self.outputs[index], self.labels[index], self.task_type)
         except metrics.UndefinedMetricError:
             return None
@@ -107,8 +117,9 @@ class Cases:
 
 def read_cases(run_dir: Path) -> Cases:
     """Read ``predictions_test.csv`` as written by :mod:`medattn.train.report`: ``label`` (multi-class) or
-    ``label_<name>`` (binary: one, multi-label: several) and ``prob_<name>`` columns, or ``dice_<name>``
-    columns (segmentation)."""
+    ``label_<name>`` (binary: one, multi-label: several) and ``prob_<name>`` columns, ``dice_<name>``
+    columns (segmentation), ``time``, ``event`` and ``risk`` (survival) or ``true_<name>`` and ``pred_<name>``
+    (regression)."""
     path = Path(run_dir) / "predictions_test.csv"
     try:
         with open(path, newline="") as f:
@@ -126,6 +137,10 @@ def read_cases(run_dir: Path) -> Cases:
     ids, patients = [r["id"] for r in rows], [r["patient"] for r in rows]
     if any(c.startswith("dice_") for c in columns):
         return Cases(ids, patients, matrix("dice_"), None, "segmentation")
+    if "risk" in columns:
+        return Cases(ids, patients, matrix("risk"), np.hstack([matrix("time"), matrix("event")]), "survival")
+    if any(c.startswith("true_") for c in columns):
+        return Cases(ids, patients, matrix("pred_"), matrix("true_"), "regression")
     probs = matrix("prob_")
     if "label" in columns:
         return Cases(ids, patients, probs, np.array([int(r["label"]) for r in rows]), "multiclass")
@@ -134,7 +149,7 @@ def read_cases(run_dir: Path) -> Cases:
 
 
 def metric_of(results: dict) -> float | None:
-    """The test metric of a results.json (``test.auroc`` or ``test.dice``)."""
+    """The test metric of a results.json (``test.auroc``, ``test.dice``, ``test.c_index`` or ``test.r2``)."""
     return results["test"].get(results["metric"])
 
 

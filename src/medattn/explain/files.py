@@ -16,7 +16,10 @@ longer than ``chunk_size`` tiles whose blocks all stream (SeqNorm) is explained 
 explained output and its probabilities. ``colour_scale`` (:data:`~medattn.explain.outputs.COLOUR_SCALES`) sets where
 the pictures' colours end. ``slides``: a folder that does not exist is refused; a bag whose slide is not found there
 is refused when it is the only file, and with several bags each is reported in ``missing_slides`` (the command warns
-per slide and counts them) and drawn at its tile coordinates. Which of these a file gets is its input kind's choice
+per slide and counts them) and drawn at its tile coordinates. A bag whose slide is a DICOM whole-slide image (a folder
+of ``.dcm`` instances in ``slides``) also gets its tile scores as DICOM Microscopy Bulk Simple Annotations
+``<stem>_tiles.dcm`` referencing the slide (:mod:`medattn.runtime.dicom_results`, with highdicom; the report's
+``notes`` say what was written, or why not). Which of these a file gets is its input kind's choice
 (:meth:`~medattn.data.input_kinds.InputKind.explain_file` calls a method of :class:`FileHeatmaps`).
 """
 
@@ -30,6 +33,8 @@ import torch
 
 from ..data import input_kinds
 from ..errors import UserError
+from ..runtime.dicom_results import TileAnnotationWriter
+from ..slides.dicom import is_dicom
 from ..slides.heatmap import prediction_text
 from . import outputs
 from .core import check_method, explain
@@ -48,6 +53,8 @@ class ExplainedFiles:
     missing_slides: list[tuple[str, str]] = field(default_factory=list)
     #: bags whose slide ``--slides`` found (None without ``--slides`` or for inputs that are not bags)
     slides_found: int | None = None
+    #: lines for the user: the DICOM annotations of DICOM slides written, or why not
+    notes: list[str] = field(default_factory=list)
 
 
 def streams(model) -> bool:
@@ -84,7 +91,7 @@ def streamed_bag(model, path: Path, chunk_size: int):
 def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, method: str = "auto",
                   target: int | None = None, chunk_size: int = 32_768, subtract: list | None = None,
                   overwrite: bool = False, slides: str | Path | None = None,
-                  colour_scale: str = "full", accept_features: bool = False) -> ExplainedFiles:
+                  colour_scale: str = "full", accept_features: bool = False, device: str = "auto") -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
     subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
     planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
@@ -94,14 +101,18 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     module docstring for a slide not found). ``colour_scale``: ``full`` or ``percentile``
     (:func:`~medattn.explain.outputs.colour_range`). A bag whose features were made otherwise than the model's
     training features (:mod:`medattn.data.provenance`) is refused before anything is written, unless
-    ``accept_features``: then the summary's ``features_accepted`` column says how each differs."""
+    ``accept_features``: then the summary's ``features_accepted`` column says how each differs. ``device``: where the
+    model runs (:func:`~medattn.runtime.device.inference_device`; ``auto``: the best this machine has), whatever
+    ``train.device`` it was trained with."""
     from ..data.base import collate
     from ..data.files import check_regular
     from ..data.preprocessing import inference_dataset, sample_paths
+    from ..runtime.device import inference_device
     from ..runtime.outputs import OutputFolder
-    from ..runtime.predictor import Predictor, probabilities
+    from ..runtime.predictor import probabilities
     from ..runtime.trained import load_checkpoint
 
+    where = inference_device(device)  # a device this machine lacks: before any work
     trained = load_checkpoint(checkpoint)
     model, prep = trained.model, trained.file_preprocessing("explain")
     if prep.task_type == "segmentation":
@@ -138,7 +149,13 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         for suffix in kind.explain_suffixes:
             out.path(stem + suffix)
     out.path("summary.csv")
-    predictor = Predictor.for_run(model, trained.config, trained.task, torch.device("cpu"))
+    dicom = None if slides is None or not kind.instances else \
+        TileAnnotationWriter(trained.model_id, trained.checkpoint_sha256, prep.synthetic)
+    for stem, (_, attrs) in zip(stems, headers):  # a DICOM slide's tile annotations
+        slide = None if dicom is None else slide_of(attrs, slides)
+        if slide is not None and is_dicom(slide) and dicom.available:
+            out.path(dicom.name(stem))
+    predictor = trained.predictor(where)
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder), missing_slides=missing,
                             slides_found=None if slides is None or not kind.instances else len(stems) - len(missing))
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
@@ -150,10 +167,10 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         if streamed:
             logits, scores, coords, attrs = streamed_bag(model, path, chunk_size)
             explained, report.streamed = "", report.streamed + 1
-            probs = probabilities(logits.detach().float(), prep.task_type)[0]
+            probs = probabilities(logits.detach().float(), prep.task_type, prep.target_mean, prep.target_std)[0]
         else:
             sample = dataset[index]
-            x, kwargs = kind.one(sample)
+            x, kwargs = kind.one(sample, where)
             result = explain(model, x, method, target, **kwargs)
             explained = "" if result.target is None else int(result.target[0])
             with torch.no_grad():
@@ -161,15 +178,16 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         if kind.instances:  # a slide's map names the slide's prediction
             title = f"{title} | {prediction_text(probs.tolist(), prep.output_names, prep.task_type)}"
         heatmaps = FileHeatmaps(out, stem, path, prep.spacing, title, used, prep.synthetic, attrs, slides,
-                                colour_scale)
+                                colour_scale, dicom)
         written = heatmaps.tiles(coords, scores) if streamed else \
-            kind.explain_file(heatmaps, path, sample, result.relevance[0])
+            kind.explain_file(heatmaps, path, sample, result.relevance[0].cpu())
         report.rows.append({"file": item.id, "method": used, "target": explained,
                             **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
                             "outputs": " ".join(written),
                             **({"features_accepted": accepted.get(tuple(item.paths), "")} if accept_features else {})})
     with out.write("summary.csv") as tmp:
         outputs.write_summary(tmp, report.rows)
+    report.notes = [] if dicom is None else dicom.notes()
     return report
 
 
@@ -178,7 +196,8 @@ class FileHeatmaps:
     """The files ``medattn explain`` writes for the input ``path`` (written as ``stem``... into ``out``), by how its
     kind draws the map (:class:`~medattn.data.input_kinds.Heatmaps`); each method returns the names written.
     ``spacing``: the preprocessing's (a volume's map goes back to the file's grid); ``attrs``: a bag's HDF5
-    attributes; ``slides``: the folder of the scanner files; ``colour_scale``: ``full`` or ``percentile``."""
+    attributes; ``slides``: the folder of the scanner files; ``colour_scale``: ``full`` or ``percentile``; ``dicom``:
+    the writer of a DICOM slide's tile annotations (None: none written)."""
 
     out: object
     stem: str
@@ -190,6 +209,7 @@ class FileHeatmaps:
     attrs: dict
     slides: str | Path | None
     colour_scale: str = "full"
+    dicom: TileAnnotationWriter | None = None
 
     def image(self, image: np.ndarray, relevance) -> list[str]:
         """``<stem>.png``: the image (C, H, W) beside the map (H, W) over it."""
@@ -219,20 +239,20 @@ class FileHeatmaps:
     def tiles(self, coords: np.ndarray, relevance) -> list[str]:
         """The tile table, HDF5 and map of a bag's scores (N,) at ``coords`` (N, 2) (:func:`_write_tiles`)."""
         return _write_tiles(self.out, self.stem, coords, np.asarray(relevance), self.method, self.attrs, self.title,
-                            self.synthetic, self.slides, self.colour_scale)
+                            self.synthetic, self.slides, self.colour_scale, self.dicom)
 
 
 def find_slide(attrs: dict, slides: str | Path) -> tuple[Path | None, str]:
     """(the scanner file a bag was extracted from, "") when its map can be drawn on it: the bag's ``slide`` attribute
-    names a file in the folder ``slides`` and the bag records its tile side in level-0 pixels
-    (``patch_size_level0``); else (None, why not, in words)."""
+    names a file (or a DICOM slide's folder of instances) in the folder ``slides`` and the bag records its tile side in
+    level-0 pixels (``patch_size_level0``); else (None, why not, in words)."""
     name = attrs.get("slide")
     if not isinstance(name, str) or not name:
         return None, "the bag names no slide (no 'slide' attribute: medattn wsi extract writes it)"
     if Path(name).name != name:
         return None, f"the bag's slide attribute {name!r} is not a file name"
     path = Path(slides) / name
-    if not path.is_file():
+    if not (path.is_file() or (path.is_dir() and is_dicom(path))):
         return None, f"its slide {name} is not in {slides}"
     if "patch_size_level0" not in attrs:
         return None, "the bag does not record its tile side in level-0 pixels (patch_size_level0)"
@@ -246,10 +266,11 @@ def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:
 
 
 def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method: str, attrs: dict,
-                 title: str, synthetic: bool, slides: str | Path | None = None, scale: str = "full") -> list[str]:
+                 title: str, synthetic: bool, slides: str | Path | None = None, scale: str = "full",
+                 dicom: TileAnnotationWriter | None = None) -> list[str]:
     """A bag's tile table and HDF5, and its map where the tiles have coordinates: on the slide's thumbnail when
-    the slide is found in ``slides``, else on a blank canvas, with a colour bar (colour ``scale``) and ``title``;
-    -> the names written."""
+    the slide is found in ``slides``, else on a blank canvas, with a colour bar (colour ``scale``) and ``title``; a
+    DICOM slide's tile annotations by ``dicom`` (when given); -> the names written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
         outputs.write_tile_scores(table, h5, coords, scores, method, attrs)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
@@ -260,6 +281,11 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
             outputs.write_tile_geojson(tmp, level0, side, scores, method)
         written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
+    if slide is not None and dicom is not None and is_dicom(slide):
+        from ..slides.synthetic import SYNTHETIC_ATTR
+
+        annotations = dicom.write(slide, level0, side, scores, method, out, stem, bool(attrs.get(SYNTHETIC_ATTR)))
+        written += [annotations] if annotations else []
     if slide is not None:
         from ..slides.heatmap import slide_overlay
 

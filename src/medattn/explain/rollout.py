@@ -273,7 +273,7 @@ def streaming_rollout(model, features, coords=None, chunk_size: int = 32_768) ->
             continue
         maps, _ = maps_through(x)
         r = sum(0.5 ** (m + 1) * (maps[m][2] / H[m]) * (maps[m][1] @ U[m]) for m in range(L))
-        scores[start:start + len(r)] = r.float().numpy()
+        scores[start:start + len(r)] = r.float().cpu().numpy()
         start += len(r)
     logits = model.head(model.encoder.norm(cls_out)[:, 0])
     return logits, scores

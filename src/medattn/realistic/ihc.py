@@ -6,7 +6,8 @@ quarter turn, with the patient's own stain strengths (haematoxylin and DAB conce
 in HED space, ``skimage.color.rgb2hed``), as two labs or two scanners stain differently.
 
 * **finding** (label 1): a share ``TUMOUR_SHARE`` of the tiles is "positive": their DAB concentration is
-  raised by ``DAB_BOOST`` (x), as in a hot spot of immunopositive cells;
+  raised by ``DAB_BOOST`` (x), as in a hot spot of immunopositive cells; the burden tasks
+  (:mod:`.outcomes`) give each patient's share instead of drawing it;
 * bag sizes are drawn from ``BAG_SIZES`` whatever the label, so the bag size does not tell the classes
   apart (the benchmark's probe checks it).
 
@@ -55,8 +56,11 @@ def tile_features(tiles: np.ndarray) -> np.ndarray:
                           axis=1).astype(np.float32)
 
 
-def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One patient's bag: -> (features (n, 64) float32, coords (n, 2) int64 tile corners in the image)."""
+def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator,
+            share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One patient's bag: -> (features (n, 64) float32, coords (n, 2) int64 tile corners in the image).
+    ``share``: the chance that a tile of a positive bag is a hot-spot tile (None: drawn from ``TUMOUR_SHARE``;
+    either way the random stream is the same up to that draw)."""
     from skimage.color import hed2rgb, rgb2hed
 
     n = int(rng.integers(*BAG_SIZES))
@@ -68,7 +72,7 @@ def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator) -> tupl
     hed[..., 0] *= rng.uniform(*STAIN_SPREAD)
     hed[..., 2] *= rng.uniform(*STAIN_SPREAD)
     if positive:
-        chosen = rng.random(n) < rng.uniform(*TUMOUR_SHARE)
+        chosen = rng.random(n) < (rng.uniform(*TUMOUR_SHARE) if share is None else share)
         hed[chosen, ..., 2] *= rng.uniform(*DAB_BOOST)
     tiles = (np.clip(hed2rgb(hed), 0, 1) * 255).round().astype(np.uint8)
     return tile_features(tiles), corners.astype(np.int64)

@@ -6,6 +6,9 @@ formats with a patient-level split and a config that trains on them.
 ``brain_mri_3d``   T1 slabs of the MNI152 template, NIfTI 4 mm (50 x 58 x 20) + CSV (``volume_table``)
 ``ihc_bags``       bags of 200-1200 tiles of the immunohistochemistry image, CLAM HDF5 (64 features per tile)
                    + slide and clinical tables (``wsi_bags``)
+``ihc_survival``   the same bags with a hot-spot burden per patient that raises the hazard: overall survival
+                   in months with censoring (``task_type: survival``, :mod:`.outcomes`)
+``ihc_regression`` the same bags, the burden setting a biomarker level (``task_type: regression``)
 =================  ==========================================================================================
 
 Every task is generated deterministically from ``(seed, cohort)``: cohort ``a`` is the development cohort,
@@ -13,7 +16,8 @@ Every task is generated deterministically from ``(seed, cohort)``: cohort ``a`` 
 Labels are balanced; each case is its own patient; the split (``train``/``val``/``test``, by patient) is a
 column of the table. A one-number probe (:func:`probe`: image maximum and mean, or bag size) is scored on
 the written data and saved with it (``probe.json``): a task of at least ``PROBE_MIN_CASES`` cases whose probe
-reaches AUROC ``PROBE_LIMIT`` is refused, since a trivial statistic would solve it.
+reaches AUROC ``PROBE_LIMIT`` is refused, since a trivial statistic would solve it; for the burden tasks the
+probe's C-index (``PROBE_LIMIT_C_INDEX``) or its |Pearson r| with the target (``PROBE_LIMIT_R``) (:data:`PROBES`).
 
 An unlabelled pool (``pool`` cases, image and volume tasks) for ``medattn pretrain``: more patients from the same
 generator and cohort (findings in half of them, as in the labelled cases), written under ``pool/`` with
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +38,21 @@ import yaml
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
 
-from . import anatomy, brain, ihc
+from . import anatomy, brain, ihc, outcomes
 
 SPLITS = {"train": 180, "val": 60, "test": 60}
 PROBE_LIMIT = 0.7
+PROBE_LIMIT_C_INDEX = PROBE_LIMIT  # a C-index is an AUROC over the comparable pairs
+# |Pearson r| of AUROC 0.7 for a balanced binary label with normal scores: d = sqrt(2) Phi^-1(0.7) = 0.742,
+# r = d / sqrt(d^2 + 4) = 0.348 (R^2 0.12)
+PROBE_LIMIT_R = 0.35
 PROBE_MIN_CASES = 100  # below this the probe's AUROC is too noisy to refuse a task on
 TAG = "real anatomy, SYNTHETIC findings"
 LAYOUT = "layout"  # the mean of each half along every axis (quadrants in 2D, octants in 3D)
+#: task type -> (the probe's key in probe.json, what it scores, the score at which a task is refused).
+PROBES = {"binary": ("probe_auroc", "AUROC", PROBE_LIMIT),
+          "survival": ("probe_c_index", "C-index", PROBE_LIMIT_C_INDEX),
+          "regression": ("probe_abs_pearson_r", "|Pearson r|", PROBE_LIMIT_R)}
 
 
 @dataclass(frozen=True)
@@ -107,13 +120,14 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
 
 
 def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
-                    rng: np.random.Generator) -> list[tuple[str, dict]]:
+                    rng: np.random.Generator, shares: bool = False) -> list[tuple[str, dict]]:
+    """``labels``: 0/1 per patient, or with ``shares`` each patient's share of hot-spot tiles (0: none)."""
     from medattn.data.readers.bags import write_bag
 
     image, rows = anatomy.ihc_image(), []
     bags = OutputFolder(folder / "features")
     for i, label in enumerate(labels):
-        features, coords = ihc.ihc_bag(image, bool(label), rng)
+        features, coords = ihc.ihc_bag(image, bool(label), rng, share=float(label) if shares else None)
         name = f"slide_{i:04d}"
         write_bag(bags.path(f"{name}.h5"), features, coords, {})  # CLAM's layout
         rows.append((name, {"bag size": float(len(features))}))
@@ -133,6 +147,19 @@ TASKS: dict[str, Task] = {
                      {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
                       "clinical_table": "clinical.csv", "label_columns": "label", "split_column": "split"},
                      "vitwsi_small", {"batch_size": 1}),
+    "ihc_survival": Task("IHC tile-feature bags whose DAB hot-spot burden raises the hazard (overall survival)",
+                         partial(_write_ihc_bags, shares=True),
+                         {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
+                          "clinical_table": "clinical.csv", "task_type": "survival",
+                          "time_column": outcomes.TIME_COLUMN, "event_column": outcomes.EVENT_COLUMN,
+                          "split_column": "split"},
+                         "vitwsi_small", {"batch_size": 16}),  # the Cox loss compares the patients of a batch
+    "ihc_regression": Task("IHC tile-feature bags whose DAB hot-spot burden sets a biomarker level",
+                           partial(_write_ihc_bags, shares=True),
+                           {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
+                            "clinical_table": "clinical.csv", "task_type": "regression",
+                            "label_columns": outcomes.SCORE_COLUMN, "split_column": "split"},
+                           "vitwsi_small", {"batch_size": 1}),
 }
 
 
@@ -194,7 +221,14 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"{folder} is not empty; choose another --out (nothing was overwritten)")
     rng = np.random.default_rng([seed, ord(cohort), sum(map(ord, name))])
-    labels, splits = _labels_and_splits(sizes, rng)
+    task_type = task.data.get("task_type", "binary")
+    if task_type == "binary":
+        labels, splits = _labels_and_splits(sizes, rng)
+        columns = {"label": [int(y) for y in labels]}
+    else:  # the burden tasks: each patient's share of hot-spot tiles, then the outcome it drives
+        splits = [split for split, n in sizes.items() for _ in range(n)]
+        labels = outcomes.burdens(len(splits), rng)
+        columns = outcomes.OUTCOMES[task_type](labels, rng)
     with writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
         rows = task.write(folder, labels, brain.COHORTS[cohort], rng)
@@ -202,19 +236,18 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
         data = {**task.data}
         if data["kind"] == "wsi_bags":
             _table(folder / "slides.csv", ["PATIENT", "FILENAME"], [[p, r[0]] for p, r in zip(patients, rows)])
-            _table(folder / "clinical.csv", ["PATIENT", "label", "split"],
-                   [[p, int(y), s] for p, y, s in zip(patients, labels, splits)])
+            _table(folder / "clinical.csv", ["PATIENT", *columns, "split"],
+                   [[p, *values, s] for p, values, s in zip(patients, zip(*columns.values()), splits)])
             for key in ("feature_dir", "slide_table", "clinical_table"):
                 data[key] = str((folder / data[key]).resolve())
         else:
             _table(folder / "cases.csv", ["path", "label", "patient", "split"],
-                   [[r[0], int(y), p, s] for r, y, p, s in zip(rows, labels, patients, splits)])
+                   [[r[0], y, p, s] for r, y, p, s in zip(rows, columns["label"], patients, splits)])
             data["csv"] = str((folder / "cases.csv").resolve())
-        scores = probe([r[1] for r in rows], labels)
-        layout = layout_probe([r[1] for r in rows], labels, splits)
+        key, metric, limit = PROBES[task_type]
+        scores, known = _probes(task_type, [r[1] for r in rows], labels, columns, splits)
         OutputFolder(folder).save_json("probe.json", {"task": name, "cohort": cohort, "seed": seed, "data": TAG,
-                                                       "probe_auroc": scores, "layout_auroc": layout,
-                                                       "cases": sizes})
+                                                       key: scores, **known, "cases": sizes})
         config = {"name": f"{name}_{cohort}", "seed": 0, "data": data,
                   "model": {"name": task.model, "attention": "seqnorm"}, "train": task.train}
         if pool:
@@ -222,15 +255,42 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
                                                           brain.COHORTS[cohort]).resolve())}
         OutputFolder(folder).save_text("config.yaml", f"# {task.description}: {TAG} (medattn realistic)\n"
                                         + yaml.safe_dump(config, sort_keys=False))
-    worst = max(scores.items(), key=lambda item: item[1])
-    log(f"{name} (cohort {cohort}, {TAG}): {len(labels)} cases in {folder}; probe AUROC "
-        + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
-        + ("" if not layout else "; coarse layout (fitted on train) " + ", ".join(f"{k} {v:.3f}"
-                                                                              for k, v in layout.items())))
-    if worst[1] >= PROBE_LIMIT and len(labels) >= PROBE_MIN_CASES:
-        raise UserError(f"{name}: the {worst[0]} alone reaches AUROC {worst[1]:.3f} (limit {PROBE_LIMIT}): "
+    log(f"{name} (cohort {cohort}, {TAG}): {len(labels)} cases in {folder}; probe {metric} {_shown(scores)}"
+        + "".join(f"; {_KNOWN[k]} {_shown(v)}" for k, v in known.items() if v not in (None, {})))
+    worst = max(((k, v) for k, v in scores.items() if v is not None), key=lambda item: item[1], default=None)
+    if worst and worst[1] >= limit and len(labels) >= PROBE_MIN_CASES:
+        raise UserError(f"{name}: the {worst[0]} alone reaches {metric} {worst[1]:.3f} (limit {limit}): "
                         f"the task is not calibrated")
     return folder
+
+
+def _probes(task_type: str, statistics: list[dict], labels: np.ndarray, columns: dict[str, list],
+            splits: list[str]) -> tuple[dict, dict]:
+    """(statistic -> the one-number probe's score, probe.json's further entries): for a binary task the probe's
+    AUROC (:func:`probe`) and the coarse layout probe per split (:func:`layout_probe`); for a burden task
+    (``labels``: the shares) the probe's score (:func:`.outcomes.score`), the true burden's (what reading the burden
+    exactly reaches) and, for survival, the share of patients censored."""
+    if task_type == "binary":
+        return probe(statistics, labels), {"layout_auroc": layout_probe(statistics, labels, splits)}
+    key = PROBES[task_type][0]
+    scores = {name: outcomes.score(task_type, np.array([s[name] for s in statistics]), columns)
+              for name in statistics[0]}
+    known = {key.replace("probe_", "burden_"): outcomes.score(task_type, labels, columns)}
+    if task_type == "survival":
+        known["censored_share"] = float(1 - np.mean(columns[outcomes.EVENT_COLUMN]))
+    return scores, known
+
+
+#: The log's name of each of probe.json's further entries.
+_KNOWN = {"layout_auroc": "coarse layout (fitted on train)", "burden_c_index": "the true burden's C-index",
+          "burden_abs_pearson_r": "the true burden's |Pearson r|", "censored_share": "censored"}
+
+
+def _shown(value: dict | float | None) -> str:
+    """A score, or name -> score, as the log shows it."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_shown(v)}" for k, v in value.items())
+    return "undefined" if value is None else f"{value:.3f}"
 
 
 def _write_pool(task: Task, folder: Path, cases: int, stream: list[int], acquisition: brain.Acquisition) -> Path:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -201,6 +202,10 @@ def check_meta(meta, source: str) -> None:
         "class_names": isinstance(task.get("class_names", []), list) and len(task.get("class_names", [])) <= MAX_SIZE
         and all(isinstance(v, str) for v in task.get("class_names", [])),
         "synthetic": isinstance(task.get("synthetic", False), bool),
+        "target_std": _numbers(task.get("target_std", [])) and all(v > 0 for v in task.get("target_std", []))
+        and len(task.get("target_std", [])) in (0, task.get("num_outputs")),
+        "target_mean": _numbers(task.get("target_mean", [])) and len(task.get("target_mean", []))
+        == len(task.get("target_std", [])),
         "unknown keys": set(task) <= fields,
     }
     bad = next((key for key, ok in problems.items() if not ok), None)
@@ -212,6 +217,12 @@ def check_meta(meta, source: str) -> None:
     contradiction = task_problem(task["task_type"], task["num_outputs"], task.get("class_names", []))
     if contradiction:
         raise UserError(f"{source}: the task contradicts itself ({contradiction}): the file was edited or damaged")
+
+
+def _numbers(value) -> bool:
+    """A list of finite real numbers (a regression task's target statistics)."""
+    return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           and math.isfinite(v) for v in value)
 
 
 def _is_size(value) -> bool:

@@ -23,8 +23,8 @@ An :class:`OutputFolder` is where one command writes. Its rules:
 
 OS errors while writing (disk full, read-only folder) become one-line :class:`~medattn.errors.UserError`.
 
-This module is the only code in ``src/`` that writes or removes files (``tests/house/test_output_policy.py``), besides the
-checkpoint writer (:mod:`medattn.runtime.checkpoint`) and train's run-folder transaction
+This module is the only code in ``src/`` that writes or removes files (``tests/house/test_output_policy.py``),
+besides the checkpoint writer (:mod:`medattn.runtime.checkpoint`) and train's run-folder transaction
 (:mod:`medattn.train.rundir`). Code below the policy, or writing into a folder whose policy its caller applied (a
 run folder, a cache), uses the module's primitives: :func:`atomic` (a temporary path renamed into place),
 :func:`save_text`, :func:`save_json`, :func:`save_csv`, :func:`save_dicts`, :func:`append_csv`,

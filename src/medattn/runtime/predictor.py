@@ -22,11 +22,22 @@ from .device import autocast
 from .sliding import inference_window, sliding_window_logits
 
 
-def probabilities(logits: torch.Tensor, task_type: str) -> torch.Tensor:
-    """Logits (B, K) or per voxel (B, K, *spatial) -> float32 probabilities: a softmax over the K classes for
-    multi-class and segmentation, a sigmoid per output for binary and multi-label."""
+def probabilities(logits: torch.Tensor, task_type: str, target_mean=(), target_std=()) -> torch.Tensor:
+    """Logits (B, K) or per voxel (B, K, *spatial) -> the task's float32 outputs: probabilities (a softmax over the K
+    classes for multi-class and segmentation, a sigmoid per output for binary and multi-label), the risk score
+    for survival (the logit itself: the log relative risk of the Cox model, higher = earlier event), the target
+    values for regression (``logit * target_std + target_mean``: the model predicts standardised targets,
+    :class:`~medattn.data.base.TaskInfo`)."""
+    logits = logits.float()
+    if task_type == "survival":
+        return logits
+    if task_type == "regression":
+        if len(target_std) == 0:
+            return logits
+        std, mean = logits.new_tensor(list(target_std)), logits.new_tensor(list(target_mean))
+        return logits * std + mean
     exclusive = task_type in ("multiclass", "segmentation")
-    return logits.float().softmax(1) if exclusive else logits.float().sigmoid()
+    return logits.softmax(1) if exclusive else logits.sigmoid()
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
@@ -50,6 +61,7 @@ class Predictor:
     precision: str = "fp32"
     window: tuple[tuple[int, ...], float] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    target_scale: tuple[list[float], list[float]] = ([], [])  # regression: (target_mean, target_std)
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -58,7 +70,7 @@ class Predictor:
     def for_run(cls, model: nn.Module, config: dict, task: TaskInfo, device: torch.device) -> Predictor:
         """The predictor of a run's model: ``train.precision``, ``eval.sliding_window``/``window_overlap``."""
         return cls(model, task.task_type, task.input_kind, config["train"]["precision"],
-                   inference_window(config, task), device)
+                   inference_window(config, task), device, (task.target_mean, task.target_std))
 
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -72,5 +84,6 @@ class Predictor:
             return sliding_window_logits(self.model, batch["input"], *self.window, batch_size=len(batch["input"]))
 
     def probabilities(self, batch: dict) -> torch.Tensor:
-        """Collated batch -> float32 probabilities (B, K) or (B, K, *spatial) (:func:`probabilities`)."""
-        return probabilities(self.logits(batch), self.task_type)
+        """Collated batch -> float32 probabilities (B, K) or (B, K, *spatial), risk scores or target values
+        (:func:`probabilities`)."""
+        return probabilities(self.logits(batch), self.task_type, *self.target_scale)

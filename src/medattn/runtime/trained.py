@@ -15,6 +15,8 @@ from medattn.errors import UserError
 
 from . import checkpoint
 from .build import build_model
+from .device import inference_precision
+from .predictor import Predictor
 from .threshold import stored_thresholds
 
 
@@ -44,6 +46,14 @@ class Trained:
         if self.preprocessing.unpredictable:
             raise UserError(f"{use}: {self.preprocessing.unpredictable}")
         return self.preprocessing
+
+    def predictor(self, device: torch.device) -> Predictor:
+        """The model as eval, predict and explain run it on ``device`` (moved there): with its sliding window, at its
+        ``train.precision`` where ``device`` computes it in hardware, else fp32 (:func:`inference_precision`). The
+        ``train.device`` it was trained on is recorded in :attr:`config`, not obeyed."""
+        predictor = Predictor.for_run(self.model.to(device), self.config, self.task, device)
+        predictor.precision = inference_precision(predictor.precision, device)
+        return predictor
 
 
 def weights_sha256(folder: Path) -> str:

@@ -8,7 +8,8 @@ publisher's file is built with. Values come from the publishers' model cards.
 
 Derived from :data:`ENCODERS`, never written again: the ``--extractor NAME:FILE`` kinds
 (:mod:`medattn.slides.extractors`) and the option's help (``medattn wsi extract --help``), the encoders ``medattn
-bench extract`` times, and the parametrisation of ``tests/slides/test_vit_encoders.py`` and ``tests/slides/test_encoders.py``.
+bench extract`` times, and the parametrisation of ``tests/slides/test_vit_encoders.py`` and
+``tests/slides/test_encoders.py``.
 
 Each card's ``module`` (in ``medattn.slides``) defines ``build(card)``, the encoder with fresh weights, and
 ``load(card, path)``, the encoder from a weight file read strictly (:func:`medattn.models.weights.load_strictly`);

@@ -30,19 +30,21 @@ from .report import score_split
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
              per_patient: str | None = None, batch_size: int | None = None, skip_bad: bool = False,
-             progress: bool = True, overwrite: bool = False, accept_features: bool = False) -> dict:
+             progress: bool = True, overwrite: bool = False, accept_features: bool = False,
+             device: str = "auto") -> dict:
     """Evaluate ``checkpoint`` (a run folder, checkpoint folder or model.safetensors) on split ``split`` of the
     data of ``config`` (a resolved run config; its ``data``, ``seed`` and ``eval`` sections are used);
     returns what ``eval.json`` holds (see the module docstring). ``out`` defaults to
     ``eval_<config name>_<split>`` in the checkpoint's run folder; files already there that this call did not
     write are replaced only with ``overwrite``, checked before any prediction. Bags whose features were made otherwise
     than the checkpoint's training features (:mod:`medattn.data.provenance`) are refused, unless ``accept_features``:
-    then ``eval.json``'s ``features_accepted`` maps each such sample to how its features differ."""
+    then ``eval.json``'s ``features_accepted`` maps each such sample to how its features differ. ``device``: where the
+    model runs (:func:`~medattn.runtime.device.inference_device`; ``auto``: the best this machine has), whatever
+    ``train.device`` it was trained with."""
     from medattn.data import build_datasets
     from medattn.data.preprocessing import differences
-    from medattn.runtime.device import open_device
+    from medattn.runtime.device import inference_device
     from medattn.runtime.outputs import OutputFolder
-    from medattn.runtime.predictor import Predictor
     from medattn.runtime.trained import load_checkpoint
 
     from .loaders import make_loader
@@ -51,6 +53,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     if per_patient is not None and per_patient not in clinical_metrics.AGGREGATIONS:
         raise UserError(f"per-patient aggregation must be one of {', '.join(clinical_metrics.AGGREGATIONS)}, got "
                         f"{per_patient!r}")
+    where = inference_device(device)  # a device this machine lacks: before any work
     trained = load_checkpoint(checkpoint)
     task, run_config, folder = trained.task, trained.config, trained.folder
     bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=skip_bad)
@@ -84,21 +87,21 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     tables = [Path(config["data"][k]) for k in ("csv", "slide_table", "clinical_table", "path")
               if isinstance(config["data"].get(k), str)]
     target = OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
+    objective = objective_for(data_task, run_config["train"]["loss"])
     names = [split, *([f"{split}_patients"] if per_patient else [])]
     for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
-        for kind in ("predictions", "roc", "reliability"):
-            target.path(f"{kind}_{name}.{'csv' if kind == 'predictions' else 'png'}")
+        for file in [*objective.files.split(), "reliability_test.png"]:
+            target.path(file.replace("_test.", f"_{name}."))
     target.path("eval.json")
-    device = open_device(run_config["train"]["device"])
     batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
     loader = make_loader(dataset, batch_size, False, config["seed"])
-    predictor = Predictor.for_run(trained.model.to(device), run_config, task, device)  # as training scored its test
-    pred = predict(predictor, loader, objective_for(data_task, run_config["train"]["loss"]), split, progress)
+    predictor = trained.predictor(where)  # as training scored its test
+    pred = predict(predictor, loader, objective, split, progress)
     result: dict = {}
     if distributed.is_main():
         with writing(out):
             result = score_split(pred, data_task, split, out, config["eval"], config["seed"])
-            if data_task.task_type != "segmentation":
+            if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
                 result.update(clinical(pred, result, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
                 if per_patient:
                     patients = aggregate(pred, data_task.task_type, per_patient)

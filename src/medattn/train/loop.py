@@ -174,6 +174,9 @@ def _setup(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool, ini
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(seed)
     objective = objective_for(task, train_cfg["loss"])  # scores validation and test with the plain loss
+    if train_cfg["batch_size"] < getattr(objective, "min_batch_size", 1):
+        raise UserError(f"a {task.task_type} task compares the samples of a batch (Cox partial likelihood): "
+                         f"train.batch_size must be at least {objective.min_batch_size}, got {train_cfg['batch_size']}")
     train_labels = recipe_labels(train_cfg, task, bundle.train)
     train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],
                                     positive_weight(train_labels, task.task_type, train_cfg["pos_weight"]))

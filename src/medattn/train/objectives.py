@@ -3,14 +3,19 @@
 * classification (binary, multi-class, multi-label; :class:`Classification`): cross-entropy; AUROC,
   with a bootstrap CI over patients;
 * segmentation (:class:`Segmentation`): soft Dice over the foreground classes + voxel cross-entropy;
-  mean foreground Dice, with a bootstrap CI over patients, and per-class Dice.
+  mean foreground Dice, with a bootstrap CI over patients, and per-class Dice;
+* survival (:class:`~medattn.train.survival_objective.Survival`): Cox partial likelihood (Breslow ties);
+  Harrell's C-index, with a bootstrap CI over patients, the log-rank test of the risk halves, time-dependent AUC;
+* regression (:class:`~medattn.train.regression_objective.Regression`): Huber loss on standardised targets;
+  R^2 (mean over targets), MAE, RMSE and Pearson r with bootstrap CIs over patients.
+
+Every objective also says what a constant predictor's training loss is (:meth:`constant_loss`, the learning
+verdict's floor) and where its validation score lies by chance (:meth:`chance_interval`).
 
 Objectives compute; they write nothing (the files of a scored split are :mod:`medattn.train.report`'s).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,21 +27,10 @@ from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.runtime.predictor import probabilities
 
-
-@dataclass
-class Predictions:
-    """One split's per-sample results in dataset order (see the objective's :meth:`outputs`).
-
-    Classification: ``outputs`` = probabilities (N, K), ``labels`` (N, K) or (N,) class indices.
-    Segmentation: ``outputs`` = per-class Dice (N, K), ``labels`` = label voxels per class (N, K).
-    """
-
-    ids: list[str]
-    patients: list[str]
-    outputs: np.ndarray
-    labels: np.ndarray
-    loss: float
-    statistic: np.ndarray | None = None  # (N,) a trivial statistic per sample (image mean, bag size), or None
+from .predictions import Predictions
+from .regression_objective import Regression
+from .survival_objective import Survival
+from .verdict import DICE_FLOOR, chance_halfwidth, constant_loss
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_sample: bool = False,
@@ -60,6 +54,7 @@ class Classification:
     """Binary, multi-class and multi-label tasks: logits (B, K); cross-entropy; AUROC."""
 
     metric, metric_label = "auroc", "AUROC"
+    constant_name = "the label prior's"  # what the constant predictor is, for the learning verdict
     files = "predictions_test.csv roc_test.png"
     outputs_are_probabilities = True  # Predictions.outputs: (N, K) probabilities
 
@@ -90,6 +85,15 @@ class Classification:
             result["note"] = str(error)
         return result
 
+    def constant_loss(self, labels: torch.Tensor, weights: torch.Tensor | None = None, batch_size: int = 1) -> float:
+        """The lowest mean training loss of constant logits (:func:`medattn.train.verdict.constant_loss`)."""
+        return constant_loss(self, labels, weights)
+
+    def chance_interval(self, val_labels: np.ndarray, ci: float) -> list[float] | None:
+        """The validation AUROC a random scorer reaches (:func:`medattn.train.verdict.chance_halfwidth`)."""
+        half = chance_halfwidth(val_labels, self.task.task_type, ci)
+        return None if half is None else [max(0.0, 0.5 - half), min(1.0, 0.5 + half)]
+
     def test_line(self, test: dict) -> str:
         if test["auroc"] is None:
             return f"test AUROC     undefined: {test['note']}"
@@ -108,6 +112,8 @@ class Segmentation:
     """
 
     metric, metric_label = "dice", "Dice"
+    constant_name = None  # no constant predictor: judged by its score's floor
+    score_floor = DICE_FLOOR  # a best validation Dice below it: did not learn
     files = "predictions_test.csv"
     outputs_are_probabilities = False  # Predictions.outputs: (N, K) Dice per class
 
@@ -155,12 +161,20 @@ class Segmentation:
         return f"test Dice      {test['dice']:.4f}{ci}  n={test['n']}\nper class      {classes}"
 
 
+Objective = Classification | Segmentation | Survival | Regression
+
+
 def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: float = 0.0,
-                  pos_weight: torch.Tensor | None = None) -> Classification | Segmentation:
+                  pos_weight: torch.Tensor | None = None) -> Objective:
     """The loss, the validation score and the test report of a task type: the one place they are chosen.
     ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses).
     ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
     the loop scores validation and test with the plain loss, so losses compare across settings."""
+    if task.task_type in ("survival", "regression"):
+        if loss is not None or label_smoothing or pos_weight is not None:
+            raise UserError(f"train.loss, train.label_smoothing and train.pos_weight do not apply to a "
+                            f"{task.task_type} task (leave them null / 0)")
+        return Survival(task) if task.task_type == "survival" else Regression(task)
     if task.task_type == "segmentation":
         if label_smoothing or pos_weight is not None:
             raise UserError("train.label_smoothing and train.pos_weight apply to classification tasks; "
@@ -176,6 +190,6 @@ def output_names(task: TaskInfo, k: int) -> list[str]:
     return task.class_names if len(task.class_names) == k else [str(i) for i in range(k)]
 
 
-def metric_fields(objective: Classification | Segmentation) -> tuple[str, ...]:
+def metric_fields(objective: Objective) -> tuple[str, ...]:
     """The columns of metrics.csv."""
     return ("epoch", "lr", "train_loss", "val_loss", f"val_{objective.metric}", "seconds")

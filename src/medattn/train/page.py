@@ -37,6 +37,10 @@ def _table(rows: list[list]) -> str:
 CAPTIONS = {
     "roc_test.png": "ROC curve on the test split: sensitivity (true positive rate) against 1 - specificity (false "
                     "positive rate) over all thresholds; the title gives the AUROC with its 95% interval and n.",
+    "km_test.png": "Kaplan-Meier curves of the test cases the model ranks in the higher and the lower half of risk "
+                   "(censored cases marked +, numbers at risk below); the title gives the C-index with its 95% "
+                   "interval and n, the legend the log-rank p-value.",
+    "predicted_test.png": "Predicted against true values on the test split; the line marks perfect agreement.",
     "training_curves.png": "Training curves: loss on the training and validation splits (left) and the validation "
                            "score (right) per epoch; the dashed line marks the kept epoch.",
     "compare.png": "The compared models' scores over the seeds.",
@@ -62,7 +66,7 @@ def _image(folder: Path, name: str) -> str:
 
 
 #: How the summary names a metric.
-ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice"}
+ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice", "c_index": "C-index", "r2": "R^2"}
 
 
 def number(value: float | None) -> str:
@@ -123,4 +127,5 @@ def run_page(run_dir: Path, results: dict) -> Path:
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
-                      ["roc_test.png", "training_curves.png", *results.get("heatmaps", [])])
+                      ["roc_test.png", "km_test.png", "predicted_test.png", "training_curves.png",
+                       *results.get("heatmaps", [])])

@@ -14,7 +14,7 @@ from medattn.data.base import TaskInfo
 from medattn.runtime import distributed
 from medattn.runtime.outputs import append_csv, save_csv, save_dicts, save_figure
 
-from .objectives import Classification, Predictions, Segmentation, objective_for, output_names
+from .objectives import Objective, Predictions, objective_for, output_names
 
 
 def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
@@ -31,6 +31,18 @@ def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, re
     AUROC is defined, ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
     if task.task_type == "segmentation":
         write_cases(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
+        return
+    heading = f"{label + ', ' if label else ''}{split}"
+    if task.task_type == "survival":
+        write_risks(pred, out_dir / f"predictions_{split}.csv")
+        if result.get("c_index") is not None:
+            plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic)
+        return
+    if task.task_type == "regression":
+        write_values(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
+        if result.get("r2") is not None:
+            plot_predicted(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predicted_{split}.png",
+                           heading, task.synthetic)
         return
     write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
     if result.get("auroc") is None:
@@ -74,6 +86,55 @@ def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
         rows.append([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
     save_csv(path, ["id", "patient", *label_cols, *[f"prob_{n}" for n in names]], rows)
 
+
+
+def write_risks(pred: Predictions, path: Path) -> None:
+    """Survival CSV: id, patient, time, event, the risk score (log relative risk; higher = earlier event) and
+    the risk group (``high`` above the split's median risk, :func:`medattn.metrics_survival.risk_groups`)."""
+    from medattn.metrics_survival import risk_groups
+
+    high = risk_groups(pred.outputs[:, 0])
+    rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:g}", int(pred.labels[i, 1]), f"{pred.outputs[i, 0]:.6f}",
+             "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
+    save_csv(path, ["id", "patient", "time", "event", "risk", "risk_group"], rows)
+
+
+def write_values(pred: Predictions, names: list[str], path: Path) -> None:
+    """Regression CSV: id, patient, the true and the predicted value of every target."""
+    rows = [[sample_id, pred.patients[i], *[f"{v:.6g}" for v in pred.labels[i]], *[f"{v:.6g}" for v in pred.outputs[i]]]
+            for i, sample_id in enumerate(pred.ids)]
+    save_csv(path, ["id", "patient", *[f"true_{n}" for n in names], *[f"pred_{n}" for n in names]], rows)
+
+
+def plot_kaplan_meier(pred: Predictions, result: dict, path: Path, heading: str, synthetic: bool) -> None:
+    """``km_<split>.png``: Kaplan-Meier curves of the predicted high- and low-risk halves, titled with the
+    C-index and the log-rank p-value."""
+    from medattn.metrics_survival import risk_groups
+    from medattn.survival_plots import kaplan_meier_figure
+
+    ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
+    title = f"{heading}: C-index {result['c_index']:.3f}{ci}, n={result['n']}"
+    title += " (SYNTHETIC data)" if synthetic else ""
+    figure = kaplan_meier_figure(pred.labels[:, 0], pred.labels[:, 1].astype(bool), risk_groups(pred.outputs[:, 0]),
+                                 title, time_unit="the table's unit")
+    save_figure(path, figure, dpi=100)
+    _close(figure)
+
+
+def plot_predicted(pred: Predictions, names: list[str], path: Path, heading: str, synthetic: bool) -> None:
+    """``predicted_<split>.png``: predicted against true values of the first target, with the identity line."""
+    from medattn.survival_plots import predicted_vs_true_figure
+
+    title = heading + (" (SYNTHETIC data)" if synthetic else "")
+    figure = predicted_vs_true_figure(pred.outputs[:, 0], pred.labels[:, 0], f"{names[0]} ({title})")
+    save_figure(path, figure, dpi=100)
+    _close(figure)
+
+
+def _close(figure) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
 
 
 def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
@@ -147,7 +208,7 @@ def trivial_statistic_warnings(probabilities: np.ndarray | None, statistic: np.n
     return found
 
 
-def summary(results: dict, objective: Classification | Segmentation) -> str:
+def summary(results: dict, objective: Objective) -> str:
     """The one-screen summary printed at the end of a run."""
     test = results["test"]
     tag = "  [SYNTHETIC data]" if results["synthetic"] else ""

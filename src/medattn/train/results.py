@@ -111,11 +111,12 @@ def reader_facts(run_dir: Path, task, test, ci: float) -> dict:
 def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_key: str,
                      best_epoch: int | None = None) -> dict:
     """:func:`medattn.train.verdict.judge` of a finished run (kept checkpoint: ``best_epoch``): the constant
-    predictor under the run's own training objective (label smoothing, ``pos_weight``, class balance) and the
-    validation labels."""
+    predictor under the run's own training objective (label smoothing, ``pos_weight``, class balance, batch size)
+    and the validation labels."""
     task, train_cfg = bundle.task, config["train"]
-    if task.task_type == "segmentation":
-        return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch)
+    plain = objective_for(task, train_cfg["loss"])
+    if plain.constant_name is None:  # segmentation: judged by its score alone
+        return verdict.judge(rows, score_key, plain, best_epoch=best_epoch)
     labels = dataset_labels(bundle.train)
     objective = objective_for(task, None, train_cfg["label_smoothing"],
                               positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
@@ -123,6 +124,6 @@ def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_k
     if train_cfg["class_balance"]:  # every class drawn with equal total weight
         keys = class_keys(labels)
         weights = 1.0 / torch.bincount(keys).double()[keys]
-    return verdict.judge(rows, score_key, task.task_type, best_epoch=best_epoch,
-                         constant=verdict.constant_loss(objective, labels, weights),
+    return verdict.judge(rows, score_key, objective, best_epoch=best_epoch,
+                         constant=objective.constant_loss(labels, weights, train_cfg["batch_size"]),
                          val_labels=dataset_labels(bundle.val).numpy(), ci=config["eval"]["ci"])

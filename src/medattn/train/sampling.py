@@ -21,7 +21,7 @@ import math
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from medattn.data.base import TaskInfo, dataset_labels
+from medattn.data.base import CLASSIFICATION_TASKS, TaskInfo, dataset_labels
 from medattn.errors import UserError
 
 
@@ -108,7 +108,7 @@ def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.
     only: a UserError for segmentation), else None."""
     if not train_cfg["class_balance"] and train_cfg["pos_weight"] is None:
         return None
-    if task.task_type == "segmentation":
-        raise UserError("train.class_balance and train.pos_weight apply to classification tasks; this task is "
-                        "segmentation")
+    if task.task_type not in CLASSIFICATION_TASKS:
+        raise UserError(f"train.class_balance and train.pos_weight apply to classification tasks; this task is "
+                        f"{task.task_type}")
     return dataset_labels(train_set)

@@ -11,7 +11,12 @@ A run **did not learn** (``verdict["learned"] is False``, with the reasons) when
   that a model scoring at random reaches with the same numbers of positives and negatives:
   ``|AUROC - 0.5| <= z * se0``, ``se0 = sqrt((n1 + n0 + 1) / (12 n1 n0))`` (the Mann-Whitney null, Hanley &
   McNeil 1982), z for ``eval.ci``; per output averaged for multi-class (one-vs-rest) and multi-label;
-* segmentation: the best validation Dice is below :data:`DICE_FLOOR`.
+* segmentation: the best validation Dice is below :data:`DICE_FLOOR`;
+* survival: the constant predictor is a constant risk (every sample equally at risk), its Cox loss measured on
+  batches of the training batch size; chance is the C-index interval of randomly permuted risks
+  (:meth:`~medattn.train.survival_objective.Survival.chance_interval`);
+* regression: the constant predictor is the best constant under the Huber loss; chance is a best validation
+  R^2 at or below 0 (no better than predicting the training mean).
 
 Two warnings that do not make the verdict: a lowest train loss within :data:`NEAR_CONSTANT` of the constant
 predictor's ("barely below a constant predictor"), and a budget that looks too short (the best epoch is the
@@ -75,13 +80,16 @@ def chance_halfwidth(labels: np.ndarray, task_type: str, ci: float) -> float | N
     return float(norm.ppf(0.5 + ci / 2) * np.mean(errors))
 
 
-def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int | None = None,
+def judge(rows: list[dict], score_key: str, objective, *, best_epoch: int | None = None,
           constant: float | None = None, val_labels: np.ndarray | None = None, ci: float = 0.95) -> dict:
     """The verdict of a finished run from its metrics.csv ``rows`` (train loss and validation score per epoch).
 
-    ``best_epoch``: the epoch of the tested checkpoint (default: the highest validation score); ``constant``:
-    :func:`constant_loss` of the training labels (classification); ``val_labels``: the validation labels (for
-    the chance interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...], "constant_loss": ...,
+    ``objective`` (:func:`medattn.train.objectives.objective_for`) names the score (``metric_label``), its floor
+    (``score_floor``: segmentation's :data:`DICE_FLOOR`) and where it lies by chance (``chance_interval``:
+    classification's Mann-Whitney null, survival's permutation null of the C-index, regression's R^2 <= 0);
+    ``best_epoch``: the epoch of the tested checkpoint (default: the highest validation score); ``constant``: the
+    objective's ``constant_loss`` of the training labels; ``val_labels``: the validation labels (for the chance
+    interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...], "constant_loss": ...,
     "chance_interval": [low, high] or None}``."""
     reasons, warnings = [], []
     scores = [row[score_key] for row in rows]
@@ -89,24 +97,20 @@ def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int |
     best = epochs.index(best_epoch) if best_epoch in epochs else max(range(len(scores)), key=lambda i: scores[i])
     lowest = min(range(len(rows)), key=lambda i: rows[i]["train_loss"])
     lowest_loss = rows[lowest]["train_loss"]
-    interval = None
-    if task_type == "segmentation":
-        if max(scores) < DICE_FLOOR:
-            reasons.append(f"the best validation Dice is {max(scores):.4f} (below {DICE_FLOOR})")
-    else:
-        if constant is not None and lowest_loss >= CONSTANT_FRACTION * constant:
-            reasons.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is no lower than a "
-                           f"constant predictor's {constant:.4f} (the label prior's)")
-        elif constant is not None and lowest_loss >= NEAR_CONSTANT * constant:
-            warnings.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is within "
-                            f"{1 - NEAR_CONSTANT:.0%} of a constant predictor's {constant:.4f}: the model barely fit "
-                            f"the training data")
-        half = None if val_labels is None else chance_halfwidth(val_labels, task_type, ci)
-        if half is not None:
-            interval = [max(0.0, 0.5 - half), min(1.0, 0.5 + half)]  # an AUROC lies in [0, 1]
-            if abs(max(scores) - 0.5) <= half:
-                reasons.append(f"the best validation AUROC {max(scores):.3f} lies within chance "
-                               f"({interval[0]:.3f} to {interval[1]:.3f} at {ci:.0%} for these validation labels)")
+    label, floor = objective.metric_label, getattr(objective, "score_floor", None)
+    if floor is not None and max(scores) < floor:
+        reasons.append(f"the best validation {label} is {max(scores):.4f} (below {floor})")
+    if constant is not None and lowest_loss >= CONSTANT_FRACTION * constant:
+        reasons.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is no lower than a "
+                       f"constant predictor's {constant:.4f} ({objective.constant_name})")
+    elif constant is not None and lowest_loss >= NEAR_CONSTANT * constant:
+        warnings.append(f"the lowest train loss (epoch {epochs[lowest]}), {lowest_loss:.4f}, is within "
+                        f"{1 - NEAR_CONSTANT:.0%} of a constant predictor's {constant:.4f}: the model barely fit "
+                        f"the training data")
+    interval = None if val_labels is None else objective.chance_interval(val_labels, ci)
+    if interval is not None and interval[0] <= max(scores) <= interval[1]:
+        reasons.append(f"the best validation {label} {max(scores):.3f} lies within chance "
+                       f"({_bound(interval[0])} to {_bound(interval[1])} at {ci:.0%} for these validation labels)")
     quarter = max(1, len(scores) // 4)
     if best == len(scores) - 1 and len(scores) >= 4 and scores[-1] > scores[-1 - quarter]:
         warnings.append(f"the best epoch is the last ({len(scores)}) and the validation score still rose over the "
@@ -114,3 +118,8 @@ def judge(rows: list[dict], score_key: str, task_type: str, *, best_epoch: int |
                         f"be too short (train.epochs)")
     return {"learned": not reasons, "reasons": reasons, "warnings": warnings, "constant_loss": constant,
             "chance_interval": interval}
+
+
+def _bound(value: float) -> str:
+    """An interval's end as text: ``-inf`` where the interval is open below (regression's R^2 <= 0)."""
+    return f"{value:.3f}" if math.isfinite(value) else "-inf"

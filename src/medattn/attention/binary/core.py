@@ -12,6 +12,9 @@ None for 1), likewise for keys; ``scale = 1 / sqrt(d)``. A subclass only impleme
 * bit kernel (:func:`medattn.attention.binary.bits.binary_attention`): packed signs, popcount,
   key tiles with a softmax shift known in advance; used when no gradient is needed (inference, ``torch.no_grad``) on
   CPU tensors, except while the forward is compiled or exported (Numba code is not a PyTorch graph).
+* Triton kernels (:func:`medattn.attention.triton_bits.triton_binary_attention`): packed signs, popcount, online
+  softmax over key tiles, forward and backward; used on CUDA tensors where ``triton`` is installed, without dropout,
+  untraced, with or without a gradient (the mechanism's own rule from :meth:`BinaryAttention.binarise`).
 
 ``value_dim`` (per head, the base class's option) narrows the values as in the paper's Fig. 1
 (64 -> 16 per head).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import triton_support
 from ..base import Attention, is_traced
 from .bits import Term, binary_attention
 
@@ -32,8 +36,8 @@ class BinaryAttention(Attention):
     Args (besides :class:`~medattn.attention.base.Attention`'s, ``value_dim`` included; keywords):
         tile_size: key tile of the bit kernel (keys per probability tile and GEMM).
         bit_kernel: use the bit kernel when no gradient is needed on a CPU tensor (False: always the float
-            emulation). On other devices the emulation runs: the kernel is CPU code and would round-trip
-            through host memory.
+            emulation). On other devices the emulation runs (the kernel is CPU code and would round-trip
+            through host memory), or on CUDA the Triton kernels where ``triton`` is installed.
 
     Shapes: x (B, N, dim), mask (B, N) bool (True = real token) -> (B, N, dim); padded rows are zero.
     """
@@ -64,6 +68,10 @@ class BinaryAttention(Attention):
             q_terms, k_terms = self.kernel_terms(q, k)
             return binary_attention(q_terms, k_terms, v, scale, mask, self.tile_size)
         q_terms, k_terms = self.binarise(q, k)
+        if dropout == 0.0 and not is_traced() and triton_support.runs_kernels(q, k, v):
+            from ..triton_bits import triton_binary_attention  # imports triton: on this path only
+
+            return triton_binary_attention(q_terms, k_terms, v, scale, mask)
         return emulated_attention(q_terms, k_terms, v, scale, mask, dropout)
 
     def _runs_bit_kernel(self, q, k, v, dropout: float) -> bool:

@@ -1,0 +1,138 @@
+"""The survival objective: a Cox model's risk score from an image, a volume or a bag.
+
+The model's one output is the log relative risk ``r`` (higher = earlier event). Training minimises the negative
+Cox partial log-likelihood with Breslow's handling of tied times, per batch (Cox 1972; Breslow 1974):
+
+    L = -(1 / E) sum_{i: event_i = 1} [ r_i - log sum_{j: t_j >= t_i} exp(r_j) ]         (E events in the batch)
+
+(:func:`medattn.train.survival_loss.cox_partial_likelihood`). The risk sets are those of the batch, so a batch
+needs at least two samples (:data:`Survival.min_batch_size`); the loss of a batch without an event is 0.
+
+Scores (:mod:`medattn.metrics_survival`): Harrell's C-index with a percentile bootstrap CI over patients (the
+validation score that keeps the best checkpoint), the log-rank test between the predicted high- and low-risk
+halves (split at the median risk), and the time-dependent (cumulative/dynamic) AUC at ``eval.times``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from medattn import metrics_survival
+from medattn.data.base import TaskInfo
+from medattn.metrics import UndefinedMetricError
+
+from .predictions import Predictions
+from .survival_loss import cox_partial_likelihood
+
+#: Random batches whose mean Cox loss at a constant risk is the learning verdict's floor.
+CONSTANT_DRAWS = 200
+#: Permutations of the validation risks whose C-index spread is the chance interval.
+CHANCE_PERMUTATIONS = 500
+#: Percentiles of a split's event times at which the time-dependent AUC is reported when ``eval.times`` is null.
+DEFAULT_TIME_PERCENTILES = (25, 50, 75)
+
+
+class Survival:
+    """Time-to-event tasks: logits (B, 1) = log relative risk; labels (B, 2) = ``[time, event]``."""
+
+    metric, metric_label = "c_index", "C-index"
+    constant_name = "a constant risk's"
+    files = "predictions_test.csv km_test.png"
+    outputs_are_probabilities = False  # Predictions.outputs: (N, 1) risk scores
+    min_batch_size = 2  # the Cox loss compares the samples of a batch
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.task = task
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        """The batch's Cox loss; ``per_sample``: that loss repeated (B,) (the partial likelihood does not split
+        into per-sample terms), so a split's loss is the mean of its batches' losses weighted by their sizes."""
+        labels = labels.float()
+        loss = cox_partial_likelihood(logits[:, 0].float(), labels[:, 0], labels[:, 1])
+        return loss.expand(len(logits)) if per_sample else loss
+
+    def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (risk scores (B, 1), labels (B, 2))."""
+        return logits.float(), labels
+
+    def val_score(self, pred: Predictions) -> float:
+        return _c_index(pred, "validation")
+
+    def score(self, pred: Predictions, split: str, eval_cfg: dict, seed: int) -> dict:
+        """C-index with its patient-level bootstrap CI, the log-rank test of the risk halves and the
+        time-dependent AUC; an undefined C-index (no comparable pair) becomes a note."""
+        risk, time, event = pred.outputs[:, 0], pred.labels[:, 0], pred.labels[:, 1].astype(bool)
+        result: dict = {"n": len(pred.ids), "events": int(event.sum()), "loss": pred.loss, "c_index": None,
+                        "ci_low": None, "ci_high": None, "logrank": None, "time_auc": {}}
+        try:
+            result["c_index"] = _c_index(pred, split)
+            if eval_cfg["bootstrap"]:
+                result["ci_low"], result["ci_high"] = metrics_survival.concordance_bootstrap_ci(
+                    risk, time, event, eval_cfg["bootstrap"], eval_cfg["ci"], seed, pred.patients)
+        except UndefinedMetricError as error:
+            result["note"] = str(error)
+            return result
+        high = metrics_survival.risk_groups(risk)
+        if high.any() and not high.all():
+            statistic, p_value = metrics_survival.logrank_test(time, event, high)
+            result["logrank"] = {"statistic": float(statistic), "p": float(p_value)}
+        times = eval_cfg.get("times") or _default_times(time, event)
+        for t in times:
+            try:
+                result["time_auc"][f"{t:g}"] = float(metrics_survival.time_dependent_auc(risk, time, event, [t])[0])
+            except (UndefinedMetricError, ValueError) as error:  # no case or no control at t
+                result["time_auc"][f"{t:g}"] = None
+                result.setdefault("time_auc_notes", []).append(f"t={t:g}: {error}")
+        return result
+
+    def test_line(self, test: dict) -> str:
+        if test["c_index"] is None:
+            return f"test C-index   undefined: {test['note']}"
+        ci = "" if test["ci_low"] is None else f"  (95% CI {test['ci_low']:.3f}-{test['ci_high']:.3f})"
+        line = f"test C-index   {test['c_index']:.4f}{ci}  n={test['n']}, {test['events']} events"
+        if test["logrank"] is not None:
+            line += f"\nlog-rank       high vs low risk half: chi2 {test['logrank']['statistic']:.2f}, " \
+                    f"p {test['logrank']['p']:.3g}"
+        shown = [f"t={t} {'-' if v is None else f'{v:.3f}'}" for t, v in test["time_auc"].items()]
+        return line + (f"\ntime AUC       {', '.join(shown)}" if shown else "")
+
+    def constant_loss(self, labels: torch.Tensor, weights: torch.Tensor | None = None, batch_size: int = 1) -> float:
+        """The mean Cox loss of a constant risk over :data:`CONSTANT_DRAWS` random training batches of
+        ``batch_size`` (the loss depends on the risk-set sizes, so on the batch: this is the floor the training
+        loss is compared with). ``weights`` (class balance) do not apply to survival."""
+        generator = torch.Generator().manual_seed(0)
+        n, size = len(labels), min(max(batch_size, 1), len(labels))
+        total = 0.0
+        for _ in range(CONSTANT_DRAWS if size < n else 1):
+            index = torch.randperm(n, generator=generator)[:size]
+            total += float(self.loss(torch.zeros(size, 1), labels[index]))
+        return total / (CONSTANT_DRAWS if size < n else 1)
+
+    def chance_interval(self, val_labels: np.ndarray, ci: float) -> list[float] | None:
+        """The central ``ci`` interval of the C-index of :data:`CHANCE_PERMUTATIONS` random rankings of the
+        validation cases (a permutation null; seeded); None when the validation split has no comparable pair."""
+        time, event = np.asarray(val_labels)[:, 0], np.asarray(val_labels)[:, 1].astype(bool)
+        rng = np.random.default_rng(0)
+        try:
+            draws = [metrics_survival.concordance_index(rng.permutation(len(time)).astype(float), time, event)
+                     for _ in range(CHANCE_PERMUTATIONS)]
+        except UndefinedMetricError:
+            return None
+        low, high = np.percentile(draws, [50 * (1 - ci), 50 * (1 + ci)])
+        return [float(low), float(high)]
+
+
+def _c_index(pred: Predictions, split: str) -> float:
+    try:
+        return float(metrics_survival.concordance_index(pred.outputs[:, 0], pred.labels[:, 0],
+                                                        pred.labels[:, 1].astype(bool)))
+    except UndefinedMetricError as error:
+        raise UndefinedMetricError(f"C-index is undefined on the {split} split: {error}") from None
+
+
+def _default_times(time: np.ndarray, event: np.ndarray) -> list[float]:
+    """The :data:`DEFAULT_TIME_PERCENTILES` of the event times (rounded to 3 significant digits), or none."""
+    if not event.any():
+        return []
+    return sorted({float(f"{t:.3g}") for t in np.percentile(time[event], DEFAULT_TIME_PERCENTILES)})
