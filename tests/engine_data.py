@@ -4,6 +4,7 @@ and DDP tests."""
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
@@ -96,3 +97,23 @@ def save_checkpoint(folder, config_name, overrides, task, **steps):
 def rows(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def square_image_table(folder: Path, model: str) -> Path:
+    """24 PNG files of 20 x 20 noise (positives, odd numbers, carry a bright square), their ``labels.csv`` and a
+    config ``c.yaml`` that trains ``model`` (a YAML mapping) on them at 16 px; -> the config."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = ["path,label"]
+    for i in range(24):
+        image = rng.integers(0, 120, (20, 20), dtype=np.uint8)
+        image[4:10, 4:10] += 130 * (i % 2)
+        Image.fromarray(image).save(folder / f"{i}.png")
+        rows.append(f"{i}.png,{i % 2}")
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n")
+    config = folder / "c.yaml"
+    config.write_text(f"data: {{kind: image_table, csv: {folder / 'labels.csv'}, label_columns: [label], "
+                      f"image_size: 16, in_chans: 1, val_fraction: 0.34, test_fraction: 0.25}}\nmodel: {model}\n")
+    return config

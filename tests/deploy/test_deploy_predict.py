@@ -12,8 +12,8 @@ import h5py
 import nibabel as nib
 import numpy as np
 import pytest
-from PIL import Image
 
+from engine_data import square_image_table
 from medattn.cli import main
 from medattn.data import build_datasets
 from medattn.deploy import read_metadata
@@ -29,18 +29,7 @@ def _rows(path):
 def image_run(tmp_path_factory):
     """PNG files (positives carry a bright square) and a tiny ViT trained on them."""
     folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    with open(folder / "labels.csv", "w") as f:
-        f.write("path,label\n")
-        for i in range(24):
-            image = rng.integers(0, 120, (20, 20), dtype=np.uint8)
-            image[4:10, 4:10] += 130 * (i % 2)
-            Image.fromarray(image).save(folder / f"{i}.png")
-            f.write(f"{i}.png,{i % 2}\n")
-    (folder / "c.yaml").write_text(
-        f"data: {{kind: image_table, csv: {folder / 'labels.csv'}, label_columns: [label], image_size: 16, "
-        "in_chans: 1, val_fraction: 0.34, test_fraction: 0.25}\nmodel: {name: vit2d_tiny, attention: seqnorm, "
-        "kwargs: {img_size: 16}}\n")
+    square_image_table(folder, "{name: vit2d_tiny, attention: seqnorm, kwargs: {img_size: 16}}")
     assert main(["train", str(folder / "c.yaml"), *TRAIN, "--out", str(folder / "run")]) == 0
     return folder
 

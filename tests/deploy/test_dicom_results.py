@@ -12,16 +12,12 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
-import torch
 from pydicom.dataset import FileDataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
+from engine_data import save_checkpoint
 from medattn.cli import main
-from medattn.config import load_config
 from medattn.data.base import TaskInfo
-from medattn.data.preprocessing import Preprocessing
-from medattn.runtime import checkpoint
-from medattn.runtime.build import build_model
 
 #: Patient and study of the source: what every result must copy.
 PATIENT = {"PatientID": "MA-0042", "PatientName": "Test^Phantom", "PatientSex": "O", "StudyID": "S17",
@@ -29,17 +25,6 @@ PATIENT = {"PatientID": "MA-0042", "PatientName": "Test^Phantom", "PatientSex": 
            "ReferringPhysicianName": "Ref^Doctor"}  # no PatientBirthDate: it stays empty, never made up
 CLASSES = ["background", "vertebra", "disc"]
 SLIDE = ["--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]
-
-
-def save_checkpoint(folder, config_name, overrides, task, **steps):
-    """A checkpoint of a fresh model (seed 0) whose data were prepared with ``steps`` (:meth:`Preprocessing.of`)."""
-    config = load_config(config_name, overrides)
-    torch.manual_seed(0)
-    model = build_model(config["model"], task)
-    prep = Preprocessing.of(config["data"]["kind"], task, **steps)
-    checkpoint.save(folder, model, {"config": config, "task": checkpoint.task_to_dict(task),
-                                    "preprocessing": prep.to_dict()})
-    return folder
 
 
 def write_ct_series(folder, volume: np.ndarray, spacing=(0.7, 0.8), thickness=2.5):

@@ -13,11 +13,10 @@ import logging
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from engine_data import square_image_table
 from medattn.bench import common, plots
 from medattn.cli import main
 from medattn.errors import UserError
@@ -45,17 +44,7 @@ def runs(tmp_path_factory) -> dict:
     """PNG files (positives carry a bright square), a tiny ViT trained on them on the CPU, and that run as a CUDA
     run (``cuda``) and as a CUDA bf16 run (``bf16``) write it."""
     folder = tmp_path_factory.mktemp("portable")
-    rng = np.random.default_rng(0)
-    with open(folder / "labels.csv", "w") as f:
-        f.write("path,label\n")
-        for i in range(24):
-            image = rng.integers(0, 120, (20, 20), dtype=np.uint8)
-            image[4:10, 4:10] += 130 * (i % 2)
-            Image.fromarray(image).save(folder / f"{i}.png")
-            f.write(f"{i}.png,{i % 2}\n")
-    (folder / "c.yaml").write_text(
-        f"data: {{kind: image_table, csv: {folder / 'labels.csv'}, label_columns: [label], image_size: 16, "
-        "in_chans: 1, val_fraction: 0.34, test_fraction: 0.25}\nmodel: {name: vit2d_tiny, kwargs: {img_size: 16}}\n")
+    square_image_table(folder, "{name: vit2d_tiny, kwargs: {img_size: 16}}")
     assert main(["train", str(folder / "c.yaml"), "train.device=cpu", *TRAIN, "--out", str(folder / "cpu")]) == 0
     return {"folder": folder, "files": [str(folder / f"{i}.png") for i in range(6)], "cpu": folder / "cpu",
             "cuda": _as_written_on_a_gpu(folder / "cpu", folder / "cuda", device="cuda"),
