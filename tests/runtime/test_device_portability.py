@@ -106,7 +106,7 @@ def test_the_library_takes_the_device_too(runs):
     assert trained.config["train"]["device"] == "cuda"  # recorded, shown, not obeyed
     config = load_config(str(runs["folder"] / "c.yaml"))
     result = evaluate(runs["cuda"], config, out=runs["folder"] / "lib_eval", progress=False, device="cpu")
-    assert result["auroc"] is not None
+    assert result["auroc"] is not None and result["device"] == "cpu"  # eval.json records where it ran
     report = explain_files(runs["cuda"], runs["files"][:1], runs["folder"] / "lib_explain", device="cpu")
     assert len(report.rows) == 1
     for name in ("cuda", "cuda:3", "gpu"):

@@ -50,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
         if result["skipped_samples"]:
             print(f"skipped {result['skipped_samples']} bad sample(s) (--skip-bad)")
         tag = " [SYNTHETIC data]" if result["synthetic"] else ""
-        print(f"{format_result(result)}{tag}\n-> {result['out']}")
+        print(f"{format_result(result)}{tag}\n-> {result['out']} (ran on {result['device']})")
     return 0

@@ -109,8 +109,9 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
                     scored = score_split(patients, data_task, name, out, config["eval"], config["seed"])
                     result["per_patient"] = {"aggregation": per_patient, **scored, **clinical(
                         patients, scored, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
-            result.update(checkpoint=str(folder), data=config["data"], skipped_samples=bundle.skipped,
-                          synthetic=data_task.synthetic, split=split, out=str(out), task=task_to_dict(data_task))
+            result.update(checkpoint=str(folder), device=str(where), data=config["data"],
+                          skipped_samples=bundle.skipped, synthetic=data_task.synthetic, split=split, out=str(out),
+                          task=task_to_dict(data_task))
             if accept_features:
                 result["features_accepted"] = {", ".join(map(str, paths)): note for paths, note in accepted.items()}
             target.save_json("eval.json", result)
