@@ -57,8 +57,8 @@ def test_each_task_is_read_by_medattns_builders_and_is_deterministic(tmp_path, n
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (4, 2, 2)
     labels = [float(bundle.train[i]["label"][0]) for i in range(4)]
     assert sorted(labels) == [0.0, 0.0, 1.0, 1.0]  # balanced within each split
-    if name == "ihc_bags":
-        assert bundle.task.input_shape == (FEATURE_DIM,)
+    if name == "ihc_bags":  # the bags carry the SYNTHETIC mark, so every run on them says so
+        assert bundle.task.input_shape == (FEATURE_DIM,) and bundle.task.synthetic
     probe = json.loads((folder / "probe.json").read_text())
     assert probe["data"] == "real anatomy, SYNTHETIC findings" and all(0.5 <= v <= 1 for v in
                                                                        probe["probe_auroc"].values())

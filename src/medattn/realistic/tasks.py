@@ -129,7 +129,8 @@ def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     for i, label in enumerate(labels):
         features, coords = ihc.ihc_bag(image, bool(label), rng, share=float(label) if shares else None)
         name = f"slide_{i:04d}"
-        write_bag(bags.path(f"{name}.h5"), features, coords, {})  # CLAM's layout
+        # CLAM's layout; real tissue, SYNTHETIC findings: runs on these bags say SYNTHETIC (data.readers.bags)
+        write_bag(bags.path(f"{name}.h5"), features, coords, {"synthetic": True})
         rows.append((name, {"bag size": float(len(features))}))
     return rows
 
