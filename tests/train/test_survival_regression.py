@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from scipy.stats import pearsonr
 
 from medattn.cli import main
 from medattn.config import load_config
@@ -175,7 +176,10 @@ def test_the_verdicts_floors_are_a_constant_risk_and_a_permuted_ranking():
     low_l, high_l = survival.chance_interval(large, 0.95)
     assert low_s < 0.5 < high_s and low_l < 0.5 < high_l and high_l - low_l < high_s - low_s
     regression = objective_for(TaskInfo("regression", "bag", 1, (8,), target_mean=[10.0], target_std=[2.0]))
-    assert regression.chance_interval(None, 0.95)[1] == 0.0
+    assert regression.chance_interval(np.zeros((60, 1)), 0.95)[1] == pytest.approx(0.0645, abs=1e-3)
+    rng = np.random.default_rng(1)  # the bound holds for predictions unrelated to the targets in 95% of draws
+    draws = [pearsonr(rng.normal(size=60), rng.normal(size=60)).statistic ** 2 for _ in range(2000)]
+    assert np.mean(np.array(draws) <= 0.0645) == pytest.approx(0.95, abs=0.015)
     outputs, _ = regression.outputs(torch.tensor([[0.0], [1.5]]), torch.zeros(2, 1))
     assert outputs[:, 0].tolist() == [10.0, 13.0]  # standardised logits back in the targets' units
 

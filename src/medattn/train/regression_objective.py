@@ -85,5 +85,14 @@ class Regression:
         return constant_loss(self, labels, weights)
 
     def chance_interval(self, val_labels, ci: float) -> list[float]:
-        """A best validation R^2 at or below 0 is no better than predicting the training mean."""
-        return [-math.inf, 0.0]
+        """The R^2 a predictor unrelated to the targets reaches by chance on ``val_labels`` (n cases): at most
+        ``r_c^2``, ``r_c = tanh(z / sqrt(n - 3))`` the largest Pearson correlation such a predictor reaches at
+        ``ci`` (Fisher's z, two-sided; R^2 <= r^2 for the best rescaling of any prediction); below, everything
+        down to -inf (no better than the training mean)."""
+        from scipy.stats import norm
+
+        n = len(val_labels)
+        if n <= 3:
+            return [-math.inf, 0.0]
+        r_c = math.tanh(norm.ppf(0.5 + ci / 2) / math.sqrt(n - 3))
+        return [-math.inf, r_c ** 2]

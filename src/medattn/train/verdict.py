@@ -16,7 +16,8 @@ A run **did not learn** (``verdict["learned"] is False``, with the reasons) when
   batches of the training batch size; chance is the C-index interval of randomly permuted risks
   (:meth:`~medattn.train.survival_objective.Survival.chance_interval`);
 * regression: the constant predictor is the best constant under the Huber loss; chance is a best validation
-  R^2 at or below 0 (no better than predicting the training mean).
+  R^2 at or below the squared correlation a predictor unrelated to the targets reaches
+  (:meth:`~medattn.train.regression_objective.Regression.chance_interval`; 0.064 for 60 validation cases).
 
 Two warnings that do not make the verdict: a lowest train loss within :data:`NEAR_CONSTANT` of the constant
 predictor's ("barely below a constant predictor"), and a budget that looks too short (the best epoch is the
@@ -86,7 +87,7 @@ def judge(rows: list[dict], score_key: str, objective, *, best_epoch: int | None
 
     ``objective`` (:func:`medattn.train.objectives.objective_for`) names the score (``metric_label``), its floor
     (``score_floor``: segmentation's :data:`DICE_FLOOR`) and where it lies by chance (``chance_interval``:
-    classification's Mann-Whitney null, survival's permutation null of the C-index, regression's R^2 <= 0);
+    classification's Mann-Whitney null, survival's permutation null of the C-index, regression's Fisher bound);
     ``best_epoch``: the epoch of the tested checkpoint (default: the highest validation score); ``constant``: the
     objective's ``constant_loss`` of the training labels; ``val_labels``: the validation labels (for the chance
     interval). -> ``{"learned": bool, "reasons": [...], "warnings": [...], "constant_loss": ...,
