@@ -265,3 +265,23 @@ def test_extract_bench_reports_tiles_per_second_against_the_matmul_rate(tmp_path
     for row in rows:
         assert row["tiles_per_s"] > 0 and 0 < row["fraction_of_matmul"] < 5
         assert row["hours_per_15k"] == pytest.approx(15_000 / row["tiles_per_s"] / 3600)
+
+
+def test_on_cuda_with_triton_a_kernel_mechanism_is_timed_with_and_without_its_kernels(monkeypatch):
+    """bench scaling's variants twice (torch, triton) where the kernels can run; the torch twin's step runs with
+    the kernels switched off. Faked here: the implementations of a CUDA device, steps on the CPU."""
+    from medattn.attention import triton_support
+    from medattn.bench import scaling
+
+    seen = []
+    monkeypatch.setattr(scaling, "implementations", lambda mechanism, device: ["torch", "triton"])
+    real_step = scaling.training_step
+
+    def recording_step(*args, **kwargs):
+        step = real_step(*args, **kwargs)
+        return lambda: seen.append(triton_support.switched_off()) or step()
+
+    monkeypatch.setattr(scaling, "training_step", recording_step)
+    result = scaling.measure_step("vit2d_tiny", "seqnorm", 32, repeats=1, warmup=1)
+    assert [v["variant"] for v in result["variants"]] == ["eager torch", "eager triton"]
+    assert all(v["status"] == "ok" for v in result["variants"]) and True in seen and False in seen

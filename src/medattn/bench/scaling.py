@@ -20,6 +20,10 @@ allocator overhead (on CUDA: ``torch.cuda.max_memory_allocated``). Configuration
 extrapolated from the smaller resolutions, exceed the budgets are skipped and recorded as such.
 Writes ``scaling.csv``, ``scaling.json`` and ``scaling.png`` (time per epoch and memory vs resolution).
 
+Triton: on CUDA, where ``triton`` is installed, a mechanism with Triton kernels (SeqNorm, the binary ones;
+:data:`medattn.bench.attention.TRITON_MECHANISMS`) runs every variant twice, ``<variant> torch`` (the kernels
+switched off) and ``<variant> triton``, so ``vs_eager`` of ``eager triton`` is the kernels' gain on the whole step.
+
 Variants (``--compile``, ``--activation-checkpointing``, ``--precision fp32,bf16``): each configuration
 is then also measured compiled (``torch.compile(model, fullgraph=True)``, inductor; the first call's
 compile time is ``compile_s``), with per-block activation checkpointing and/or under bf16 autocast, in
@@ -56,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from medattn.attention import get_attention_class
+from medattn.attention import get_attention_class, triton_support
 from medattn.config import DEFAULTS
 from medattn.errors import UserError
 from medattn.models import available_models, create_model
@@ -64,7 +68,7 @@ from medattn.text import format_table
 from medattn.train.defaults import GENERAL
 from medattn.train.optim import make_optimizer
 
-from .attention import RUNTIME_ALLOWANCE_BYTES
+from .attention import RUNTIME_ALLOWANCE_BYTES, implementations
 from .common import (
     add_device_options,
     add_overwrite,
@@ -99,7 +103,8 @@ def _release_freed_memory() -> None:
 
 
 def variant_name(compiled: bool, checkpointing: bool, precision: str = "fp32") -> str:
-    """"eager", "compiled", "eager+checkpointing", "compiled+checkpointing", each with " bf16" under bf16."""
+    """"eager", "compiled", "eager+checkpointing", "compiled+checkpointing", each with " bf16" under bf16 (and, on
+    CUDA for a mechanism with Triton kernels, each twice: " torch" with the kernels switched off, " triton")."""
     name = ("compiled" if compiled else "eager") + ("+checkpointing" if checkpointing else "")
     return name if precision == "fp32" else f"{name} {precision}"
 
@@ -188,8 +193,9 @@ def _prepare_variants(model: str, mechanism: str, resolution: int, images: torch
     """Phase 1 of :func:`measure_step`: each variant built, compiled (timed) and warmed up, its peak memory taken.
     -> (a result per variant, (result, step, precision) of those that built and ran)."""
     results, prepared = [], []
-    for compiled, checkpointing, precision in variants:
-        result = {"variant": variant_name(compiled, checkpointing, precision)}
+    for (compiled, checkpointing, precision), kernels in itertools.product(variants,
+                                                                          implementations(mechanism, device)):
+        result = {"variant": variant_name(compiled, checkpointing, precision) + (f" {kernels}" if kernels else "")}
         results.append(result)
         _release_freed_memory()
         baseline = current_rss_bytes() if device == "cpu" else 0
@@ -197,6 +203,8 @@ def _prepare_variants(model: str, mechanism: str, resolution: int, images: torch
         try:
             step = training_step(model, mechanism, resolution, images, targets, compiled, checkpointing, precision,
                                  device, seed)
+            if kernels == "torch":  # the same step with the Triton kernels switched off
+                step = partial(_without_kernels, step)
             result["compile_s"] = None
             if compiled:  # the first call compiles forward and backward
                 started = time.perf_counter()
@@ -209,6 +217,12 @@ def _prepare_variants(model: str, mechanism: str, resolution: int, images: torch
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
             result["status"] = _failed(error)
     return results, prepared
+
+
+def _without_kernels(step: Callable[[], None]) -> None:
+    """One training step with the Triton kernels switched off (:func:`medattn.attention.triton_support.kernels_off`)."""
+    with triton_support.kernels_off():
+        step()
 
 
 def _count_flops(prepared: list[tuple]) -> None:
