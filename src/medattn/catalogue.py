@@ -18,8 +18,9 @@ D  (attn_dim)     512        512       512
 layers (depth)    8          8         2
 heads             8          8         8
 MLP dim           1024       1024      512
-stem              patch      patch     -           residual (``vit2d_small``), conv (``vit3d_small``)
-readout           cls        cls       cls         patch mean (``vit2d_small``), max (``vitwsi_small``)
+stem              patch      patch     -           residual (``vit2d_small``, ``vit3d_small``)
+readout           cls        cls       cls         patch mean (``vit2d_small``, ``vit3d_small``), max (``vitwsi_small``)
+LayerScale        -          -         -           from 1e-5 (``vit2d_small``, ``vit3d_small``)
 ================  =========  ========  ==========  =====
 
 3D segmentation (Joutard et al., MICCAI 2019), CPU-sized defaults; ``num_classes`` counts the background:
@@ -76,19 +77,19 @@ PRESETS: dict[str, tuple[str, dict]] = {
     # BinaryFormer's pixel-wise transformer (Heinrich, Appendix B): every pixel a token, any H x W.
     "pixel": ("PixelTransformer", dict(in_chans=3, num_classes=10, embed_dim=384, depth=8, num_heads=4, mlp_dim=1536)),
     # Small presets for tests and CPU demos (not from the paper), made for training from scratch on a few hundred
-    # cases. `vit2d_small` is a hybrid ViT: the small ResNet's trunk makes the tokens (stem="residual") and the head
-    # reads the mean of the patch tokens (global_pool="avg"), chosen on the realistic brain slices over 3 seeds;
-    # `vit3d_small` keeps early convolutions and the class token: as a hybrid, SeqNorm did not learn the realistic
-    # volumes on seed 1 (train loss at ln 2 for 56 epochs) at 5x the step's cost (issue 40, docs/decisions.md,
-    # "Hybrid CPU ViTs").
+    # cases. `vit2d_small` and `vit3d_small` are hybrid ViTs: the small ResNet's trunk makes the tokens
+    # (stem="residual") and the head reads the mean of the patch tokens (global_pool="avg"), chosen on the realistic
+    # brain slices over 3 seeds; every residual branch starts at 1e-5 of its output (LayerScale, init_values), so a
+    # block starts as the identity: without it SeqNorm's attention branch is 8x the stem's tokens at the start and
+    # the hybrids sat at ln 2 for 30-45 epochs, or a whole run in 3D (issue 40, docs/decisions.md, "LayerScale").
     "pixel_tiny": ("PixelTransformer", dict(in_chans=1, num_classes=2, embed_dim=32, depth=2, num_heads=4,
                                             mlp_dim=128)),
     "vit2d_small": ("VisionTransformer", dict(spatial_dims=2, img_size=64, patch_size=8, in_chans=1, embed_dim=128,
                                               attn_dim=128, depth=4, num_heads=4, mlp_dim=256, stem="residual",
-                                              global_pool="avg")),
+                                              global_pool="avg", init_values=1e-5)),
     "vit3d_small": ("VisionTransformer", dict(spatial_dims=3, img_size=(32, 32, 16), patch_size=(8, 8, 4), in_chans=1,
                                               embed_dim=128, attn_dim=128, depth=4, num_heads=4, mlp_dim=256,
-                                              stem="conv")),
+                                              stem="residual", global_pool="avg", init_values=1e-5)),
     # The CPU bag preset reads the bag by max pooling (readout="max"), where the paper's vitwsi reads a class token:
     # on the realistic IHC bags the class token learned nothing in 3 seeds and max pooling did (docs/decisions.md).
     "vitwsi_small": ("WSITransformer", dict(feature_dim=64, embed_dim=128, attn_dim=128, depth=2, num_heads=4,
@@ -168,8 +169,13 @@ DATA_KINDS: dict[str, tuple[str, str]] = {
     "nifti_segmentation": ("segmentation", "build_nifti_segmentation"),
     "nifti_slices": ("slices", "build_nifti_slices"),
     "synthetic_mri_slices": ("synthetic_mri_slices", "build_synthetic_mri_slices"),
+    "synthetic_brain": ("synthetic_brain", "build_synthetic_brain"),
+    "nifti_volumes": ("nifti_volumes", "build_nifti_volumes"),
 }
 
-#: Diffusion inpainting (docs/diffusion.md): task -> the model it trains, and the data kinds of its volumes.
+#: The data kinds whose bundles carry no labels (task type ``unlabelled``): the volumes of the diffusion stages,
+#: which read only these; supervised training refuses them.
+UNLABELLED_KINDS: tuple[str, ...] = ("synthetic_brain", "nifti_volumes")
+
+#: Diffusion inpainting (docs/diffusion.md): task -> the model it trains.
 DIFFUSION_STAGES: dict[str, str] = {"diffusion_vqae": "vqae3d", "diffusion_transformer": "absorbing_transformer"}
-DIFFUSION_KINDS: tuple[str, ...] = ("synthetic_brain", "nifti_volumes")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from medattn import catalogue
 
 #: data kind -> (a sample's input, what the data are, where its keys are documented); one line per kind of
-#: ``catalogue.DATA_KINDS`` and ``catalogue.DIFFUSION_KINDS``, in their order. Paths are relative to docs/.
+#: ``catalogue.DATA_KINDS``, in its order. Paths are relative to docs/.
 KIND_NOTES: dict[str, tuple[str, str, str]] = {
     "synthetic_cxr": ("(C, S, S)",
                       "SYNTHETIC chest-radiograph phantoms, cardiomegaly (cardiothoracic ratio above one half)",
@@ -45,8 +45,7 @@ KIND_NOTES: dict[str, tuple[str, str, str]] = {
 
 def _kinds() -> list[tuple[str, str]]:
     """(kind, the function that builds it) for every data kind of the catalogue, in its order."""
-    kinds = [(kind, f"data.{module}.{builder}") for kind, (module, builder) in catalogue.DATA_KINDS.items()]
-    return kinds + [(kind, "diffusion.data.build_volume_sets") for kind in catalogue.DIFFUSION_KINDS]
+    return [(kind, f"data.{module}.{builder}") for kind, (module, builder) in catalogue.DATA_KINDS.items()]
 
 
 def data_kinds_table() -> str:

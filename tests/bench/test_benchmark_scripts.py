@@ -36,6 +36,8 @@ TOY_RUNS = {
                                       "--val-size", "2", "--threads", "1"], "mean upamnet"),
     "real_size_bags.py": (["--tiles", "100", "--models", "seqnorm", "--phases", "train", "--repeats", "1",
                            "--threads", "1", "--out", "{out}"], "'phase': 'train'"),
+    "residual_branch_scale.py": (["--preset", "vit2d_tiny", "--batch", "4", "--mechanisms", "seqnorm"],
+                                 "stream after each block"),
     "step_profile.py": (["seqnorm", "64", "--model", "vit2d_small"], "linear-layer GEMMs"),
     "validation_cost.py": (["--images", "24", "--volumes", "12", "--repeats", "1", "--out", "{out}"], "volume_table"),
     "wsi_heatmap_mass.py": (["--slides", "12", "--epochs", "2", "--threads", "1", "--out", "{out}"],

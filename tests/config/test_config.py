@@ -134,3 +134,39 @@ def test_relative_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, mo
     with pytest.raises(UserError, match=r"other.csv: file not found \(looked at .*/other.csv\)"):
         build_datasets({**config["data"], "csv": "other.csv"})
     assert load_config("synthetic_slides")["data"]["feature_dir"] == "demo/features"  # packaged: unchanged
+
+
+def test_diffusion_keys_exist_only_in_diffusion_configs(tmp_path):
+    """A supervised config holds no diffusion section (nor writes one) and refuses a diffusion key in one line
+    naming it; a diffusion config gets every diffusion default under the values set."""
+    from medattn.config import validate, with_defaults
+
+    supervised = load_config("synthetic_cxr")
+    assert "diffusion" not in supervised and "diffusion" not in DEFAULTS
+    save_config(supervised, tmp_path / "config.yaml")
+    assert "diffusion" not in yaml.safe_load((tmp_path / "config.yaml").read_text())
+    for source, overrides in ((None, ["data.kind=x", "diffusion.timesteps=3"]),
+                              ("synthetic_brain_vqae", ["task=supervised", "diffusion.temperature=0.5"])):
+        with pytest.raises(UserError, match=r"^diffusion\.\w+: a key of the diffusion_vqae and diffusion_transformer "
+                                            r"tasks only; this config's task is 'supervised'$"):
+            load_config(source, overrides)
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {kind: x}\ndiffusion:\n")  # an empty section sets nothing
+    assert "diffusion" not in load_config(str(path))
+    # the config.yaml of a run written while every config held the section: its defaults are dropped, not refused
+    written = {**supervised, "diffusion": load_config(None, ["data.kind=x", "task=diffusion_vqae"])["diffusion"]}
+    save_config(written, tmp_path / "old_run.yaml")
+    assert load_config(str(tmp_path / "old_run.yaml")) == supervised
+    with pytest.raises(UserError, match="^diffusion.timesteps: a key of"):
+        validate({**supervised, "diffusion": {"timesteps": 3}})
+
+    stage2 = load_config(None, ["data.kind=x", "task=diffusion_transformer", "diffusion.timesteps=3"])
+    assert stage2["diffusion"]["timesteps"] == 3 and stage2["diffusion"]["temperature"] == 0.8
+    assert list(stage2)[-1] == "diffusion"
+    with pytest.raises(UserError, match="^diffusion.temperature must be"):
+        validate({**stage2, "diffusion": {k: v for k, v in stage2["diffusion"].items() if k != "temperature"}})
+    # a supervised checkpoint saved while every config held the diffusion section loads without it
+    old = {**supervised, "diffusion": dict(stage2["diffusion"])}
+    assert with_defaults(old) == supervised
+    assert with_defaults({k: v for k, v in stage2.items() if k != "diffusion"})["diffusion"] == \
+        load_config(None, ["data.kind=x", "task=diffusion_transformer"])["diffusion"]

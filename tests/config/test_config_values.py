@@ -20,9 +20,10 @@ SMALL = {
     "synthetic_wsi": {"num_instances": [3, 5], "feature_dim": 4, "num_samples": [2, 2, 2]},
     "synthetic_vertebrae": {"volume_size": [8, 8, 40], "num_samples": [1, 1, 1]},
     "synthetic_mri_slices": {"volume_size": [8, 8, 8], "num_patients": [1, 1, 1]},
+    "synthetic_brain": {"size": [8, 8, 8], "num_samples": [1, 1, 1]},
 }
 SIZE_KEYS = {"image_size", "volume_size", "num_samples", "num_patients", "num_instances", "feature_dim",
-             "num_blobs", "slice_size"}
+             "num_blobs", "slice_size", "size"}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 64), st.floats(allow_nan=True, allow_infinity=True),
                     st.text(max_size=6), st.sampled_from(["strong", "true", "zscore", "1e3"]))

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
+from medattn.catalogue import UNLABELLED_KINDS
 from medattn.config import load_config
 from medattn.data import available_data_kinds, build_datasets, collate
 from medattn.data.preprocessing import inference_dataset
@@ -211,7 +212,8 @@ PROBABILITY_TOLERANCE = {"synthetic_cxr": 5e-3}  # ... and that rounding reaches
 
 
 def test_every_kind_and_family_is_covered():
-    assert sorted(KINDS) == available_data_kinds()
+    # the unlabelled kinds (the diffusion stages' volumes) make no model that predict opens
+    assert sorted(KINDS) == [kind for kind in available_data_kinds() if kind not in UNLABELLED_KINDS]
     assert {cls for cls, _ in FAMILIES} <= set(FAMILY_FITS), "a new model class needs its place in FAMILY_FITS"
 
 

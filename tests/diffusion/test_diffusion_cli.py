@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from medattn.cli import main
 from medattn.config import load_config
+from medattn.data import build_datasets
 from medattn.data.synthetic_brain import synthetic_brain
-from medattn.diffusion.data import build_volume_sets
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.errors import UserError
 
@@ -116,30 +116,47 @@ def test_bad_diffusion_configs_answer_in_one_line(tmp_path, capsys):
         capsys, ["train", "synthetic_brain_vqae", "diffusion.perceptual_weight=1", "--out", str(tmp_path / "d")])
 
 
+def test_the_unlabelled_volumes_are_registered_kinds_that_only_diffusion_trains_on(tmp_path, capsys):
+    """synthetic_brain and nifti_volumes are data kinds of the registry whose bundles carry no labels: a supervised
+    run refuses them in one line, and a diffusion stage refuses a labelled kind."""
+    from medattn.catalogue import DATA_KINDS, UNLABELLED_KINDS
+
+    assert set(UNLABELLED_KINDS) <= set(DATA_KINDS)
+    bundle = build_datasets({"kind": "synthetic_brain", "size": [8, 8, 8], "num_samples": [2, 1, 1]})
+    assert (bundle.task.task_type, bundle.task.num_outputs, bundle.task.input_shape) == ("unlabelled", 0, (1, 8, 8, 8))
+    assert "label" not in bundle.train[0]
+    (tmp_path / "c.yaml").write_text("data: {kind: synthetic_brain, size: [8, 8, 8], num_samples: [2, 1, 1]}\n"
+                                     "model: {name: vit3d_tiny}\ntrain: {epochs: 1, threads: 1}\n")
+    assert "unlabelled volumes" in _error(capsys, ["train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "a"),
+                                                   "--no-progress"])
+    assert "the diffusion tasks read synthetic_brain, nifti_volumes, got 'synthetic_cxr'" in _error(
+        capsys, ["train", "synthetic_brain_vqae", "data={kind: synthetic_cxr}", "--out", str(tmp_path / "b")])
+
+
 def test_nifti_volume_table_and_its_errors(tmp_path):
     affine = np.eye(4)
     for i in range(4):
         _nifti(tmp_path / f"v{i}.nii.gz", (20, 16, 16), affine)
     (tmp_path / "table.csv").write_text("path,split\n" + "".join(f"v{i}.nii.gz,{s}\n" for i, s in
                                                                    enumerate(["train", "train", "val", "test"])))
-    sets = build_volume_sets({"kind": "nifti_volumes", "csv": str(tmp_path / "table.csv"), "split_column": "split",
-                              "target_size": [16, 16, 16]})
-    assert (len(sets.train), len(sets.val), len(sets.test), sets.synthetic) == (2, 1, 1, False)
+    sets = build_datasets({"kind": "nifti_volumes", "csv": str(tmp_path / "table.csv"), "split_column": "split",
+                           "target_size": [16, 16, 16]})
+    assert (len(sets.train), len(sets.val), len(sets.test), sets.task.synthetic) == (2, 1, 1, False)
     sample = sets.train[0]["input"]
     assert sample.shape == (1, 16, 16, 16) and 0 <= float(sample.min()) and float(sample.max()) <= 1
     (tmp_path / "bad.csv").write_text("path\nmissing.nii.gz\n")
     with pytest.raises(UserError, match="bad.csv row 2: .*missing.nii.gz does not exist"):
-        build_volume_sets({"kind": "nifti_volumes", "csv": str(tmp_path / "bad.csv")})
+        build_datasets({"kind": "nifti_volumes", "csv": str(tmp_path / "bad.csv")})
     with pytest.raises(UserError, match="does not take labels"):
-        build_volume_sets({"kind": "synthetic_brain", "labels": 1})
+        build_datasets({"kind": "synthetic_brain", "labels": 1})
 
 
 def test_synthetic_volumes_are_deterministic_and_brain_like():
     config = load_config("synthetic_brain_vqae")
-    a, b = build_volume_sets(config["data"], 0), build_volume_sets(config["data"], 0)
+    a, b = build_datasets(config["data"], 0), build_datasets(config["data"], 0)
     volume = a.train[0]["input"]
     assert torch.equal(volume, b.train[0]["input"]) and not torch.equal(volume, a.train[1]["input"])
-    assert volume.shape == (1, 64, 96, 64) and a.synthetic
+    assert volume.shape == (1, 64, 96, 64) and a.task.synthetic
     centre, corner = volume[0, 28:36, 44:52, 28:36].mean(), volume[0, :4, :4, :4].mean()
     assert centre > 0.3 and corner < 0.1  # tissue in the middle, air in the corners
 

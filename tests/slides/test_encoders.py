@@ -88,6 +88,24 @@ def test_each_card_loads_random_weights_of_its_architecture_strictly(name, tmp_p
         assert loaded(torch.randn(1, 3, 224, 224)).shape == (1, card.features)
 
 
+def test_a_vit_card_builds_and_loads_with_another_attention_and_the_others_refuse_one(tmp_path):
+    """``card.build(attention=...)`` and ``card.load(path, attention=...)`` reach the ViT's blocks (UNI's layout,
+    depth 1): SeqNorm's own tensors are built, saved and read back; CTransPath and ResNet-50 run their own softmax
+    only."""
+    card = dataclasses.replace(ENCODERS["uni"], depth=1)
+    torch.manual_seed(0)
+    built = card.build(attention="seqnorm")
+    assert built.attention == "seqnorm" and type(built.blocks[0].attn).__name__ == "SeqNormAttention"
+    assert built.mechanism_tensors() == [f"blocks.0.attn.{n}_norm.{p}" for n in "qkv" for p in ("weight", "bias")]
+    path = tmp_path / "uni_seqnorm.safetensors"
+    save_file({k: v.contiguous() for k, v in built.state_dict().items()}, path)
+    loaded = card.load(path, attention="seqnorm")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in built.state_dict().items())
+    for name in ("ctranspath", "resnet50"):
+        with pytest.raises(ValueError, match=f"the {name} encoder runs its own softmax attention, not 'seqnorm'"):
+            ENCODERS[name].build(attention="seqnorm")
+
+
 def test_one_strict_loader_reports_and_words_every_refusal():
     from medattn.models.weights import load_strictly
 

@@ -4,6 +4,8 @@ a stand-in): the file saved from timm loads strictly, the architecture is read f
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -130,3 +132,42 @@ def test_extract_with_a_publisher_encoder_writes_its_input_record_and_warns_on_m
     with h5py.File(tmp_path / "features" / "slide_000.h5") as f:
         assert f["features"].shape[1] == 1024
         assert f.attrs["extractor_input_px"] == 224 and f.attrs["extractor_mpp"] == 0.5
+
+
+@pytest.mark.parametrize("attention", ["seqnorm", "sima"])
+def test_another_mechanism_loads_a_publishers_file_and_attends_its_own_way(attention, tmp_path):
+    """Virchow2's layout (registers, SwiGLU, LayerScale) from timm's file into TileViT(attention=...): every tensor of
+    timm's layout loaded bit for bit; SeqNorm's own affines, absent from the file, at their identity (weight 1, bias 0)
+    with a warning naming them (SimA has none); it embeds otherwise than softmax; saved, it reloads silently; a
+    softmax TileViT refuses its file (strict)."""
+    model = timm_encoder("virchow2")
+    path = tmp_path / "virchow2.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours, _ = load_tile_vit(path, "vit", attention=attention)
+    new = ours.mechanism_tensors()
+    assert len(new) == (2 * 6 if attention == "seqnorm" else 0)  # depth 2: {q,k,v}_norm.{weight,bias} per block
+    assert [str(w.message) for w in caught] == [
+        f"{path}: 12 tensor(s) of the seqnorm attention are not in the file and keep their initial values (e.g. "
+        f"blocks.0.attn.q_norm.weight, blocks.0.attn.q_norm.bias, blocks.0.attn.k_norm.weight)"] * bool(new)
+    state = ours.state_dict()
+    assert set(state) == set(model.state_dict()) | set(new)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(state[k], torch.ones_like(state[k]) if k.endswith("weight") else torch.zeros_like(state[k]))
+               for k in new)
+    images = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        embedding, softmax = ours(images), load_tile_vit(path, "vit")[0](images)
+    assert embedding.shape == softmax.shape == (2, 1280) and embedding.isfinite().all()  # "vit": the class token
+    assert (embedding - softmax).abs().max() > 1e-2
+    saved = tmp_path / f"virchow2_{attention}.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, saved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again, _ = load_tile_vit(saved, "vit", attention=attention)
+    with torch.no_grad():
+        assert torch.equal(again(images), embedding)
+    if new:
+        with pytest.raises(UserError, match=r"not a vit encoder in timm's layout \(0 missing, e.g. \[\]; 12 unexp"):
+            load_tile_vit(saved, "vit")

@@ -123,10 +123,10 @@ def test_image_kinds_default_to_the_papers_and_volume_kinds_to_strong_augmentati
 
 @pytest.mark.parametrize("older", [{"stem": "patch"}, {"stem": "conv"}, {"stem": "conv", "global_pool": "avg"}])
 def test_small_vit_designs_and_older_checkpoints_keep_theirs(tmp_path, older):
-    """vit2d_small starts with the residual stem and reads the mean of the patch tokens (issue 40), vit3d_small keeps
-    early convolutions and the class token; a checkpoint of either written before (no ``model_defaults`` in its
-    metadata, no ``stem`` in its config) builds what its weights show, with the class token as readout unless its
-    config says otherwise."""
+    """vit2d_small and vit3d_small start with the residual stem, read the mean of the patch tokens and scale their
+    residual branches (LayerScale from 1e-5) (issue 40); a checkpoint of either written before (no ``model_defaults``
+    in its metadata, no ``stem`` in its config, no LayerScale tensors) builds what its weights show, with the class
+    token as readout unless its config says otherwise."""
     from engine_data import tiny_config
     from medattn.data.base import TaskInfo
     from medattn.models.resnet import ResidualStem
@@ -135,17 +135,20 @@ def test_small_vit_designs_and_older_checkpoints_keep_theirs(tmp_path, older):
     from medattn.runtime.trained import load_checkpoint
 
     hybrid, volumes = create_model("vit2d_small", attention="seqnorm"), create_model("vit3d_small", attention="seqnorm")
-    assert isinstance(hybrid.patch_embed, ResidualStem) and hybrid.global_pool == "avg"
-    assert isinstance(volumes.patch_embed, ConvStem) and volumes.global_pool == "token"
+    for model in (hybrid, volumes):
+        assert isinstance(model.patch_embed, ResidualStem) and model.global_pool == "avg"
+        assert model.encoder.blocks[0].ls1.gamma.eq(1e-5).all()
     task = TaskInfo("binary", "volume3d", 1, (1, 32, 32, 16), ["lesion"])
     meta = {"config": tiny_config("model.name=vit3d_small", "model.attention=seqnorm"),
             "task": checkpoint.task_to_dict(task)}
     torch.manual_seed(0)
-    written = build_model({**meta["config"]["model"], "kwargs": {"global_pool": "token", **older}}, task)  # as then
+    written = build_model({**meta["config"]["model"], "kwargs": {"global_pool": "token", "init_values": None, **older}},
+                          task)  # as then
     kept = {k: v for k, v in older.items() if k != "stem"}  # the stem was the preset's then: not in the config
     stored = {**meta, "config": {**meta["config"], "model": {**meta["config"]["model"], "kwargs": kept}}}
     checkpoint.save(tmp_path / "old", written, stored)
-    assert checkpoint.load_meta(tmp_path / "old")["config"]["model"]["kwargs"] == {"global_pool": "token", **older}
+    assert checkpoint.load_meta(tmp_path / "old")["config"]["model"]["kwargs"] == {"global_pool": "token", **older,
+                                                                                   "init_values": None}
     x = torch.randn(2, 1, 32, 32, 16)
     torch.testing.assert_close(load_checkpoint(tmp_path / "old").model(x), written.eval()(x))
 

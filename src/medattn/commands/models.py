@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from medattn.catalogue import ATTENTIONS, DATA_KINDS, DIFFUSION_KINDS, DIFFUSION_STAGES, PRESETS
+    from medattn.catalogue import ATTENTIONS, DATA_KINDS, DIFFUSION_STAGES, PRESETS, UNLABELLED_KINDS
     from medattn.config import packaged_configs
     from medattn.slides.encoders import ENCODERS, extractor_kinds
 
@@ -39,6 +39,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"data kinds: {', '.join(sorted(DATA_KINDS))}")
     models = ", ".join(f"{model} ({task})" for task, model in DIFFUSION_STAGES.items())
     print(f"diffusion (task: {', '.join(DIFFUSION_STAGES)}; docs/diffusion.md): models {models}, "
-          f"data kinds {', '.join(DIFFUSION_KINDS)}")
+          f"data kinds {', '.join(UNLABELLED_KINDS)}")
     print(f"packaged configs: {', '.join(packaged_configs())}")
     return 0

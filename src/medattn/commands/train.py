@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "MONAI ViT weights file (.safetensors, or .pth read with weights_only); loaded, "
                              "adapted, new and dropped tensors are reported")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or invalid samples and count them")
+    parser.add_argument("--slides", default=None, metavar="DIR",
+                        help="folder of the scanner files the bags were extracted from (wsi_bags): report.html draws "
+                             "its case heatmaps on their slides' thumbnails (sets data.slides_dir)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -43,7 +46,8 @@ def interrupted(args: argparse.Namespace) -> str:
                f"complete)"
     if not (run_dir / "checkpoints" / "last").is_dir():
         return f"no epoch had finished, nothing to resume in {run_dir}; run the command again"
-    again = " ".join(["medattn train", args.config, *args.overrides, "--out", str(run_dir), "--resume"])
+    slides = [] if args.slides is None else ["--slides", args.slides]
+    again = " ".join(["medattn train", args.config, *args.overrides, *slides, "--out", str(run_dir), "--resume"])
     return f"{run_dir} keeps its last finished epoch; continue it with: {again}"
 
 
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                         init_from=args.init_from)
         return 0
     from medattn.data import build_datasets
-    from medattn.explain.cases import case_heatmaps
+    from medattn.explain.cases import case_pictures_for
     from medattn.runtime import checkpoint, distributed
     from medattn.runtime.build import check_model_config
     from medattn.runtime.device import check_device
@@ -76,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.skip_bad:
         config["train"]["skip_bad"] = True
+    if args.slides is not None:
+        config["data"]["slides_dir"] = args.slides
     run_dir = run_dir_of(config, args.out)
     config["out"] = str(run_dir)
     check_model_config(config["model"])
@@ -88,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if bundle.skipped and distributed.is_main():
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
         fit(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
-            progress=not args.no_progress, started=started, case_pictures=case_heatmaps)
+            progress=not args.no_progress, started=started, case_pictures=case_pictures_for(config))
     finally:
         distributed.cleanup()
     return 0

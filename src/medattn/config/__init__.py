@@ -5,14 +5,16 @@ are parsed the same way (``train.lr=3e-4`` is a float, ``model.attention=seqnorm
 nothing is ever evaluated. Every key, with its default, rule and meaning, is listed once in
 :data:`medattn.config.keys.KEYS` (:data:`DEFAULTS` and :data:`SCHEMA` are derived from it). Keys outside it are
 refused, except inside the free-form sections ``data`` (read by :func:`medattn.data.build_datasets`) and
-``model.kwargs`` (keyword arguments for :func:`medattn.models.create_model`). The resolved config is saved with every
-run and checkpoint.
+``model.kwargs`` (keyword arguments for :func:`medattn.models.create_model`). A task section
+(:data:`~medattn.config.keys.TASK_SECTIONS`: ``diffusion``) is held only by the configs of its tasks: a supervised
+config has no ``diffusion`` keys and refuses one, naming it. The resolved config is saved with every run and
+checkpoint.
 
 A config is named either by a path or by the name of a config shipped in ``medattn/configs``
 (e.g. ``synthetic_cxr``); :func:`packaged_configs` lists those. Relative paths in a config file (the data's
-``csv``, ``data_root``, ``feature_dir``, ``slide_table``, ``clinical_table``, ``path``; diffusion's checkpoints:
-:data:`PATH_KEYS`) are relative to the file's folder, wherever the command runs; on the command line they are
-relative to the current folder.
+``csv``, ``data_root``, ``feature_dir``, ``slide_table``, ``clinical_table``, ``slides_dir``, ``path``; diffusion's
+checkpoints: :data:`PATH_KEYS`) are relative to the file's folder, wherever the command runs; on the command line
+they are relative to the current folder.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import yaml
 
 from medattn.errors import UserError
 
-from .keys import DEFAULTS, SCHEMA
+from .keys import DEFAULTS, SCHEMA, SECTION_DEFAULTS, TASK_SECTIONS, task_defaults
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused before it is read
 MAX_CONFIG_VALUES = 100_000  # nodes of the document with every alias expanded (a "billion laughs" bound)
@@ -106,8 +108,8 @@ def config_path(name_or_path: str) -> Path:
 #: Keys whose values are paths to the user's files: relative ones in a config file are relative to the file's
 #: folder (command-line overrides stay relative to the current folder).
 PATH_KEYS = {("data", "csv"), ("data", "data_root"), ("data", "feature_dir"), ("data", "slide_table"),
-             ("data", "clinical_table"), ("data", "path"), ("pretrain", "pool"), ("diffusion", "vqae_checkpoint"),
-             ("diffusion", "perceptual_net")}
+             ("data", "clinical_table"), ("data", "slides_dir"), ("data", "path"), ("pretrain", "pool"),
+             ("diffusion", "vqae_checkpoint"), ("diffusion", "perceptual_net")}
 
 
 def is_packaged(path: Path) -> bool:
@@ -145,10 +147,16 @@ def read_config_file(path: Path) -> dict:
     return loaded
 
 
+#: The value of a task section's key that neither the file nor an override set (inside :func:`load_config`).
+_UNSET = object()
+
+
 def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """Resolve defaults, then the YAML config (path or packaged name), then ``key.sub=value`` overrides;
-    the result is checked against :data:`SCHEMA` (see :func:`validate`)."""
+    the result is checked against :data:`SCHEMA` (see :func:`validate`). A task section takes its defaults only
+    in a config of its tasks (:func:`_close_task_sections`)."""
     config = copy.deepcopy(DEFAULTS)
+    config.update({name: dict.fromkeys(section, _UNSET) for name, section in SECTION_DEFAULTS.items()})
     if name_or_path is not None:
         path = config_path(name_or_path)
         loaded = read_config_file(path)
@@ -166,31 +174,65 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
         except yaml.YAMLError:
             raise UserError(f"override {item!r}: value is not valid YAML") from None
         _set(config, key.split("."), value, item)
+    _close_task_sections(config)
     validate(config)
     return config
 
 
+def _close_task_sections(config: dict) -> None:
+    """Each task section of :func:`load_config`'s ``config`` (in place): its defaults under the values set, in a
+    config of its tasks; gone from another task's config when nothing set a key there to a value other than its
+    default (the ``config.yaml`` of a run written while every config held the section carries the defaults; else
+    :func:`validate` refuses the key set)."""
+    for name, tasks in TASK_SECTIONS.items():
+        section = config[name]
+        given = {k: v for k, v in section.items() if v is not _UNSET} if isinstance(section, dict) else section
+        if config.get("task") in tasks and isinstance(given, dict):
+            config[name] = {**copy.deepcopy(SECTION_DEFAULTS[name]), **given}
+            continue
+        if isinstance(given, dict):
+            given = {k: v for k, v in given.items() if SECTION_DEFAULTS[name].get(k, _UNSET) != v}
+        if given == {}:
+            del config[name]
+        else:
+            config[name] = given
+
+
 def with_defaults(config: dict, source: str = "") -> dict:
     """``config`` completed with today's :data:`DEFAULTS` for keys it lacks (a copy): a checkpoint saved before
-    a key existed loads with that key's default, which is what the run that wrote it did. Unknown keys stay
-    an error naming ``source``."""
-    completed = copy.deepcopy(DEFAULTS)
-    _merge(completed, config, (), source or "config")
+    a key existed loads with that key's default, which is what the run that wrote it did. A task section its task
+    does not hold is dropped (supervised checkpoints saved while every config held ``diffusion`` carry it unread).
+    Unknown keys stay an error naming ``source``."""
+    task = config.get("task", DEFAULTS["task"])
+    completed = {**copy.deepcopy(DEFAULTS), **task_defaults(task)}
+    kept = {key: value for key, value in config.items() if key not in TASK_SECTIONS or task in TASK_SECTIONS[key]}
+    _merge(completed, kept, (), source or "config")
     return completed
 
 
 def validate(config: dict, source: str = "") -> None:
-    """Check the resolved config against :data:`SCHEMA` and that every value is plain (text, number,
-    true/false, null, list, mapping: what YAML and JSON both write back); raises UserError naming the key."""
+    """Check the resolved config against :data:`SCHEMA` (a task section's keys only in a config of its tasks, which
+    must hold them; another task's config must not) and that every value is plain (text, number, true/false, null,
+    list, mapping: what YAML and JSON both write back); raises UserError naming the key."""
     prefix = f"{source}: " if source else ""
     missing = object()
+    task = config.get("task")
     for key, rule in SCHEMA.items():
+        section = key.partition(".")[0]
+        if section in TASK_SECTIONS and task not in TASK_SECTIONS[section]:
+            continue
         value = _lookup(config, key.split("."), missing)
         if value is missing and key == "data.kind":
             raise UserError(f"{prefix}the config needs a data section with a 'kind' (e.g. data.kind=synthetic_cxr)")
         if value is missing or not rule.test(value):
             got = "nothing" if value is missing else repr(value)
             raise UserError(f"{prefix}{key} must be {rule.wants}, got {got}")
+    for section, tasks in TASK_SECTIONS.items():
+        if section in config and task not in tasks:
+            part = config[section]
+            key = f"{section}.{next(iter(part))}" if isinstance(part, dict) and part else section
+            raise UserError(f"{prefix}{key}: a key of the {' and '.join(tasks)} tasks only; this config's task is "
+                            f"{task!r}")
     _check_plain(config, prefix, ())
 
 

@@ -67,6 +67,9 @@ def _choice(*values) -> Rule:
 
 BOOLEAN = Rule("true or false", lambda v: isinstance(v, bool))
 
+#: The values of ``task`` that train a diffusion stage (docs/diffusion.md); the others' configs hold no ``diffusion``.
+DIFFUSION_TASKS = ("diffusion_vqae", "diffusion_transformer")
+
 #: The one list of config keys: default, rule and meaning. A section (``train``) is a mapping of its keys;
 #: ``data`` and ``model.kwargs`` are free-form mappings (their keys belong to the data builder and the model).
 KEYS: dict[str, Key] = {
@@ -167,7 +170,7 @@ KEYS: dict[str, Key] = {
     "eval.window_overlap": Key(None, Rule("null or a number in [0, 1)",
                                           lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
                                "overlap of neighbouring windows, in [0, 1); null -> 0.5"),
-    "task": Key("supervised", _choice("supervised", "diffusion_vqae", "diffusion_transformer"),
+    "task": Key("supervised", _choice("supervised", *DIFFUSION_TASKS),
                 "supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)"),
     "diffusion.vqae_checkpoint": Key(None, _text(optional=True),
                                      "stage 2: the stage-1 (diffusion_vqae) run folder or checkpoint"),
@@ -181,6 +184,12 @@ KEYS: dict[str, Key] = {
     "diffusion.mask_fraction": Key(0.5, Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
                                    "centre mask: the unknown box's share of each latent axis (test inpainting)"),
 }
+
+
+#: Sections only the configs of some tasks hold: section -> those values of ``task``. Another task's config has
+#: none of its keys (:func:`medattn.config.validate` refuses one, naming it); the section's defaults are
+#: :func:`task_defaults`', not in :data:`DEFAULTS`.
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {"diffusion": DIFFUSION_TASKS}
 
 
 def _sections(keys: dict[str, Key]) -> dict[str, Rule]:
@@ -207,7 +216,18 @@ def _defaults(keys: dict[str, Key]) -> dict:
     return config
 
 
-#: The defaults, nested as a config is (from :data:`KEYS`).
-DEFAULTS: dict = _defaults(KEYS)
+_ALL_DEFAULTS: dict = _defaults(KEYS)
+#: The defaults, nested as a config is (from :data:`KEYS`), without the :data:`TASK_SECTIONS`.
+DEFAULTS: dict = {name: value for name, value in _ALL_DEFAULTS.items() if name not in TASK_SECTIONS}
+#: section -> its defaults, for each of the :data:`TASK_SECTIONS` (from :data:`KEYS`).
+SECTION_DEFAULTS: dict[str, dict] = {name: _ALL_DEFAULTS[name] for name in TASK_SECTIONS}
+
+
+def task_defaults(task) -> dict:
+    """The defaults of the :data:`TASK_SECTIONS` a config of ``task`` holds (a copy): ``{"diffusion": {...}}`` for a
+    diffusion task, ``{}`` for a supervised one."""
+    return {name: copy.deepcopy(SECTION_DEFAULTS[name]) for name, tasks in TASK_SECTIONS.items() if task in tasks}
+
+
 #: key -> what it may hold, parents before children (from :data:`KEYS`): what :func:`medattn.config.validate` checks.
 SCHEMA: dict[str, Rule] = _sections(KEYS)

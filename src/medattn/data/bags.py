@@ -30,7 +30,7 @@ from .tables import (
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
                   "label_columns", "time_column", "event_column", "split_column", "task_type", "classes",
                   "num_classes", "max_instances",
-                  "check_files"}) | SPLIT_KEYS
+                  "check_files", "slides_dir"}) | SPLIT_KEYS
 
 
 def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PATIENT",
@@ -113,7 +113,9 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     (required; for ``task_type: survival`` instead ``time_column`` and ``event_column``), ``task_type``,
     ``classes`` (e.g. [LUAD, LUSC]: label cells hold class names),
     ``num_classes``, ``max_instances`` (training only: keep a random subset of at most this many
-    instances per bag; default none), ``check_files`` (default true), ``val_fraction``,
+    instances per bag; default none), ``check_files`` (default true), ``slides_dir`` (the folder of the
+    scanner files, named as the bags' ``slide`` attribute: report.html draws its case heatmaps on them,
+    :mod:`medattn.explain.cases`; default none; a folder that does not exist is refused), ``val_fraction``,
     ``test_fraction``, ``folds``, ``fold``.
 
     Patients of the slide table without a clinical row are not used; clinical rows without slides,
@@ -129,6 +131,10 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     root = Path(cfg["feature_dir"])
     if not root.is_dir():
         raise UserError(f"feature_dir {root}: folder not found")
+    slides_dir = cfg.get("slides_dir")
+    if slides_dir is not None and not (isinstance(slides_dir, str) and slides_dir and Path(slides_dir).is_dir()):
+        raise UserError(f"slides_dir {slides_dir}: folder not found (the folder of the scanner files the bags were "
+                        f"extracted from)")
     columns = label_columns(cfg, kind)
     patient_column, split_column = cfg.get("patient_column", "PATIENT"), cfg.get("split_column")
     max_instances = cfg.get("max_instances")

@@ -28,7 +28,10 @@ from .input_kinds import KINDS
 if TYPE_CHECKING:
     from .preprocessing import Preprocessing
 
-TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation", "survival", "regression")
+TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation", "survival", "regression", "unlabelled")
+#: The task type of the data kinds without labels (``catalogue.UNLABELLED_KINDS``, the diffusion stages' volumes):
+#: no outputs, nothing a supervised objective trains on.
+UNLABELLED = "unlabelled"
 #: Task types whose labels are classes (0/1 per output or a class index): thresholds, ROC curves, class balance.
 CLASSIFICATION_TASKS = ("binary", "multiclass", "multilabel")
 #: The stored names of the input kinds (:mod:`medattn.data.input_kinds`, where each is a class).

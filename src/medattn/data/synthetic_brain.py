@@ -1,5 +1,5 @@
-"""SYNTHETIC brain-like volumes (not MRI), generated from a seed: the volumes of the diffusion tasks' data kind
-``synthetic_brain`` (:func:`medattn.diffusion.data.build_volume_sets`), beside the other synthetic generators.
+"""SYNTHETIC brain-like volumes (not MRI), generated from a seed: the data kind ``synthetic_brain``
+(:func:`build_synthetic_brain`), unlabelled volumes for the diffusion stages (docs/diffusion.md).
 
 Each volume (:func:`synthetic_brain`) has a scalp, a dark skull shell, cerebrospinal fluid, a grey-matter ellipsoid,
 a white-matter core with a folded (gyri-like) border, two ventricles, a smooth bias field and noise, with sizes,
@@ -11,6 +11,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from ..errors import UserError
+from .base import UNLABELLED, DataBundle, TaskInfo
+from .options import SPLITS, check_keys, integer, number, split_sizes
+from .preprocessing import Preprocessing
+
+NAME = "synthetic_brain"
+KEYS = frozenset({"size", "num_samples", "seed", "noise"})
+DEFAULT_SIZE = (64, 96, 64)
+DEFAULT_SIZES = {"train": 24, "val": 4, "test": 4}
 
 
 def _ellipsoid(coords: np.ndarray, centre, radii) -> np.ndarray:
@@ -58,3 +68,24 @@ class SyntheticBrains(Dataset):
         rng = np.random.default_rng([self.seed, self.split, index])
         volume = torch.from_numpy(synthetic_brain(self.shape, rng, self.noise))[None]
         return {"input": volume, "id": f"synthetic_brain_{'tvs'[self.split]}{index:04d}"}
+
+
+def build_synthetic_brain(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
+    """SYNTHETIC brain-like volumes, unlabelled: samples ``{"input": (1, H, W, D) float32 in [0, 1], "id": str}``.
+
+    Keys: ``size`` (H, W, D; default [64, 96, 64]; the diffusion stages need multiples of their patch size),
+    ``num_samples`` (volumes per split; default 24/4/4), ``seed`` (data seed, default: the run seed), ``noise``
+    (standard deviation of the Gaussian noise, default 0.03). Deterministic; ``skip_bad`` has nothing to skip.
+    """
+    check_keys(cfg, KEYS, NAME)
+    size = cfg.get("size", list(DEFAULT_SIZE))
+    if not (isinstance(size, (list, tuple)) and len(size) == 3 and
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 8 for n in size)):
+        raise UserError(f"data.size must be three integers >= 8 (H, W, D), got {size!r}")
+    noise = number(cfg, "noise", 0.03, 0, 1, NAME)
+    sizes = split_sizes(cfg.get("num_samples"), DEFAULT_SIZES)
+    data_seed = integer(cfg, "seed", seed, 0, 2**32 - 1, NAME)
+    shape = tuple(size)
+    parts = [SyntheticBrains(sizes[split], shape, data_seed, i, noise) for i, split in enumerate(SPLITS)]
+    task = TaskInfo(UNLABELLED, "volume3d", 0, (1, *shape), synthetic=True)
+    return DataBundle(*parts, task, preprocessing=Preprocessing.of(NAME, task))

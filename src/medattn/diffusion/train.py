@@ -17,8 +17,11 @@ centre mask (``diffusion.mask_fraction``) by the transformer (``diffusion.sample
 Both write to the run folder: ``config.yaml``, ``metrics.csv`` (one row per epoch),
 ``checkpoints/last`` and ``checkpoints/best`` (safetensors), ``results.json`` (``synthetic: true`` for
 SYNTHETIC data). The folder is held as for supervised runs (:func:`medattn.train.rundir.run_folder`:
-locked; ``--overwrite`` deletes the previous run only once the new one has a checkpoint). Single
-process; fp32; ``train.grad_accum`` 1; ``--resume`` and ``--init-from`` are not supported (UserError).
+locked; ``--overwrite`` deletes the previous run only once the new one has a checkpoint). The data are the
+unlabelled bundle of a registered kind (:func:`medattn.diffusion.data.volume_bundle`); every optimizer step is the
+supervised loop's (:func:`medattn.train.loop.optimizer_step`: ``train.schedule``, ``train.grad_clip``). The epochs,
+validation, checkpoints and test are the stages' own. Single process; fp32; ``train.grad_accum`` 1; ``--resume``
+and ``--init-from`` are not supported (UserError).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import torch
 
 from medattn.allocator import keep_freed_memory
 from medattn.config import save_config, validate
-from medattn.diffusion.data import VolumeSets, build_volume_sets
+from medattn.data import DataBundle
+from medattn.diffusion.data import volume_bundle, volume_shape
 from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, versus_random
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.diffusion.metrics import psnr, ssim
@@ -54,7 +58,8 @@ from medattn.runtime.outputs import save_json
 from medattn.threads import set_threads
 from medattn.train.defaults import resolve_training
 from medattn.train.loaders import seed_everything
-from medattn.train.optim import lr_at, make_optimizer
+from medattn.train.loop import optimizer_step, step_schedule
+from medattn.train.optim import make_optimizer
 from medattn.train.report import append_metrics
 from medattn.train.rundir import run_folder
 
@@ -94,16 +99,13 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
         return stage(config, run_dir, device, log)
 
 
-def _start(config: dict, run_dir: Path, log: Callable[[str], None]) -> VolumeSets:
+def _start(config: dict, run_dir: Path, log: Callable[[str], None]) -> DataBundle:
     set_threads(config["train"]["threads"], log)
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(config["seed"])
     with writing(run_dir / "config.yaml"):
         save_config(config, run_dir / "config.yaml")
-    sets = build_volume_sets(config["data"], config["seed"])
-    if len(sets.val) == 0 or len(sets.test) == 0:
-        raise UserError("data: the diffusion stages need at least one validation and one test volume")
-    return sets
+    return volume_bundle(config)
 
 
 def _volume(dataset, index: int) -> torch.Tensor:
@@ -111,27 +113,9 @@ def _volume(dataset, index: int) -> torch.Tensor:
     return dataset[index]["input"][None].float()
 
 
-def _schedule(config: dict, steps_per_epoch: int) -> dict:
-    train_cfg = config["train"]
-    return {"total_steps": train_cfg["epochs"] * steps_per_epoch,
-            "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch),
-            "lr": train_cfg["lr"], "min_lr": train_cfg["min_lr"]}
-
-
-def _step(optimizer, parameters, loss: torch.Tensor, step: int, schedule: dict, grad_clip) -> float:
-    lr = lr_at(step, **schedule)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-    optimizer.step()
-    return lr
-
-
-def _finish(run_dir: Path, config: dict, sets: VolumeSets, results: dict, log: Callable[[str], None]) -> dict:
-    results = {"task": config["task"], "synthetic": sets.synthetic, "volume_shape": list(sets.shape), **results}
+def _finish(run_dir: Path, config: dict, bundle: DataBundle, results: dict, log: Callable[[str], None]) -> dict:
+    results = {"task": config["task"], "synthetic": bundle.task.synthetic, "volume_shape": list(volume_shape(bundle)),
+               **results}
     save_json(run_dir / "results.json", results)
     log(diffusion_summary(results, run_dir))
     return results
@@ -158,19 +142,19 @@ def diffusion_summary(results: dict, run_dir: Path) -> str:
                       "files          config.yaml metrics.csv checkpoints/best results.json", "=" * 72])
 
 
-def _meta(config: dict, sets: VolumeSets, epoch: int, extra: dict | None = None) -> dict:
-    return {"config": config, "diffusion": {"stage": config["task"], "volume_shape": list(sets.shape),
-                                            "synthetic": sets.synthetic, "epoch": epoch, **(extra or {})}}
+def _meta(config: dict, bundle: DataBundle, epoch: int, extra: dict | None = None) -> dict:
+    return {"config": config, "diffusion": {"stage": config["task"], "volume_shape": list(volume_shape(bundle)),
+                                            "synthetic": bundle.task.synthetic, "epoch": epoch, **(extra or {})}}
 
 
 def train_vqae(config: dict, run_dir: Path, device: torch.device,
                log: Callable[[str], None]) -> dict:
     """Stage 1 inside its held run folder (see the module docstring)."""
-    sets = _start(config, run_dir, log)
+    bundle = _start(config, run_dir, log)
     diff_cfg, train_cfg = config["diffusion"], config["train"]
     vqae = build_vqae(config).to(device)
     p = vqae.patch_size
-    per_volume = math.prod(patch_grid(sets.shape, p))
+    per_volume = math.prod(patch_grid(volume_shape(bundle), p))
     perceptual = None
     if diff_cfg["perceptual_weight"] > 0:
         perceptual = load_perceptual_net(diff_cfg["perceptual_net"]).to(device)
@@ -181,16 +165,16 @@ def train_vqae(config: dict, run_dir: Path, device: torch.device,
     model = DiffusionModel(vqae)
     optimizer = make_optimizer(vqae, train_cfg)
     batch = train_cfg["batch_size"]
-    schedule = _schedule(config, math.ceil(len(sets.train) * per_volume / batch))
+    schedule = step_schedule(train_cfg, math.ceil(len(bundle.train) * per_volume / batch))
     generator = torch.Generator().manual_seed(config["seed"])
-    step, best = 0, None
+    state, best = {"step": 0}, None
     for epoch in range(1, train_cfg["epochs"] + 1):
         started, vqae = time.perf_counter(), vqae.train()
         sums = {"loss": 0.0, "l1": 0.0, "commitment": 0.0}
         count, pool = 0, torch.empty(0, vqae.in_chans, p, p, p)
-        order = torch.randperm(len(sets.train), generator=generator).tolist()
+        order = torch.randperm(len(bundle.train), generator=generator).tolist()
         for position, index in enumerate(order):
-            pool = torch.cat([pool, to_patches(_volume(sets.train, index), p)])
+            pool = torch.cat([pool, to_patches(_volume(bundle.train, index), p)])
             pool = pool[torch.randperm(len(pool), generator=generator)]
             last = position == len(order) - 1
             while len(pool) >= batch or (last and len(pool)):
@@ -198,26 +182,26 @@ def train_vqae(config: dict, run_dir: Path, device: torch.device,
                 recon, _, commitment = vqae(patches)
                 loss, parts = vqae_loss(recon, patches, commitment, perceptual, diff_cfg["perceptual_weight"],
                                         diff_cfg["gradient_weight"])
-                lr = _step(optimizer, vqae.parameters(), loss, step, schedule, train_cfg["grad_clip"])
-                step += 1
+                loss.backward()
+                lr = optimizer_step(vqae, optimizer, state, schedule, train_cfg)
                 count += 1
                 sums["loss"] += float(loss.detach())
                 sums["l1"] += parts["l1"]
                 sums["commitment"] += parts["commitment"]
-        val = _reconstruction_scores(vqae, sets.val, device, with_ssim=False)
+        val = _reconstruction_scores(vqae, bundle.val, device, with_ssim=False)
         row = {"epoch": epoch, "lr": lr, **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
                "val_l1": val["l1"], "val_psnr": val["psnr"], "codebook_usage": float(vqae.codebook.usage().mean()),
                "seconds": time.perf_counter() - started}
-        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch))
+        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, bundle, epoch))
         if best is None or val["l1"] < best[1]:
             best = (epoch, val["l1"])
-            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch))
+            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, bundle, epoch))
         append_metrics(run_dir / "metrics.csv", row, VQAE_FIELDS)
         log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val L1 {val['l1']:.4f}, val PSNR {val['psnr']:.2f} "
             f"dB, codebook usage {row['codebook_usage']:.2f}")
     best_model, _ = load_stage(run_dir / "checkpoints" / "best")
-    test = _reconstruction_scores(best_model.vqae.to(device), sets.test, device, with_ssim=True)
-    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test}, log)
+    test = _reconstruction_scores(best_model.vqae.to(device), bundle.test, device, with_ssim=True)
+    return _finish(run_dir, config, bundle, {"best_epoch": best[0], "test": test}, log)
 
 
 @torch.no_grad()
@@ -248,48 +232,48 @@ def _encode_all(vqae, dataset, device: torch.device) -> torch.Tensor:
 def train_transformer(config: dict, run_dir: Path, device: torch.device,
                       log: Callable[[str], None]) -> dict:
     """Stage 2 inside its held run folder (see the module docstring)."""
-    sets = _start(config, run_dir, log)
+    bundle = _start(config, run_dir, log)
     diff_cfg, train_cfg = config["diffusion"], config["train"]
     stage1, stage1_meta = load_stage(diff_cfg["vqae_checkpoint"])
     vqae = stage1.vqae.to(device).eval()
     for parameter in vqae.parameters():
         parameter.requires_grad_(False)
-    transformer = build_transformer(config, vqae, sets.shape).to(device)
+    transformer = build_transformer(config, vqae, volume_shape(bundle)).to(device)
     model = DiffusionModel(vqae, transformer)
     log(f"token grid {'x'.join(map(str, transformer.grid))} = {transformer.num_tokens} tokens of "
         f"{vqae.num_codebooks} x {vqae.codebook_size}-way indices; attention {config['model']['attention']}")
-    train_tokens, val_tokens = _encode_all(vqae, sets.train, device), _encode_all(vqae, sets.val, device)
+    train_tokens, val_tokens = _encode_all(vqae, bundle.train, device), _encode_all(vqae, bundle.val, device)
     optimizer = make_optimizer(transformer, train_cfg)
     batch, timesteps = train_cfg["batch_size"], diff_cfg["timesteps"]
-    schedule = _schedule(config, math.ceil(len(train_tokens) / batch))
+    schedule = step_schedule(train_cfg, math.ceil(len(train_tokens) / batch))
     generator = torch.Generator().manual_seed(config["seed"])
     val_masks = mask_schedule(len(val_tokens), transformer.num_tokens, timesteps,
                               torch.Generator().manual_seed(config["seed"] + 1), device)[1]
     extra = {"vqae_config": stage1_meta["config"]}
-    step, best = 0, None
+    state, best = {"step": 0}, None
     for epoch in range(1, train_cfg["epochs"] + 1):
         started = time.perf_counter()
         transformer.train()
         total, count = 0.0, 0
         for indices in torch.randperm(len(train_tokens), generator=generator).split(batch):
             loss = absorbing_loss(transformer, train_tokens[indices.to(device)], timesteps, generator)
-            lr = _step(optimizer, transformer.parameters(), loss, step, schedule, train_cfg["grad_clip"])
-            step += 1
+            loss.backward()
+            lr = optimizer_step(transformer, optimizer, state, schedule, train_cfg)
             total, count = total + float(loss.detach()), count + 1
         transformer.eval()
         with torch.no_grad():
             val_loss = float(masked_ce(transformer, val_tokens, val_masks))
         row = {"epoch": epoch, "lr": lr, "train_loss": total / count, "val_loss": val_loss,
                "seconds": time.perf_counter() - started}
-        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, sets, epoch, extra))
+        save_stage(run_dir / "checkpoints" / "last", model, _meta(config, bundle, epoch, extra))
         if best is None or val_loss < best[1]:
             best = (epoch, val_loss)
-            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, sets, epoch, extra))
+            save_stage(run_dir / "checkpoints" / "best", model, _meta(config, bundle, epoch, extra))
         append_metrics(run_dir / "metrics.csv", row, TRANSFORMER_FIELDS)
         log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}")
     best_model, _ = load_stage(run_dir / "checkpoints" / "best")
-    test, warnings = inpainting_scores(best_model.to(device), sets.test, diff_cfg, config["seed"])
-    return _finish(run_dir, config, sets, {"best_epoch": best[0], "test": test, "warnings": warnings}, log)
+    test, warnings = inpainting_scores(best_model.to(device), bundle.test, diff_cfg, config["seed"])
+    return _finish(run_dir, config, bundle, {"best_epoch": best[0], "test": test, "warnings": warnings}, log)
 
 
 def inpainting_scores(model: DiffusionModel, dataset, diff_cfg: dict, seed: int) -> tuple[dict, list[str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from medattn import metrics
-from medattn.config import flatten, read_config_file
+from medattn.config import flatten, read_config_file, with_defaults
 from medattn.errors import UserError
 from medattn.metrics_regression import r2
 from medattn.metrics_survival import concordance_index
@@ -46,7 +46,8 @@ def job_state(run_dir: Path, config: dict) -> str:
     if (run_dir / "results.json").is_file():  # saved resolved (medattn.train.defaults): compare it so
         requested = resolve_training(config)[0]
         planned = {k for k, v in flatten(requested).items() if v is None}  # null: the run's plan chose it
-        changed = [k for k in config_diff(read_config_file(run_dir / "config.yaml"), requested) if k not in planned]
+        written = with_defaults(read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+        changed = [k for k in config_diff(written, requested) if k not in planned]
         if changed:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")
@@ -62,7 +63,7 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     last arm fails at once instead of after hours."""
     from medattn.config import validate
     from medattn.data import build_datasets
-    from medattn.explain.cases import case_heatmaps
+    from medattn.explain.cases import case_pictures_for
     from medattn.train.loop import fit
 
     for job in jobs:
@@ -79,7 +80,8 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
             fit(config, bundle, run_dir, resume=state == "resume", overwrite=state == "new", progress=progress,
-                log=log, init_from=job.init_from if state == "new" else None, case_pictures=case_heatmaps)
+                log=log, init_from=job.init_from if state == "new" else None,
+                case_pictures=case_pictures_for(config))
         results.append(json.loads((run_dir / "results.json").read_text()))
     return results
 

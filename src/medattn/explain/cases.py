@@ -7,13 +7,18 @@ the map over them, volumes as three orthogonal slices, bags as their tiles at th
 bar and a title naming run, method, case, probability and label. The cases are the prepared test tensors (after
 resizing and normalisation; shown rescaled to their own range), not the files, so a report needs no data folder.
 How a case is shown is its input kind's choice (:meth:`~medattn.data.input_kinds.InputKind.show_case` calls a method
-of :class:`CasePictures`). Training does not import this module: the commands that train hand
-:func:`case_heatmaps` to :func:`medattn.train.fit` (``case_pictures``).
+of :class:`CasePictures`). A bag of one slide is drawn over that slide's thumbnail, as ``medattn explain --slides``
+draws it, when the run's ``data.slides_dir`` holds the slide (:func:`case_pictures_for`); a slide not there is a
+warning and its case is drawn on a blank canvas. Training does not import this module: the commands that train hand
+:func:`case_heatmaps` (:func:`case_pictures_for` of the run's config) to :func:`medattn.train.fit`
+(``case_pictures``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +29,20 @@ from ..data import input_kinds
 from ..runtime.outputs import save_image
 from . import outputs
 from .core import explain
+from .files import find_slide
 
 
 @dataclass
 class CasePictures:
     """One case's figure, by how its kind draws the map (:class:`~medattn.data.input_kinds.Heatmaps`), with a colour
-    bar and ``title``."""
+    bar and ``title``; a bag's tiles over the thumbnail of ``slide`` (its scanner file, the bag's HDF5 attributes
+    ``attrs``) when given."""
 
     title: str
     method: str
     synthetic: bool
+    slide: Path | None = None
+    attrs: dict = field(default_factory=dict)
 
     def image(self, image: np.ndarray, relevance) -> Image.Image:
         """The image (C, H, W) beside the map (H, W) over it."""
@@ -44,25 +53,45 @@ class CasePictures:
         return outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic)
 
     def tiles(self, coords: np.ndarray, relevance) -> Image.Image:
-        """The tiles' scores (N,) drawn at their coordinates (N, 2)."""
+        """The tiles' scores (N,) drawn at their coordinates (N, 2): over the thumbnail of ``slide`` when given
+        (:func:`~medattn.explain.outputs.slide_picture`, as ``medattn explain --slides``), else on a blank canvas."""
         relevance = np.asarray(relevance)
-        return outputs.slide_map_figure(outputs.tile_map(coords, relevance, outputs.tile_size(coords)), relevance,
-                                        self.title, self.method, self.synthetic)
+        if self.slide is None:
+            picture, title = outputs.tile_map(coords, relevance, outputs.tile_size(coords)), self.title
+        else:
+            picture = outputs.slide_picture(self.slide, coords, relevance, self.attrs)
+            title = f"{self.title} | on {self.slide.name}"
+        return outputs.slide_map_figure(picture, relevance, title, self.method, self.synthetic)
+
+
+def case_slide(dataset, index: int, kind: input_kinds.InputKind, slides: str | Path) -> tuple[Path | None, dict, str]:
+    """(the scanner file of case ``index``'s bag in the folder ``slides``, the bag's HDF5 attributes, "") when its
+    tiles can be drawn on it (:func:`~medattn.explain.files.find_slide`), else (None, {}, why not, in words): the bag
+    of a patient of several slides joins their tiles, drawn on none of them. ``dataset``: a table's (its ``records``
+    name each case's files), ``kind`` the bags' input kind."""
+    paths = dataset.records[index].paths
+    if len(paths) > 1:
+        return None, {}, f"its bag joins {len(paths)} slides ({', '.join(p.name for p in paths)})"
+    attrs = kind.header(paths[0])[1]
+    slide, why = find_slide(attrs, slides)
+    return slide, attrs, why
 
 
 def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, labels: np.ndarray, ids: list[str],
-                  task, out_dir: Path, title: str, count: int) -> list[str]:
+                  task, out_dir: Path, title: str, count: int,
+                  slides: str | Path | None = None) -> tuple[list[str], list[str]]:
     """Write ``heatmaps/<rank>.png`` for the ``count`` highest-scored cases of ``dataset`` (``probabilities``
-    (N, K) and ``labels`` in dataset order, as the test's predictions) into ``out_dir``; -> the paths written,
-    relative to ``out_dir``.
-    Nothing for segmentation (explain explains class predictions) or ``count`` 0."""
+    (N, K) and ``labels`` in dataset order, as the test's predictions) into ``out_dir``; -> (the paths written,
+    relative to ``out_dir``; warnings). ``slides``: the folder of the scanner files of a bag data set's slides
+    (:func:`case_slide`); a case whose slide is not drawn there gets a warning saying why and is drawn on a blank
+    canvas. Nothing for segmentation (explain explains class predictions) or ``count`` 0."""
     if count <= 0 or task.task_type == "segmentation" or len(probabilities) == 0:
-        return []
+        return [], []
     probabilities = np.asarray(probabilities).reshape(len(probabilities), -1)
     scores = probabilities.max(axis=1) if task.task_type == "multiclass" else probabilities[:, 0]
     device = next(model.parameters()).device
     kind = input_kinds.of(task.input_kind)
-    names = []
+    names, warnings = [], []
     for index in np.argsort(-scores, kind="stable")[:count]:
         sample = dataset[int(index)]
         x, kwargs = kind.one(sample, device)
@@ -70,10 +99,21 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
         label = np.asarray(labels[index]).ravel().tolist()
         heading = (f"{title} | {result.method} | test case {ids[index]}: p = {scores[index]:.2f}, "
                    f"label {label[0] if len(label) == 1 else label}")
-        picture = kind.show_case(CasePictures(heading, result.method, task.synthetic), sample,
+        slide, attrs, why = (None, {}, "") if slides is None or not kind.instances else \
+            case_slide(dataset, int(index), kind, slides)
+        if why:
+            warnings.append(f"report.html: test case {ids[index]}: {why}; its heatmap is drawn at the tile "
+                            f"coordinates on a blank canvas")
+        picture = kind.show_case(CasePictures(heading, result.method, task.synthetic, slide, attrs), sample,
                                  result.relevance[0].detach().cpu())
         if picture is not None:
             name = f"heatmaps/{len(names) + 1}.png"
             save_image(out_dir / name, picture, format="PNG")
             names.append(name)
-    return names
+    return names, warnings
+
+
+def case_pictures_for(config: dict) -> Callable[..., tuple[list[str], list[str]]]:
+    """:func:`case_heatmaps` for a run of ``config``: bags drawn over their slides in ``data.slides_dir`` (null: on
+    a blank canvas)."""
+    return functools.partial(case_heatmaps, slides=config["data"].get("slides_dir"))

@@ -287,10 +287,7 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         annotations = dicom.write(slide, level0, side, scores, method, out, stem, bool(attrs.get(SYNTHETIC_ATTR)))
         written += [annotations] if annotations else []
     if slide is not None:
-        from ..slides.heatmap import slide_overlay
-
-        cmap, low, high = outputs.colour_range(scores, scale)
-        picture = slide_overlay(slide, level0, scores, round(side), cmap=cmap, vmin=low, vmax=high)
+        picture = outputs.slide_picture(slide, coords, scores, attrs, scale)
         title += f" | on {slide.name}"
     elif spread:
         picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), scale)

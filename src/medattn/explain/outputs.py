@@ -311,6 +311,19 @@ def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, scale: str = "
                         vmax=high)
 
 
+def slide_picture(slide: Path, coords: np.ndarray, scores: np.ndarray, attrs: dict, scale: str = "full") \
+        -> Image.Image:
+    """A bag's scores (N,) drawn over the thumbnail of its ``slide`` (the scanner file), tiles outlined, with a scale
+    bar (:func:`medattn.slides.heatmap.slide_overlay`), coloured as :func:`colour_range` says on the colour
+    ``scale``; ``coords`` (N, 2) as the bag stores them, turned to level-0 pixels with its ``attrs``
+    (:func:`level0_tiles`)."""
+    from ..slides.heatmap import slide_overlay
+
+    level0, side = level0_tiles(coords, attrs)
+    cmap, low, high = colour_range(scores, scale)
+    return slide_overlay(slide, level0, scores, round(side), cmap=cmap, vmin=low, vmax=high)
+
+
 def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, method: str,
                      synthetic: bool = False, scale: str = "full") -> Image.Image:
     """A tile map a person can read: ``picture`` (the scores drawn over the slide's thumbnail, or on a blank

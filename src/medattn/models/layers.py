@@ -15,42 +15,78 @@ from medattn.attention import build_attention
 
 
 class Mlp(nn.Module):
-    """``fc2(drop(gelu(fc1(x))))``: (B, N, dim) -> (B, N, dim) with a hidden width ``mlp_dim``."""
+    """``fc2(drop(gelu(fc1(x))))``: (B, N, dim) -> (B, N, dim) with a hidden width ``mlp_dim``.
 
-    def __init__(self, dim: int, mlp_dim: int, drop: float = 0.0) -> None:
+    ``swiglu``: timm's packed SwiGLU (``SwiGLUPacked``) instead, ``fc2(drop(silu(x1) * x2))`` with ``x1, x2`` the
+    halves of ``fc1(x)``: fc1 (dim -> 2 mlp_dim), fc2 (mlp_dim -> dim), the same parameter names.
+    """
+
+    def __init__(self, dim: int, mlp_dim: int, drop: float = 0.0, swiglu: bool = False) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, mlp_dim)
-        self.act = nn.GELU()
+        self.swiglu = swiglu
+        self.fc1 = nn.Linear(dim, 2 * mlp_dim if swiglu else mlp_dim)
+        self.act = nn.SiLU() if swiglu else nn.GELU()
         self.drop = nn.Dropout(drop) if drop > 0 else nn.Identity()
         self.fc2 = nn.Linear(mlp_dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.drop(self.act(self.fc1(x))))
+        x = self.fc1(x)  # (B, N, mlp_dim), or (B, N, 2 mlp_dim) for SwiGLU
+        if self.swiglu:
+            gate, value = x.chunk(2, dim=-1)
+            return self.fc2(self.drop(self.act(gate) * value))
+        return self.fc2(self.drop(self.act(x)))
+
+
+class LayerScale(nn.Module):
+    """LayerScale (Touvron et al., "Going deeper with Image Transformers", ICCV 2021; timm's ``init_values``): a
+    learned per-channel factor on a residual branch, ``x * gamma``, (..., dim) -> (..., dim), ``gamma`` (dim,)
+    starting at ``init_values``."""
+
+    def __init__(self, dim: int, init_values: float = 1.0) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm1(x)); x + mlp(norm2(x))``. Shapes (B, N, dim)."""
+    """Pre-norm transformer block: ``x + ls1(attn(norm1(x))); x + ls2(mlp(norm2(x)))``. Shapes (B, N, dim).
+
+    ``init_values``: None (default) leaves the branches unscaled (``ls1``, ``ls2`` are identities, so older
+    checkpoints load); a number puts a :class:`LayerScale` starting there on each branch. A small value starts the
+    block as the identity, so a hybrid ViT begins as its CNN stem with the head on the pooled tokens and the
+    attention enters as it learns (docs/decisions.md, "LayerScale").
+
+    ``norm_eps``: the LayerNorms' eps (timm's ViTs and the published tile encoders use 1e-6); ``swiglu``: a packed
+    SwiGLU MLP (:class:`Mlp`).
+    """
 
     def __init__(self, dim: int, num_heads: int, attn_dim: int, mlp_dim: int, attention: str,
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0) -> None:
+                 attn_drop_rate: float = 0.0, init_values: float | None = None, norm_eps: float = 1e-5,
+                 swiglu: bool = False) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = build_attention(attention, dim, num_heads=num_heads, inner_dim=attn_dim, qkv_bias=qkv_bias,
                                     attn_drop=attn_drop_rate, proj_drop=drop_rate, **(attention_kwargs or {}))
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, mlp_dim, drop_rate)
+        self.ls1 = nn.Identity() if init_values is None else LayerScale(dim, init_values)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, mlp_dim, drop_rate, swiglu)
+        self.ls2 = nn.Identity() if init_values is None else LayerScale(dim, init_values)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), mask)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.ls1(self.attn(self.norm1(x), mask))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class Encoder(nn.Module):
     """``depth`` blocks followed by a final LayerNorm; (B, N, dim) -> (B, N, dim).
 
     Args are the model-level names: ``embed_dim`` (D'), ``depth``, ``num_heads``, ``attn_dim`` (D,
-    the attention's inner_dim), ``mlp_dim``, ``attention`` (registry name) and its ``attention_kwargs``.
+    the attention's inner_dim), ``mlp_dim``, ``attention`` (registry name) and its ``attention_kwargs``;
+    ``init_values`` the blocks' LayerScale start (None: no LayerScale); ``norm_eps`` the LayerNorms' eps and
+    ``swiglu`` a packed SwiGLU MLP (:class:`Block`).
 
     ``activation_checkpointing`` (attribute, settable after construction): while gradients are being
     recorded, each block keeps only its input (B, N, dim) and recomputes its activations during the
@@ -61,17 +97,18 @@ class Encoder(nn.Module):
 
     def __init__(self, embed_dim: int, depth: int, num_heads: int, attn_dim: int, mlp_dim: int, attention: str,
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, activation_checkpointing: bool = False) -> None:
+                 attn_drop_rate: float = 0.0, activation_checkpointing: bool = False,
+                 init_values: float | None = None, norm_eps: float = 1e-5, swiglu: bool = False) -> None:
         super().__init__()
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self.activation_checkpointing = activation_checkpointing
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, attn_dim, mlp_dim, attention, attention_kwargs, qkv_bias, drop_rate,
-                  attn_drop_rate)
+                  attn_drop_rate, init_values, norm_eps, swiglu)
             for _ in range(depth)
         )
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.norm(self.residual_stream(x, mask))

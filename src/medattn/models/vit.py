@@ -70,6 +70,8 @@ class VisionTransformer(nn.Module):
             :class:`~medattn.models.layers.Encoder`); ``train.activation_checkpointing`` sets it.
         global_pool: what the head reads (timm's argument): ``"token"`` the class token, or ``"avg"`` the mean of
             the normalised patch tokens (the class token still takes part in attention). See :meth:`pool`.
+        init_values: LayerScale on every residual branch, starting at this value (timm's argument; None: none).
+            See :class:`~medattn.models.layers.Block`.
 
     ``forward(x)``: (B, C, *spatial) -> (B, num_classes) logits.
     ``forward_features(x)``: -> (B, 1 + N, D') normalised tokens, the class token first.
@@ -79,7 +81,8 @@ class VisionTransformer(nn.Module):
                  depth: int = 12, num_heads: int = 12, attn_dim: int | None = None, mlp_dim: int = 3072,
                  attention: str = "softmax", attention_kwargs: dict | None = None, spatial_dims: int = 2,
                  qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 stem: str = "patch", activation_checkpointing: bool = False, global_pool: str = "token") -> None:
+                 stem: str = "patch", activation_checkpointing: bool = False, global_pool: str = "token",
+                 init_values: float | None = None) -> None:
         super().__init__()
         if stem not in ("patch", "conv", "residual"):
             raise ValueError(f"stem must be 'patch', 'conv' or 'residual', got {stem!r}")
@@ -108,7 +111,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + math.prod(self.grid_size), embed_dim))
         self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
         self.encoder = Encoder(embed_dim, depth, num_heads, attn_dim or embed_dim, mlp_dim, attention,
-                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
+                               attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing,
+                               init_values)
         self.head = nn.Linear(embed_dim, num_classes)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)

@@ -171,9 +171,9 @@ def model_config(meta: dict) -> dict:
 def check_meta(meta, source: str) -> None:
     """The schema of ``checkpoint.json``: a mapping with ``config`` (a valid run config whose integers in
     ``model.kwargs`` are bounded), ``task`` (a :class:`TaskInfo` with bounded sizes) and perhaps ``model_defaults``
-    (the preset's design values the config left to it, ``{"stem": "residual", ...}``: applied on load, so a
-    checkpoint keeps its design when a preset's default changes later) and perhaps ``features`` (what made a bag
-    model's training features: :mod:`medattn.data.provenance`)."""
+    (the preset's design values the config left to it, ``{"stem": "residual", "init_values": 1e-05, ...}``: applied on
+    load, so a checkpoint keeps its design when a preset's default changes later) and perhaps ``features`` (what
+    made a bag model's training features: :mod:`medattn.data.provenance`)."""
     if isinstance(meta, dict) and "diffusion" in meta:
         raise UserError(f"{source}: a diffusion checkpoint (3D inpainting): eval, predict, explain and export take "
                         f"classification and segmentation models; use medattn inpaint")
@@ -184,9 +184,10 @@ def check_meta(meta, source: str) -> None:
     _check_bounded(meta["config"]["model"]["kwargs"], f"{source}: config.model.kwargs", None)
     recorded = meta.get("model_defaults", {})
     if not isinstance(recorded, dict) or not all(
-            isinstance(key, str) and key.isidentifier() and isinstance(value, (str, bool))
-            for key, value in recorded.items()):
-        raise UserError(f"{source}: model_defaults must map model argument names to strings or booleans")
+            isinstance(key, str) and key.isidentifier() and isinstance(value, (str, bool, int, float))
+            and (not isinstance(value, float) or math.isfinite(value)) for key, value in recorded.items()):
+        raise UserError(f"{source}: model_defaults must map model argument names to strings, booleans or finite "
+                        f"numbers")
     if "features" in meta:  # optional: older checkpoints and non-bag ones record none
         from medattn.data.provenance import check_recorded
 

@@ -1,8 +1,8 @@
 """Checkpoints written before a preset's design changed load as what they are.
 
 A checkpoint records its model config; a key it leaves out takes today's default. Where a default changed since
-(a stem, a readout, standardised features), a checkpoint written before holds weights of the older design, which
-its tensor names show: :func:`keep_design` writes that design into its ``model.kwargs`` as it is read
+(a stem, a readout, standardised features, LayerScale), a checkpoint written before holds weights of the older
+design, which its tensor names show: :func:`keep_design` writes that design into its ``model.kwargs`` as it is read
 (:func:`medattn.runtime.checkpoint.load_meta`), so it builds and loads as it was trained.
 """
 
@@ -32,6 +32,18 @@ def keep_design(meta: dict, shapes: Shapes) -> None:
         _keep_vit_design(model_cfg, shapes)
     _keep_raw_features(model_cfg, shapes)
     _keep_class_token(model_cfg, shapes)
+    _keep_unscaled_branches(model_cfg, shapes)
+
+
+def _keep_unscaled_branches(model_cfg: dict, shapes: Shapes) -> None:
+    """A transformer's checkpoint without LayerScale factors (no ``*.ls1.gamma``: written before its preset gained
+    ``init_values`` on 2026-11-27, issue 40) gets ``init_values: None`` and loads as what it is."""
+    kwargs = model_cfg["kwargs"]
+    if "init_values" in kwargs or model_cfg["name"] not in PRESETS:
+        return
+    if PRESETS[model_cfg["name"]][1].get("init_values") is not None and not any(
+            name.endswith(".ls1.gamma") for name in shapes()):
+        kwargs["init_values"] = None
 
 
 def _keep_class_token(model_cfg: dict, shapes: Shapes) -> None:

@@ -13,7 +13,9 @@ bench extract`` times, and the parametrisation of ``tests/slides/test_vit_encode
 
 Each card's ``module`` (in ``medattn.slides``) defines ``build(card)``, the encoder with fresh weights, and
 ``load(card, path)``, the encoder from a weight file read strictly (:func:`medattn.models.weights.load_strictly`);
-both return the module in eval mode. This module imports no torch, so the command line's help stays fast.
+both return the module in eval mode. The ViTs' (``vit_encoder``) take ``attention`` too: the mechanism their blocks
+run (a registry name of :func:`medattn.attention.build_attention`; softmax, the publishers', by default). This module
+imports no torch, so the command line's help stays fast.
 """
 
 from __future__ import annotations
@@ -92,13 +94,22 @@ class Encoder:
         """Whether :meth:`build` knows the whole architecture (a ViT card that leaves its shape open does not)."""
         return self.module != "vit_encoder" or self.architecture is not None
 
-    def build(self):
-        """The encoder with fresh (random) weights, in eval mode."""
-        return importlib.import_module(f"medattn.slides.{self.module}").build(self)
+    def build(self, attention: str = "softmax"):
+        """The encoder with fresh (random) weights, in eval mode; a ViT's blocks attend by ``attention``."""
+        return importlib.import_module(f"medattn.slides.{self.module}").build(self, **self._attention(attention))
 
-    def load(self, path):
-        """The encoder from the weight file ``path``, strictly, in eval mode; UserError naming ``path``."""
-        return importlib.import_module(f"medattn.slides.{self.module}").load(self, path)
+    def load(self, path, attention: str = "softmax"):
+        """The encoder from the weight file ``path``, strictly, in eval mode; a ViT's blocks attend by ``attention``
+        (:func:`medattn.slides.vit_encoder.load_tile_vit`); UserError naming ``path``."""
+        return importlib.import_module(f"medattn.slides.{self.module}").load(self, path, **self._attention(attention))
+
+    def _attention(self, attention: str) -> dict:
+        """The ``attention`` keyword for the module's build/load: only the ViTs choose; the others run softmax."""
+        if self.module == "vit_encoder":
+            return {"attention": attention}
+        if attention != "softmax":
+            raise ValueError(f"the {self.name} encoder runs its own softmax attention, not {attention!r}")
+        return {}
 
 
 def _vit(name: str, about: str, dim: int, depth: int, patch: int, mlp_hidden: int, timm: str, **facts) -> Encoder:

@@ -16,9 +16,17 @@ the architecture is read from the tensors (:func:`infer_architecture`):
 =================  ===========================================================================================
 
 The head count cannot be read from the shapes; it follows the width (:data:`HEADS`: 768 -> 12, 1024 -> 16,
-1280 -> 16, 1536 -> 24, the published models' choices). Attention runs in PyTorch's fused
-``scaled_dot_product_attention``. The output is the class token after the final norm, or for Virchow2 the class
-token beside the mean of the patch tokens (registers left out), as the publishers compute their embeddings.
+1280 -> 16, 1536 -> 24, the published models' choices). The blocks are medattn's own
+(:class:`medattn.models.layers.Block`: LayerNorms at eps 1e-6, LayerScale starting at 1, a GELU or packed SwiGLU
+MLP), so any registered mechanism can attend (``attention=``, a name of :func:`medattn.attention.build_attention`).
+Every mechanism has timm's ``attn.qkv`` and ``attn.proj`` (q | k | v, heads contiguous in each, as timm splits
+them); the default, ``"softmax"``, is timm's attention (PyTorch's fused ``scaled_dot_product_attention``), so the
+publisher's embedding comes out. Another mechanism loads the same file: its own tensors (SeqNorm's ``q_norm``,
+``k_norm``, ``v_norm``, :meth:`TileViT.mechanism_tensors`) are taken from the file where it has them, else they keep
+their initial values (SeqNorm's affines: weight 1, bias 0) and :func:`load_tile_vit` warns, naming them (a softmax
+ViT's weights initialising another mechanism, as :func:`medattn.models.convert.convert_attention` does). The output is
+the class token after the final norm, or for Virchow2 the class token beside the mean of the patch tokens (registers
+left out), as the publishers compute their embeddings.
 
 :data:`~medattn.slides.encoders.ENCODERS` holds the publishers' models, one card each, with what each expects:
 width, depth and patch (checked against the file), input side, normalisation, magnification and pooling. This module
@@ -29,70 +37,18 @@ the weights themselves (nothing downloads).
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..models.layers import Block
 from .encoders import ENCODERS, HEADS, IMAGENET, Architecture, Encoder
 
 __all__ = ["ENCODERS", "HEADS", "IMAGENET", "Architecture", "Encoder", "TileViT", "build", "check_layout",
            "infer_architecture", "load", "load_tile_vit"]
-
-class _Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D))
-
-
-class _LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
-
-
-class _Mlp(nn.Module):
-    """GELU MLP, or timm's packed SwiGLU: ``fc2(silu(x1) * x2)`` with ``x1, x2`` the halves of ``fc1(x)``."""
-
-    def __init__(self, dim: int, hidden: int, swiglu: bool) -> None:
-        super().__init__()
-        self.swiglu = swiglu
-        self.fc1 = nn.Linear(dim, 2 * hidden if swiglu else hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.fc1(x)
-        if self.swiglu:
-            gate, value = x.chunk(2, dim=-1)
-            return self.fc2(F.silu(gate) * value)
-        return self.fc2(F.gelu(x))
-
-
-class _Block(nn.Module):
-    def __init__(self, arch: Architecture) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(arch.dim, eps=1e-6)
-        self.attn = _Attention(arch.dim, arch.heads)
-        self.ls1 = _LayerScale(arch.dim) if arch.layer_scale else nn.Identity()
-        self.norm2 = nn.LayerNorm(arch.dim, eps=1e-6)
-        self.mlp = _Mlp(arch.dim, arch.mlp_hidden, arch.swiglu)
-        self.ls2 = _LayerScale(arch.dim) if arch.layer_scale else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class _PatchEmbed(nn.Module):
@@ -103,20 +59,24 @@ class _PatchEmbed(nn.Module):
 
 class TileViT(nn.Module):
     """A timm-layout ViT encoder (module docstring): images (B, 3, G p, G p), normalised -> embeddings (B, F),
-    F = D (``pooling="cls"``) or 2 D (``"cls+mean"``)."""
+    F = D (``pooling="cls"``) or 2 D (``"cls+mean"``); its blocks attend by ``attention`` (a registry name of
+    :func:`medattn.attention.build_attention`; ``"softmax"``: timm's, the publisher's)."""
 
-    def __init__(self, arch: Architecture, pooling: str = "cls") -> None:
+    def __init__(self, arch: Architecture, pooling: str = "cls", attention: str = "softmax") -> None:
         super().__init__()
         if pooling not in ("cls", "cls+mean"):
             raise ValueError(f"pooling must be 'cls' or 'cls+mean', got {pooling!r}")
-        self.arch, self.pooling = arch, pooling
+        self.arch, self.pooling, self.attention = arch, pooling, attention
         self.patch_embed = _PatchEmbed(arch.dim, arch.patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.dim))
         if arch.registers:
             self.reg_token = nn.Parameter(torch.zeros(1, arch.registers, arch.dim))
         prefix = 1 + arch.registers
         self.pos_embed = nn.Parameter(torch.zeros(1, arch.grid**2 + (prefix if arch.embed_prefix else 0), arch.dim))
-        self.blocks = nn.ModuleList(_Block(arch) for _ in range(arch.depth))
+        layer_scale = 1.0 if arch.layer_scale else None
+        self.blocks = nn.ModuleList(Block(arch.dim, arch.heads, arch.dim, arch.mlp_hidden, attention,
+                                          init_values=layer_scale, norm_eps=1e-6, swiglu=arch.swiglu)
+                                    for _ in range(arch.depth))
         self.norm = nn.LayerNorm(arch.dim, eps=1e-6)
 
     @property
@@ -126,6 +86,12 @@ class TileViT(nn.Module):
     @property
     def features(self) -> int:
         return self.arch.dim * (2 if self.pooling == "cls+mean" else 1)
+
+    def mechanism_tensors(self) -> list[str]:
+        """The state-dict names beyond timm's layout: each block's attention tensors other than ``qkv`` and ``proj``
+        (SeqNorm's ``blocks.{i}.attn.{q,k,v}_norm.{weight,bias}``; none for softmax)."""
+        return [f"blocks.{i}.attn.{key}" for i, block in enumerate(self.blocks) for key in block.attn.state_dict()
+                if not key.startswith(("qkv.", "proj."))]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if tuple(images.shape[-2:]) != (self.arch.input_px,) * 2:
@@ -179,9 +145,11 @@ def check_layout(encoder: Encoder, arch: Architecture, where) -> None:
         raise UserError(f"{where}: not the {encoder.name} encoder: {', '.join(wrong)}")
 
 
-def load_tile_vit(path: Path, name: str | Encoder = "vit") -> tuple[TileViT, Encoder]:
+def load_tile_vit(path: Path, name: str | Encoder = "vit", attention: str = "softmax") -> tuple[TileViT, Encoder]:
     """The encoder ``name`` (a card of :data:`ENCODERS` or its name) from its weight file, strictly (classifier tensors
-    dropped); its width, depth, patch and input side checked against the card. -> (module in eval mode, its card)."""
+    dropped); its width, depth, patch and input side checked against the card; its blocks attend by ``attention``.
+    -> (module in eval mode, its card). A mechanism's own tensors that the file lacks keep their initial values,
+    with a warning naming them (module docstring); every tensor of timm's layout must be in the file."""
     from ..models.weights import load_strictly, read_state_dict
 
     encoder = ENCODERS[name] if isinstance(name, str) else name
@@ -191,19 +159,25 @@ def load_tile_vit(path: Path, name: str | Encoder = "vit") -> tuple[TileViT, Enc
     except UserError as error:
         raise UserError(f"{path}: {error}") from None
     check_layout(encoder, arch, path)
-    model = TileViT(arch, encoder.pooling)
-    load_strictly(model, state, path, f"not a {encoder.name} encoder in timm's layout",
-                  drop=("head.", "fc_norm.", "head_drop."))
+    model = TileViT(arch, encoder.pooling, attention)
+    initial = model.state_dict()
+    new = [key for key in model.mechanism_tensors() if key not in state]
+    load_strictly(model, {**state, **{key: initial[key] for key in new}}, path,
+                  f"not a {encoder.name} encoder in timm's layout", drop=("head.", "fc_norm.", "head_drop."))
+    if new:
+        warnings.warn(f"{path}: {len(new)} tensor(s) of the {attention} attention are not in the file and keep their "
+                      f"initial values (e.g. {', '.join(new[:3])})", stacklevel=2)
     return model.eval(), encoder
 
 
-def build(card: Encoder) -> TileViT:
-    """The card's ViT with fresh weights (:attr:`Encoder.architecture`), in eval mode."""
+def build(card: Encoder, attention: str = "softmax") -> TileViT:
+    """The card's ViT with fresh weights (:attr:`Encoder.architecture`), its blocks attending by ``attention``, in
+    eval mode."""
     if card.architecture is None:
         raise ValueError(f"the {card.name} card leaves the ViT's shape open: nothing to build")
-    return TileViT(card.architecture, card.pooling).eval()
+    return TileViT(card.architecture, card.pooling, attention).eval()
 
 
-def load(card: Encoder, path: Path) -> TileViT:
-    """The card's ViT from ``path`` (:func:`load_tile_vit`)."""
-    return load_tile_vit(path, card)[0]
+def load(card: Encoder, path: Path, attention: str = "softmax") -> TileViT:
+    """The card's ViT from ``path``, its blocks attending by ``attention`` (:func:`load_tile_vit`)."""
+    return load_tile_vit(path, card, attention)[0]

@@ -200,9 +200,7 @@ def _setup(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool, ini
     train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, train_cfg["num_workers"],
                                balance=train_labels if train_cfg["class_balance"] else None)
     val_loader = make_loader(bundle.val, eval_bs, False, seed, train_cfg["num_workers"])
-    steps_per_epoch = math.ceil(len(train_loader) / train_cfg["grad_accum"])
-    schedule = {"total_steps": train_cfg["epochs"] * steps_per_epoch,
-                "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
+    schedule = step_schedule(train_cfg, math.ceil(len(train_loader) / train_cfg["grad_accum"]))
     state = _start_state(config, run_dir, resume, model, optimizer, ema, defaults, metric_fields(objective), log)
     meta = {"config": config, "task": checkpoint.task_to_dict(task),
             "model_defaults": preset_design(config["model"])}
@@ -378,21 +376,37 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         loss_sum += loss.item() * len(batch["id"])
         seen += len(batch["id"])
         if last_in_group:
-            lr = scheduled_lr(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
-            if train_cfg["grad_clip"]:
-                nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(model)
-            state["step"] += 1
+            lr = optimizer_step(model, optimizer, state, schedule, train_cfg, ema)
             batches.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
     if not math.isfinite(loss_sum):
         raise UserError(f"training diverged in epoch {epoch} (loss is {loss_sum}); lower train.lr or use fp32")
     totals = distributed.all_gather_rows(torch.tensor([[loss_sum, seen]], dtype=torch.float64)).sum(0)
     return float(totals[0] / max(1.0, float(totals[1])))
+
+
+def step_schedule(train_cfg: dict, steps_per_epoch: int) -> dict:
+    """``{"total_steps", "warmup_steps"}`` of a run of ``train.epochs`` epochs of ``steps_per_epoch`` optimizer steps
+    (``train.warmup_epochs`` of them warming up): what :func:`optimizer_step` schedules the learning rate over."""
+    return {"total_steps": train_cfg["epochs"] * steps_per_epoch,
+            "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, schedule: dict, train_cfg: dict,
+                   ema: EMA | None = None) -> float:
+    """One optimizer step on the gradients ``model`` holds: the learning rate of step ``state["step"]``
+    (:func:`medattn.train.optim.scheduled_lr` over ``schedule``, times each parameter group's ``lr_scale``),
+    ``train.grad_clip``, the step, gradients cleared, ``ema`` updated, ``state["step"]`` counted; -> that rate."""
+    lr = scheduled_lr(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    if train_cfg["grad_clip"]:
+        nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema.update(model)
+    state["step"] += 1
+    return lr
 
 
 def improves(state: dict, score: float, loss: float) -> bool:

@@ -51,17 +51,18 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
 #: Model arguments whose preset value is recorded with a run when the config does not set them (in the summary and
 #: results.json, and in the checkpoint, which applies them on load: a later change of the preset's default does not
 #: change what a checkpoint builds).
-RECORDED_KWARGS = ("stem", "global_pool", "standardize_features", "readout")
+RECORDED_KWARGS = ("stem", "global_pool", "standardize_features", "readout", "init_values")
 
 
 def preset_design(model_cfg: dict) -> dict:
     """``{"stem": "residual", ...}``: the preset's values of :data:`RECORDED_KWARGS` the config left to it (the
-    checkpoint's ``model_defaults``)."""
+    checkpoint's ``model_defaults``); a value that is None (a feature left off) is not recorded."""
     preset = PRESETS[model_cfg["name"]]
     given = model_cfg.get("kwargs") or {}
     signature = inspect.signature(preset[0]).parameters
-    return {key: preset[1].get(key, signature[key].default) for key in RECORDED_KWARGS
-            if key not in given and key in signature}
+    design = {key: preset[1].get(key, signature[key].default) for key in RECORDED_KWARGS
+              if key not in given and key in signature}
+    return {key: value for key, value in design.items() if value is not None}
 
 
 def model_defaults(model_cfg: dict) -> dict:

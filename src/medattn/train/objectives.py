@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from medattn import metrics
-from medattn.data.base import TaskInfo
+from medattn.data.base import UNLABELLED, TaskInfo
 from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.runtime.predictor import probabilities
@@ -169,7 +169,11 @@ def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: floa
     """The loss, the validation score and the test report of a task type: the one place they are chosen.
     ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses).
     ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
-    the loop scores validation and test with the plain loss, so losses compare across settings."""
+    the loop scores validation and test with the plain loss, so losses compare across settings. Unlabelled data
+    (the diffusion stages' volumes) have no objective here: a UserError."""
+    if task.task_type == UNLABELLED:
+        raise UserError("the data kind gives unlabelled volumes, nothing a supervised model learns from: they train "
+                        "the diffusion stages (task: diffusion_vqae or diffusion_transformer; docs/diffusion.md)")
     if task.task_type in ("survival", "regression"):
         if loss is not None or label_smoothing or pos_weight is not None:
             raise UserError(f"train.loss, train.label_smoothing and train.pos_weight do not apply to a "

@@ -31,8 +31,8 @@ from .scoring import predict
 
 #: What draws the report's case heatmaps, handed in by the caller (``medattn train``, cv and compare, the demo:
 #: :func:`medattn.explain.cases.case_heatmaps`): ``(model, test set, probabilities, labels, ids, task, run folder,
-#: title, count) -> the PNGs written, relative to the run folder``. Training itself draws no heatmaps.
-CasePictures = Callable[..., list[str]]
+#: title, count) -> (the PNGs written, relative to the run folder; warnings)``. Training itself draws no heatmaps.
+CasePictures = Callable[..., tuple[list[str], list[str]]]
 
 
 class LateDataError(UserError):
@@ -69,9 +69,10 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
             if case_pictures is not None and objective.outputs_are_probabilities:  # the highest-scored test cases
                 try:
-                    results["heatmaps"] = case_pictures(model, bundle.test, test.outputs,
-                                                        report.class_labels(test.labels, task), test.ids,
-                                                        task, run_dir, label, config["eval"]["heatmaps"])
+                    results["heatmaps"], drawn = case_pictures(model, bundle.test, test.outputs,
+                                                               report.class_labels(test.labels, task), test.ids,
+                                                               task, run_dir, label, config["eval"]["heatmaps"])
+                    results["warnings"] += drawn  # e.g. a slide not found: that case drawn on a blank canvas
                 except Exception as error:  # a picture for the page must never cost a finished run its results
                     results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
