@@ -19,7 +19,7 @@ Both write to the run folder: ``config.yaml``, ``metrics.csv`` (one row per epoc
 SYNTHETIC data). The folder is held as for supervised runs (:func:`medattn.train.rundir.run_folder`:
 locked; ``--overwrite`` deletes the previous run only once the new one has a checkpoint). The data are the
 unlabelled bundle of a registered kind (:func:`medattn.diffusion.data.volume_bundle`); every optimizer step is the
-supervised loop's (:func:`medattn.train.loop.optimizer_step`: ``train.schedule``, ``train.grad_clip``). The epochs,
+supervised loop's (:func:`medattn.train.optim.optimizer_step`: ``train.schedule``, ``train.grad_clip``). The epochs,
 validation, checkpoints and test are the stages' own. Single process; fp32; ``train.grad_accum`` 1; ``--resume``
 and ``--init-from`` are not supported (UserError).
 """
@@ -58,8 +58,7 @@ from medattn.runtime.outputs import save_json
 from medattn.threads import set_threads
 from medattn.train.defaults import resolve_training
 from medattn.train.loaders import seed_everything
-from medattn.train.loop import optimizer_step, step_schedule
-from medattn.train.optim import make_optimizer
+from medattn.train.optim import make_optimizer, optimizer_step, step_schedule
 from medattn.train.report import append_metrics
 from medattn.train.rundir import run_folder
 

@@ -58,7 +58,7 @@ from .defaults import resolve_training
 from .loaders import make_loader, seed_everything
 from .model_notes import model_defaults, preset_design, size_warnings
 from .objectives import Classification, Segmentation, metric_fields, objective_for
-from .optim import EMA, make_optimizer, scheduled_lr
+from .optim import EMA, make_optimizer, optimizer_step, step_schedule
 from .results import CasePictures, LateDataError, test_best
 from .rundir import RUN_FILES, config_diff, run_folder, stopped_before_last
 from .sampling import drop_instances, positive_weight, recipe_labels
@@ -382,31 +382,6 @@ def train_one_epoch(ddp_model: nn.Module, model: nn.Module, optimizer: torch.opt
         raise UserError(f"training diverged in epoch {epoch} (loss is {loss_sum}); lower train.lr or use fp32")
     totals = distributed.all_gather_rows(torch.tensor([[loss_sum, seen]], dtype=torch.float64)).sum(0)
     return float(totals[0] / max(1.0, float(totals[1])))
-
-
-def step_schedule(train_cfg: dict, steps_per_epoch: int) -> dict:
-    """``{"total_steps", "warmup_steps"}`` of a run of ``train.epochs`` epochs of ``steps_per_epoch`` optimizer steps
-    (``train.warmup_epochs`` of them warming up): what :func:`optimizer_step` schedules the learning rate over."""
-    return {"total_steps": train_cfg["epochs"] * steps_per_epoch,
-            "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
-
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, schedule: dict, train_cfg: dict,
-                   ema: EMA | None = None) -> float:
-    """One optimizer step on the gradients ``model`` holds: the learning rate of step ``state["step"]``
-    (:func:`medattn.train.optim.scheduled_lr` over ``schedule``, times each parameter group's ``lr_scale``),
-    ``train.grad_clip``, the step, gradients cleared, ``ema`` updated, ``state["step"]`` counted; -> that rate."""
-    lr = scheduled_lr(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg)
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)
-    if train_cfg["grad_clip"]:
-        nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if ema is not None:
-        ema.update(model)
-    state["step"] += 1
-    return lr
 
 
 def improves(state: dict, score: float, loss: float) -> bool:

@@ -132,3 +132,28 @@ class EMA:
     def load_state_dict(self, tensors: dict[str, torch.Tensor], updates: int) -> None:
         self.module.load_state_dict({k.removeprefix("ema."): v for k, v in tensors.items() if k.startswith("ema.")})
         self.updates = updates
+
+
+def step_schedule(train_cfg: dict, steps_per_epoch: int) -> dict:
+    """``{"total_steps", "warmup_steps"}`` of a run of ``train.epochs`` epochs of ``steps_per_epoch`` optimizer steps
+    (``train.warmup_epochs`` of them warming up): what :func:`optimizer_step` schedules the learning rate over."""
+    return {"total_steps": train_cfg["epochs"] * steps_per_epoch,
+            "warmup_steps": round(train_cfg["warmup_epochs"] * steps_per_epoch)}
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, schedule: dict, train_cfg: dict,
+                   ema: EMA | None = None) -> float:
+    """One optimizer step on the gradients ``model`` holds: the learning rate of step ``state["step"]``
+    (:func:`scheduled_lr` over ``schedule``, times each parameter group's ``lr_scale``),
+    ``train.grad_clip``, the step, gradients cleared, ``ema`` updated, ``state["step"]`` counted; -> that rate."""
+    lr = scheduled_lr(state["step"], schedule["total_steps"], schedule["warmup_steps"], train_cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    if train_cfg["grad_clip"]:
+        nn.utils.clip_grad_norm_(model.parameters(), train_cfg["grad_clip"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema.update(model)
+    state["step"] += 1
+    return lr
