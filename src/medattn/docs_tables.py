@@ -67,7 +67,7 @@ def _value(value) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, tuple):
-        return "(" + ", ".join(_value(v) for v in value) + ")"
+        return "(" + ", ".join(_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
     return repr(value)
 
 

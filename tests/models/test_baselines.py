@@ -192,3 +192,67 @@ def test_swin_head_reads_monais_encoder_and_builds_on_the_meta_device(name, shap
         model(torch.randn(2, 3, *shape[2:]))
     with pytest.raises(ValueError, match="one entry for each"):
         create_model(name, depths=(1, 1))
+
+
+@pytest.mark.parametrize("name, shape", [("swin2d_small", (2, 1, 64, 64)), ("swin3d_small", (2, 1, 32, 32, 16))])
+def test_small_swin_is_a_hybrid_of_the_resnet_trunk_and_shifted_window_blocks(name, shape):
+    """swin*_small: the small ResNet's trunk makes the tokens, one stage of MONAI's Swin blocks (windows, every
+    other block shifted, no merging) attends over them, the head reads their mean (issue 40)."""
+    from monai.networks.nets.swin_unetr import BasicLayer
+
+    from medattn.models.resnet import ResidualStem
+
+    torch.manual_seed(0)
+    model = create_model(name).eval()
+    assert isinstance(model.patch_embed, ResidualStem) and isinstance(model.blocks, BasicLayer)
+    assert len(model.blocks.blocks) == 4 and not hasattr(model, "encoder")
+    grid = (8, 8) if len(shape) == 4 else (4, 4, 4)
+    assert model.blocks.window_size == ((4, 4) if len(shape) == 4 else (2, 2, 2))
+    assert [blk.shift_size for blk in model.blocks.blocks][:2] == [(0,) * len(grid), tuple(w // 2 for w in
+                                                                                         model.blocks.window_size)]
+    x = torch.randn(shape)
+    with torch.no_grad():
+        tokens = model.patch_embed(x)
+        assert tokens.shape == (2, 128, *grid)
+        expected = model.head(model.norm(model.blocks(tokens).flatten(2).mean(-1)))
+        torch.testing.assert_close(model(x), expected)
+        # windows are smaller than the grid: the first (unshifted) block keeps far windows apart
+        first = model.blocks.blocks[0]
+        channels_last = tokens.movedim(1, -1)
+        moved = channels_last.clone()
+        moved[(0,) * (1 + len(grid))] += 1.0  # the first token of the first window
+        far = (0, *(slice(w, None) for w in model.blocks.window_size))
+        changed = (first(moved, None) - first(channels_last, None)).abs()
+        assert changed[far].max() == 0 and changed[(0,) * (1 + len(grid))].max() > 0
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in create_model(name).state_dict().items()}
+    assert shapes == {k: v.shape for k, v in model.state_dict().items()}
+    assert all(blk.attn.proj[1].gamma.eq(1e-5).all() and blk.mlp[1].gamma.eq(1e-5).all()
+               for blk in model.blocks.blocks)  # LayerScale, as vit*_small
+    with pytest.raises(ValueError, match="one entry for each"):
+        create_model(name, depths=(2, 2, 2, 2), num_heads=(4, 4, 4, 4))
+    with pytest.raises(ValueError, match="stem must be"):
+        create_model(name, stem="conv")
+
+
+def test_small_swin_with_its_branches_at_zero_is_its_resnet_trunk_and_the_factors_learn():
+    """LayerScale on the Swin hybrid scales each block's attention and MLP branch: with the factors at 0 the model is
+    exactly stem -> mean -> norm -> head, and the factors still get gradients; at 1 the blocks run unscaled."""
+    torch.manual_seed(0)
+    model = create_model("swin2d_small", init_values=0.0).double()
+    x = torch.randn(2, 1, 64, 64, dtype=torch.float64)
+    trunk_only = model.head(model.norm(model.patch_embed(x).flatten(2).mean(-1)))
+    out = model(x)
+    torch.testing.assert_close(out, trunk_only, rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert all(blk.attn.proj[1].gamma.grad.abs().sum() > 0 and blk.mlp[1].gamma.grad.abs().sum() > 0
+               for blk in model.blocks.blocks)
+    torch.manual_seed(0)
+    unscaled = create_model("swin2d_small", init_values=None).double()
+    scaled_at_one = create_model("swin2d_small", init_values=1.0).double()
+    state = {k.replace("proj.0.", "proj.").replace("mlp.0.", "mlp."): v for k, v in scaled_at_one.state_dict().items()
+             if not k.endswith("gamma")}
+    unscaled.load_state_dict(state)
+    torch.testing.assert_close(unscaled(x), scaled_at_one(x), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="stem='residual' only"):
+        create_model("swin2d_tiny", init_values=1e-5)

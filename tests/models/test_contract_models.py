@@ -87,7 +87,7 @@ def small_kwargs(name: str) -> dict:
     kwargs = {key: halved_to(preset.get(key, defaults.get(key)), value) for key, value in SHRINK.items()
               if isinstance(preset.get(key, defaults.get(key)), int) and preset.get(key, defaults.get(key)) > value}
     patch = preset.get("patch_size")
-    if patch is not None:
+    if patch is not None and "img_size" in defaults:
         kwargs["img_size"] = tuple(2 * p for p in patch) if isinstance(patch, tuple) else 2 * patch
     if preset.get("init_values") is not None:  # LayerScale from 1e-5 scales the attention's gradients by 1e-5, some
         kwargs["init_values"] = 1.0  # below the relative ZERO; the factors still run and get their own gradients

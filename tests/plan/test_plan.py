@@ -28,6 +28,9 @@ def test_the_plan_is_deterministic_and_follows_the_number_of_cases():
     assert {d.key: d.value for d in plan(config, larger)}["train.epochs"] == MIN_EPOCHS  # 600 steps an epoch
     cnn = tiny_config("train.epochs=null", "model.name=resnet2d_tiny", "model.attention=null")
     assert {d.key: d.value for d in plan(cnn, first)}["train.epochs"] < epochs  # a CNN needs fewer steps
+    for windowed in ("swin2d_tiny", "swin2d_small"):  # attention of its own, no mechanism argument: a transformer
+        swin = tiny_config("train.epochs=null", f"model.name={windowed}", "model.attention=null")
+        assert {d.key: d.value for d in plan(swin, first)}["train.epochs"] == epochs
 
 
 def test_the_plan_never_replaces_a_value_the_config_sets():

@@ -153,6 +153,34 @@ def test_small_vit_designs_and_older_checkpoints_keep_theirs(tmp_path, older):
     torch.testing.assert_close(load_checkpoint(tmp_path / "old").model(x), written.eval()(x))
 
 
+@pytest.mark.parametrize("name, shape", [("swin2d_small", (1, 64, 64)), ("swin3d_small", (1, 32, 32, 16))])
+def test_a_small_swin_checkpoint_of_the_patch_design_loads_as_it_was(tmp_path, name, shape):
+    """A swin*_small run of the days before the hybrid (its ``model_defaults`` hold no ``stem``: the class took
+    none) builds MONAI's SwinTransformer with the preset's values of then and gives the same outputs; today's hybrid
+    with its LayerScale factors loads as itself."""
+    from engine_data import tiny_config
+    from medattn.data.base import TaskInfo
+    from medattn.runtime import checkpoint
+    from medattn.runtime.build import build_model
+    from medattn.runtime.checkpoint_compat import PATCH_SWIN_SMALL
+    from medattn.runtime.trained import load_checkpoint
+
+    task = TaskInfo("binary", "image2d" if len(shape) == 3 else "volume3d", 1, shape, ["lesion"])
+    config = tiny_config(f"model.name={name}", "model.attention=null")
+    torch.manual_seed(2)
+    written = build_model({**config["model"], "kwargs": PATCH_SWIN_SMALL}, task)
+    checkpoint.save(tmp_path / "run", written, {"config": config, "task": checkpoint.task_to_dict(task),
+                                                "model_defaults": {}})
+    trained = load_checkpoint(tmp_path / "run")
+    assert trained.model.stem == "patch" and hasattr(trained.model, "encoder")
+    x = torch.randn(2, *shape)
+    torch.testing.assert_close(trained.model(x), written.eval()(x))
+    today = build_model(config["model"], task)
+    checkpoint.save(tmp_path / "today", today, {"config": config, "task": checkpoint.task_to_dict(task),
+                                                "model_defaults": {}})  # as if written before designs were recorded
+    assert load_checkpoint(tmp_path / "today").model.stem == "residual"
+
+
 def test_a_checkpoint_builds_the_design_it_was_trained_with_after_the_preset_changes(tmp_path):
     """``model_defaults`` (the preset's values the config left to it, written by training) are applied on load: a
     run of the conv-stem, class-token vit2d_small of a few days ago keeps its design under today's preset."""

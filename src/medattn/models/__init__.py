@@ -40,6 +40,12 @@ def takes_attention(name: str) -> bool:
     return "attention" in inspect.signature(_preset_class(name)).parameters
 
 
+def is_transformer(name: str) -> bool:
+    """Whether preset ``name`` is a transformer: its class takes a mechanism (:func:`takes_attention`) or has an
+    attention of its own and says so (``has_attention = True``: Swin's windowed attention, TransMIL's softmax)."""
+    return takes_attention(name) or getattr(_preset_class(name), "has_attention", False)
+
+
 def input_contract(name: str) -> str:
     """What preset ``name``'s forward takes: ``"bag"`` (features (B, N, F), mask, coords) or ``"image"``
     ((B, C, *spatial)); a model class declares it as its ``input_contract`` attribute (default "image")."""

@@ -82,6 +82,7 @@ class TransMIL(nn.Module):
     """
 
     input_contract = "bag"
+    has_attention = True  # exact softmax attention of its own (no mechanism argument): planned as a transformer
     tokens_are_inputs = False  # the square grid repeats instances and PPEG mixes them: no attention rollout
 
     def __init__(self, feature_dim: int = 2048, num_classes: int = 1, embed_dim: int = 512, num_heads: int = 8,

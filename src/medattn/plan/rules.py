@@ -36,10 +36,10 @@ class Decision:
 
 
 def family(model_cfg: dict) -> str:
-    """``transformer`` for a model with an attention mechanism (ViTs, bag transformers), else ``other``."""
-    from medattn.models import takes_attention
+    """``transformer`` for a model with attention (ViTs, Swin, bag transformers), else ``other``."""
+    from medattn.models import is_transformer
 
-    return "transformer" if takes_attention(model_cfg["name"]) else "other"
+    return "transformer" if is_transformer(model_cfg["name"]) else "other"
 
 
 def plan(config: dict, found: dict) -> list[Decision]:

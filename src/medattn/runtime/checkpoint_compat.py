@@ -32,17 +32,37 @@ def keep_design(meta: dict, shapes: Shapes) -> None:
         _keep_vit_design(model_cfg, shapes)
     _keep_raw_features(model_cfg, shapes)
     _keep_class_token(model_cfg, shapes)
-    _keep_unscaled_branches(model_cfg, shapes)
+    _keep_unscaled_branches(model_cfg, meta.get("model_defaults", {}), shapes)
+    _keep_patch_swin(model_cfg, meta.get("model_defaults", {}), shapes)
 
 
-def _keep_unscaled_branches(model_cfg: dict, shapes: Shapes) -> None:
-    """A transformer's checkpoint without LayerScale factors (no ``*.ls1.gamma``: written before its preset gained
+#: ``swin2d_small`` and ``swin3d_small`` before they became hybrids on 2026-11-27 (issue 40): MONAI's SwinTransformer
+#: with C = 24 and window 4 (the other values were the class's defaults then and now).
+PATCH_SWIN_SMALL = {"stem": "patch", "init_values": None, "embed_dim": 24, "window_size": 4, "depths": (2, 2, 2, 2),
+                    "num_heads": (3, 6, 12, 24), "patch_size": 2, "mlp_ratio": 4.0}
+#: A tensor only the patch design has (MONAI's SwinTransformer patch embedding).
+PATCH_SWIN_TENSOR = "encoder.patch_embed.proj.weight"
+
+
+def _keep_patch_swin(model_cfg: dict, recorded: dict, shapes: Shapes) -> None:
+    """A ``swin*_small`` checkpoint written before the presets became hybrids (no ``stem`` in its config or
+    ``model_defaults``; MONAI's patch embedding among its tensors) gets the preset's values of then."""
+    kwargs = model_cfg["kwargs"]
+    if (model_cfg["name"] not in ("swin2d_small", "swin3d_small") or "stem" in kwargs or "stem" in recorded
+            or PATCH_SWIN_TENSOR not in shapes()):
+        return
+    for key, value in PATCH_SWIN_SMALL.items():
+        kwargs.setdefault(key, value)
+
+
+def _keep_unscaled_branches(model_cfg: dict, recorded: dict, shapes: Shapes) -> None:
+    """A transformer's checkpoint without LayerScale factors (no ``*.gamma`` tensor: written before its preset gained
     ``init_values`` on 2026-11-27, issue 40) gets ``init_values: None`` and loads as what it is."""
     kwargs = model_cfg["kwargs"]
-    if "init_values" in kwargs or model_cfg["name"] not in PRESETS:
+    if "init_values" in kwargs or "init_values" in recorded or model_cfg["name"] not in PRESETS:
         return
     if PRESETS[model_cfg["name"]][1].get("init_values") is not None and not any(
-            name.endswith(".ls1.gamma") for name in shapes()):
+            name.endswith(".gamma") for name in shapes()):
         kwargs["init_values"] = None
 
 
