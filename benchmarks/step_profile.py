@@ -28,7 +28,7 @@ import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from medattn.allocator import keep_freed_memory
-from medattn.bench.scaling import training_step
+from medattn.bench.scaling_step import training_step
 from medattn.models import create_model
 
 GEMMS = ("aten::mm", "aten::addmm")
@@ -51,7 +51,7 @@ targets = torch.zeros(1, 1)
 
 
 def warmed_up_step(compiled: bool):
-    """One variant's step function (``medattn.bench.scaling.training_step``: as ``bench scaling`` times it), after
+    """One variant's step function (``medattn.bench.scaling_step.training_step``: as ``bench scaling`` times it), after
     its warm-up (and compilation)."""
     step = training_step(args.model, args.mechanism, args.resolution, images, targets, compiled,
                          precision="bf16" if args.bf16 else "fp32")

@@ -10,7 +10,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from medattn.attention import build_attention, seqnorm_fused
-from medattn.attention.seqnorm_fused import affine_views, centred_seqnorm, seqnorm_core
+from medattn.attention.seqnorm_fused import seqnorm_core
+from medattn.attention.seqnorm_maths import affine_views, centred_seqnorm
 
 PATHS = {"raw_moments": float("inf"), "centred": -1.0}
 

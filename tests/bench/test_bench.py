@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from medattn.bench import attention, binary, roofline, scaling
+from medattn.bench import attention, binary, roofline, scaling, scaling_step
 from medattn.bench.common import extrapolate
 from medattn.cli import main
 from medattn.models import create_model
@@ -18,7 +18,7 @@ RATES = roofline.MachineRates({"fp32": 100.0, "bf16": 400.0}, 10.0)  # fixed, so
 @pytest.fixture(autouse=True)
 def _fixed_rate_after_each_variant(monkeypatch):
     """bench scaling measures the matmul rate again after each variant; fixed here (50 GFLOP/s)."""
-    monkeypatch.setattr(scaling, "measure_matmul_gflops", lambda precision, device="cpu": 50.0)
+    monkeypatch.setattr(scaling_step, "measure_matmul_gflops", lambda precision, device="cpu": 50.0)
 
 
 def test_attention_cost_by_hand():
@@ -271,17 +271,16 @@ def test_on_cuda_with_triton_a_kernel_mechanism_is_timed_with_and_without_its_ke
     """bench scaling's variants twice (torch, triton) where the kernels can run; the torch twin's step runs with
     the kernels switched off. Faked here: the implementations of a CUDA device, steps on the CPU."""
     from medattn.attention import triton_support
-    from medattn.bench import scaling
 
     seen = []
-    monkeypatch.setattr(scaling, "implementations", lambda mechanism, device: ["torch", "triton"])
-    real_step = scaling.training_step
+    monkeypatch.setattr(scaling_step, "implementations", lambda mechanism, device: ["torch", "triton"])
+    real_step = scaling_step.training_step
 
     def recording_step(*args, **kwargs):
         step = real_step(*args, **kwargs)
         return lambda: seen.append(triton_support.switched_off()) or step()
 
-    monkeypatch.setattr(scaling, "training_step", recording_step)
-    result = scaling.measure_step("vit2d_tiny", "seqnorm", 32, repeats=1, warmup=1)
+    monkeypatch.setattr(scaling_step, "training_step", recording_step)
+    result = scaling_step.measure_step("vit2d_tiny", "seqnorm", 32, repeats=1, warmup=1)
     assert [v["variant"] for v in result["variants"]] == ["eager torch", "eager triton"]
     assert all(v["status"] == "ok" for v in result["variants"]) and True in seen and False in seen

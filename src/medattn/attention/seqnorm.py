@@ -36,7 +36,8 @@ from torch import nn
 from . import triton_support
 from .base import Attention, at_least_float32, is_exporting, token_weights
 from .rows import FactorisedRows, masked, row_weights
-from .seqnorm_fused import affine_views, centred_seqnorm, keeps_dtype, scale_shift, seqnorm_core, sequence_normalize
+from .seqnorm_fused import keeps_dtype, seqnorm_core
+from .seqnorm_maths import affine_views, centred_seqnorm, scale_shift, sequence_normalize
 
 if triton_support.available():  # CUDA tensors run the core's Triton kernels (imports triton)
     from .triton_seqnorm import register

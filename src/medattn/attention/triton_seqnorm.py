@@ -1,8 +1,8 @@
 """Triton kernels of the SeqNorm core: the CUDA implementation of ``medattn::seqnorm_core`` and its backward.
 
-The maths is :mod:`medattn.attention.seqnorm_fused`'s raw-moment path (its module docstring), and so are the small
-(d x d) steps between the kernels (:func:`~.seqnorm_fused._output_map` and its backward, imported). What reads the
-(B, H, N, d) tensors are two kernels:
+The maths is :mod:`medattn.attention.seqnorm_fused`'s raw-moment path (its module docstring); the small (d x d) steps
+between the kernels are :mod:`.seqnorm_maths`'s (:func:`~.seqnorm_maths._output_map` and its backward, imported).
+What reads the (B, H, N, d) tensors are two kernels:
 
 * :func:`token_sums` (``_token_sums_kernel``): per (batch, head) and channel, over the real tokens, the sums and
   sums of squares of x and y and the cross product ``x^T W y`` (d x D_v), in float32, each program over a run of
@@ -28,18 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .seqnorm_fused import (
-    _LIBRARY,
-    _core,
-    _core_backward,
-    _count,
-    _ill_conditioned,
-    _output_map,
-    _output_map_backward,
-    _shift,
-    affine_views,
-    keeps_dtype,
-)
+from .seqnorm_fused import _LIBRARY, _core, _core_backward, _count, _ill_conditioned, _shift, keeps_dtype
+from .seqnorm_maths import _output_map, _output_map_backward, affine_views
 from .triton_common import block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
 from .triton_support import fits, switched_off
 

@@ -8,24 +8,13 @@ from pathlib import Path
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
+from .labels import label_columns, label_entries, label_options, parse_cells
 from .options import check_keys, require
 from .preprocessing import Preprocessing
 from .provenance import collect
 from .readers.bags import BagLoader, bag_synthetic, slide_shape
 from .splits import SPLIT_KEYS, parse_split, split_records
-from .tables import (
-    BadSamples,
-    Record,
-    RecordDataset,
-    keep_valid,
-    label_columns,
-    label_entries,
-    label_options,
-    parse_cells,
-    read_csv,
-    require_columns,
-    resolve_path,
-)
+from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
                   "label_columns", "time_column", "event_column", "split_column", "task_type", "classes",

@@ -9,12 +9,12 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
+from .labels import label_columns as table_label_columns
 from .options import check_keys, int_tuple, require
 from .preprocessing import Preprocessing
 from .readers.images import ImageLoader, check_image_header
 from .splits import SPLIT_KEYS, split_records
 from .tables import BadSamples, RecordDataset, keep_valid, table_records
-from .tables import label_columns as table_label_columns
 from .transforms import augment_level, build_augmentation
 
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",

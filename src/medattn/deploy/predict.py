@@ -29,8 +29,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from medattn.data.base import collate
+from medattn.data.labels import NUMERIC_TASKS
 from medattn.data.preprocessing import inference_dataset
-from medattn.data.tables import NUMERIC_TASKS
 from medattn.runtime.threshold import resolve_thresholds
 
 from .runtime import Runner
@@ -70,21 +70,11 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
-        from medattn.runtime.dicom_results import SegmentationWriter, is_dicom_series
-        from medattn.runtime.outputs import OutputFolder
-
-        from .segmentation import label_map_name, write_label_map
+        from .segmentation import write_label_map
 
         table.header = ["file", "label_map", *[f"voxels_{n}" for n in names[1:]],
                         *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
-        maps = OutputFolder(label_dir if label_dir is not None else "label_maps",
-                            [p for item in dataset.items for p in item.paths], overwrite)
-        stems = {item.id: maps.stem_for(item.paths[0]) for item in dataset.items}
-        dicom = SegmentationWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
-        for item in dataset.items:
-            maps.path(label_map_name(item.paths[0], prep, stems[item.id]))
-            if is_dicom_series(item.paths[0]) and dicom.available:
-                maps.path(dicom.name(stems[item.id]))
+        maps, stems, dicom = _label_map_folder(runner, dataset, label_dir, overwrite)
     else:
         sides = ["side"] if prep.split_sides else []
         outputs = [f"prob_{n}" for n in names]
@@ -125,10 +115,38 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     if segmentation:
         table.notes = dicom.notes()
-    seen = set()
-    for sample_id, reason in dataset.bad.items():  # one line per input, not per side
+    table.bad = _left_out(dataset, items)
+    return table
+
+
+def _label_map_folder(runner: Runner, dataset, label_dir: Path | None, overwrite: bool):
+    """The folder of a segmentation model's label maps (``label_dir``, default ``label_maps``) with every name claimed
+    before the first prediction: each input's label map and, for a DICOM series, its DICOM Segmentation (when
+    highdicom can write it) -> (the folder, the stem of each sample id, the DICOM Segmentation writer)."""
+    from medattn.runtime.dicom_results import SegmentationWriter, is_dicom_series
+    from medattn.runtime.outputs import OutputFolder
+
+    from .segmentation import label_map_name
+
+    prep = runner.preprocessing
+    maps = OutputFolder(label_dir if label_dir is not None else "label_maps",
+                        [p for item in dataset.items for p in item.paths], overwrite)
+    stems = {item.id: maps.stem_for(item.paths[0]) for item in dataset.items}
+    dicom = SegmentationWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
+    for item in dataset.items:
+        maps.path(label_map_name(item.paths[0], prep, stems[item.id]))
+        if is_dicom_series(item.paths[0]) and dicom.available:
+            maps.path(dicom.name(stems[item.id]))
+    return maps, stems, dicom
+
+
+def _left_out(dataset, items: dict) -> list[tuple[str, str]]:
+    """(the files, why) of each sample ``dataset`` left out as bad, one line per input, not per side (``items``: the
+    dataset's items by sample id)."""
+    seen, bad = set(), []
+    for sample_id, reason in dataset.bad.items():
         item = items[sample_id]
         if item.paths not in seen:
             seen.add(item.paths)
-            table.bad.append((", ".join(map(str, item.paths)), reason))
-    return table
+            bad.append((", ".join(map(str, item.paths)), reason))
+    return bad

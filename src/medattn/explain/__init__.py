@@ -8,7 +8,8 @@ rule, positive part per head on the relevance row) and ``rollout`` class-token a
 for linear attention (SeqNorm, SimA); ``gradxinput`` is gradient x input for any model; ``attention`` a bag
 model's own attention weights per tile (attention-MIL, TransMIL: the model's ``tile_attention``). Whole-slide bags
 too long for memory stream through :func:`streaming_rollout` (plain rollout);
-:mod:`medattn.explain.outputs` writes PNG overlays, NIfTI maps and tile tables.
+:mod:`medattn.explain.outputs` draws PNG overlays and figures, :mod:`medattn.explain.tile_scores` a bag's tiles
+(pictures, tables, GeoJSON).
 """
 
 from .core import METHODS, Explanation, check_method, default_method, explain, gradient_x_input, tile_attention

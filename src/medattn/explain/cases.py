@@ -27,7 +27,7 @@ from PIL import Image
 
 from ..data import input_kinds
 from ..runtime.outputs import save_image
-from . import outputs
+from . import outputs, tile_scores
 from .core import explain
 from .files import find_slide
 
@@ -54,12 +54,13 @@ class CasePictures:
 
     def tiles(self, coords: np.ndarray, relevance) -> Image.Image:
         """The tiles' scores (N,) drawn at their coordinates (N, 2): over the thumbnail of ``slide`` when given
-        (:func:`~medattn.explain.outputs.slide_picture`, as ``medattn explain --slides``), else on a blank canvas."""
+        (:func:`~medattn.explain.tile_scores.slide_picture`, as ``medattn explain --slides``), else on a blank
+        canvas."""
         relevance = np.asarray(relevance)
         if self.slide is None:
-            picture, title = outputs.tile_map(coords, relevance, outputs.tile_size(coords)), self.title
+            picture, title = tile_scores.tile_map(coords, relevance, tile_scores.tile_size(coords)), self.title
         else:
-            picture = outputs.slide_picture(self.slide, coords, relevance, self.attrs)
+            picture = tile_scores.slide_picture(self.slide, coords, relevance, self.attrs)
             title = f"{self.title} | on {self.slide.name}"
         return outputs.slide_map_figure(picture, relevance, title, self.method, self.synthetic)
 

@@ -36,7 +36,7 @@ from ..errors import UserError
 from ..runtime.dicom_results import TileAnnotationWriter
 from ..slides.dicom import is_dicom
 from ..slides.heatmap import prediction_text
-from . import outputs
+from . import outputs, tile_scores
 from .core import check_method, explain
 
 
@@ -105,8 +105,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     model runs (:func:`~medattn.runtime.device.inference_device`; ``auto``: the best this machine has), whatever
     ``train.device`` it was trained with."""
     from ..data.base import collate
-    from ..data.files import check_regular
     from ..data.preprocessing import inference_dataset, sample_paths
+    from ..data.provenance import check_bags
     from ..runtime.device import inference_device
     from ..runtime.outputs import OutputFolder
     from ..runtime.predictor import probabilities
@@ -115,11 +115,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     where = inference_device(device)  # a device this machine lacks: before any work
     trained = load_checkpoint(checkpoint)
     model, prep = trained.model, trained.file_preprocessing("explain")
-    if prep.task_type == "segmentation":
-        raise UserError("explain explains class predictions; this is a segmentation checkpoint")
-    if prep.split_sides:
-        raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
-                        "back to the file yet (medattn predict gives both sides' probabilities)")
+    _check_explainable(prep)
     kind = input_kinds.of(prep.input_kind)
     requested, method = method, check_method(model, method)  # a method the model cannot give: before any work
     outputs.colour_range([0.0], colour_scale)  # an unknown scale: one line, before any work
@@ -127,34 +123,15 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         raise UserError(f"--slides {slides}: no such folder (the folder of the scanner files the bags were "
                         f"extracted from)")
     dataset = inference_dataset(prep, sample_paths(prep, files, subtract))
-    for item in dataset.items:  # every file before anything is written
-        for path in item.paths:
-            try:
-                check_regular(path, folders=kind.reads_folders)
-            except (FileNotFoundError, ValueError) as error:
-                raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
-                    from None
-    from ..data.provenance import check_bags
-
+    _check_files(dataset, kind)  # every file before anything is written
     accepted = check_bags(kind, trained.meta.get("features"), prep.input_shape[0],
                           [item.paths for item in dataset.items], accept_features)
     headers = [kind.header(item.paths[0]) for item in dataset.items]  # a bag's tile count and attributes, else (0, {})
-    missing = [] if slides is None or not kind.instances else \
-        [(item.id, why) for item, (_, attrs) in zip(dataset.items, headers) if (why := find_slide(attrs, slides)[1])]
-    if missing and len(dataset.items) == 1:
-        raise UserError(f"{dataset.items[0].paths[0]}: --slides {slides}: {missing[0][1]}")
+    missing = _missing_slides(dataset, headers, kind, slides)
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
-    stems = [out.stem_for(item.paths[0]) for item in dataset.items]
-    for stem in stems:  # every name this call may write, before any compute
-        for suffix in kind.explain_suffixes:
-            out.path(stem + suffix)
-    out.path("summary.csv")
     dicom = None if slides is None or not kind.instances else \
         TileAnnotationWriter(trained.model_id, trained.checkpoint_sha256, prep.synthetic)
-    for stem, (_, attrs) in zip(stems, headers):  # a DICOM slide's tile annotations
-        slide = None if dicom is None else slide_of(attrs, slides)
-        if slide is not None and is_dicom(slide) and dicom.available:
-            out.path(dicom.name(stem))
+    stems = _planned_stems(out, dataset, kind, headers, slides, dicom)
     predictor = trained.predictor(where)
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder), missing_slides=missing,
                             slides_found=None if slides is None or not kind.instances else len(stems) - len(missing))
@@ -189,6 +166,59 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         outputs.write_summary(tmp, report.rows)
     report.notes = [] if dicom is None else dicom.notes()
     return report
+
+
+def _check_explainable(prep) -> None:
+    """Refuse a checkpoint whose predictions explain cannot map back onto the file: a segmentation model, a model
+    trained on left/right halves."""
+    if prep.task_type == "segmentation":
+        raise UserError("explain explains class predictions; this is a segmentation checkpoint")
+    if prep.split_sides:
+        raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "
+                        "back to the file yet (medattn predict gives both sides' probabilities)")
+
+
+def _check_files(dataset, kind: input_kinds.InputKind) -> None:
+    """Every input file of ``dataset`` exists and is a regular file (a folder where ``kind`` reads folders), else a
+    UserError naming it."""
+    from ..data.files import check_regular
+
+    for item in dataset.items:
+        for path in item.paths:
+            try:
+                check_regular(path, folders=kind.reads_folders)
+            except (FileNotFoundError, ValueError) as error:
+                raise UserError(f"{path}: {'no such file' if isinstance(error, FileNotFoundError) else error}") \
+                    from None
+
+
+def _missing_slides(dataset, headers: list, kind: input_kinds.InputKind, slides: str | Path | None) \
+        -> list[tuple[str, str]]:
+    """(sample, why its slide cannot be drawn on) for each bag whose slide ``slides`` does not hold
+    (:func:`find_slide`; none without ``slides`` or for inputs that are not bags); a UserError when the one file
+    explained is such a bag."""
+    missing = [] if slides is None or not kind.instances else \
+        [(item.id, why) for item, (_, attrs) in zip(dataset.items, headers) if (why := find_slide(attrs, slides)[1])]
+    if missing and len(dataset.items) == 1:
+        raise UserError(f"{dataset.items[0].paths[0]}: --slides {slides}: {missing[0][1]}")
+    return missing
+
+
+def _planned_stems(out, dataset, kind: input_kinds.InputKind, headers: list, slides: str | Path | None,
+                   dicom: TileAnnotationWriter | None) -> list[str]:
+    """The stem of each input's outputs in ``out``, with every name this call may write claimed before any compute:
+    the files of the input's ``kind``, ``summary.csv`` and the DICOM tile annotations of each bag whose slide is a
+    DICOM whole-slide image (when ``dicom`` can write them)."""
+    stems = [out.stem_for(item.paths[0]) for item in dataset.items]
+    for stem in stems:
+        for suffix in kind.explain_suffixes:
+            out.path(stem + suffix)
+    out.path("summary.csv")
+    for stem, (_, attrs) in zip(stems, headers):  # a DICOM slide's tile annotations
+        slide = None if dicom is None else slide_of(attrs, slides)
+        if slide is not None and is_dicom(slide) and dicom.available:
+            out.path(dicom.name(stem))
+    return stems
 
 
 @dataclass
@@ -272,13 +302,13 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
     the slide is found in ``slides``, else on a blank canvas, with a colour bar (colour ``scale``) and ``title``; a
     DICOM slide's tile annotations by ``dicom`` (when given); -> the names written."""
     with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
-        outputs.write_tile_scores(table, h5, coords, scores, method, attrs)
+        tile_scores.write_tile_scores(table, h5, coords, scores, method, attrs)
     written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
-    level0, side = outputs.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
+    level0, side = tile_scores.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
     spread = bool(np.ptp(coords, axis=0).any())  # tiles at distinct places: something to draw
     if spread:
         with out.write(f"{stem}_tiles.geojson") as tmp:
-            outputs.write_tile_geojson(tmp, level0, side, scores, method)
+            tile_scores.write_tile_geojson(tmp, level0, side, scores, method)
         written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
     if slide is not None and dicom is not None and is_dicom(slide):
@@ -287,10 +317,10 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         annotations = dicom.write(slide, level0, side, scores, method, out, stem, bool(attrs.get(SYNTHETIC_ATTR)))
         written += [annotations] if annotations else []
     if slide is not None:
-        picture = outputs.slide_picture(slide, coords, scores, attrs, scale)
+        picture = tile_scores.slide_picture(slide, coords, scores, attrs, scale)
         title += f" | on {slide.name}"
     elif spread:
-        picture = outputs.tile_map(coords, scores, outputs.tile_size(coords, attrs), scale)
+        picture = tile_scores.tile_map(coords, scores, tile_scores.tile_size(coords, attrs), scale)
         title += (" | tiles at their coordinates (slide not given: --slides DIR draws them on it)" if slides is None
                   else " | tiles at their coordinates (slide not found in --slides)")
     else:

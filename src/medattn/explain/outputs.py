@@ -1,4 +1,6 @@
-"""Files a reader opens: PNG overlays (2D), NIfTI maps on the input's grid (3D), tile tables and maps (bags).
+"""Pictures a reader opens, and the summary table: PNG overlays (2D), the three planes of a volume (3D), a bag's tile
+map as a readable figure; a bag's tiles themselves (where they lie, drawn, and their table, HDF5 and GeoJSON) are
+:mod:`medattn.explain.tile_scores`'s.
 
 Colours: a map with negative values (signed rollout of linear attention, gradient x input) is drawn with
 the diverging ``RdBu_r`` map symmetric about 0 (red adds, blue takes away); a map >= 0 with ``inferno``.
@@ -19,12 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..errors import UserError, writing
-from ..runtime.outputs import atomic, save_csv, save_dicts, save_json
-
-#: Longest side of a tile heatmap drawn without a slide.
-TILE_MAP_PX = 2048
-
+from ..errors import UserError
+from ..runtime.outputs import save_dicts
 
 #: The colour scales of a map (module docstring): ``full`` (default) or ``percentile``.
 COLOUR_SCALES = ("full", "percentile")
@@ -281,49 +279,6 @@ def volume_preview(volume: np.ndarray, heat: np.ndarray, title: str, method: str
     return _finish(fig, title + " (through the centre of the largest |relevance|, smoothed)", synthetic)
 
 
-def tile_size(coords: np.ndarray, attrs: dict | None = None) -> float:
-    """Side of a tile in the coords' unit: the HDF5 attributes ``patch_size_level0`` (CLAM layout, level-0
-    px) or ``tile_size_um`` (STAMP layout, microns), else the smallest step between distinct coordinates."""
-    attrs = attrs or {}
-    if attrs.get("unit") == "um" and "tile_size_um" in attrs:
-        return float(attrs["tile_size_um"])
-    if "patch_size_level0" in attrs:
-        return float(attrs["patch_size_level0"])
-    steps = [np.diff(np.unique(coords[:, axis])) for axis in (0, 1)]
-    steps = np.concatenate([s[s > 0] for s in steps])
-    return float(steps.min()) if len(steps) else 1.0
-
-
-def tile_map(coords: np.ndarray, scores: np.ndarray, size: float, scale: str = "full") -> Image.Image:
-    """Scores drawn on the tile coordinates (top-left (x, y), squares of side ``size``) on a white canvas
-    whose longest side is :data:`TILE_MAP_PX`, by :func:`medattn.slides.heatmap.draw_heatmap`, coloured as
-    :func:`colour_range` says on the colour ``scale``."""
-    from ..slides.heatmap import draw_heatmap
-
-    coords = np.asarray(coords, dtype=np.float64)
-    origin = coords.min(axis=0)
-    extent = coords.max(axis=0) - origin + size
-    step = max(float(extent.max()) / TILE_MAP_PX, 1e-9)
-    canvas = np.full((max(1, int(np.ceil(extent[1] / step))), max(1, int(np.ceil(extent[0] / step))), 3), 255,
-                     np.uint8)
-    cmap, low, high = colour_range(scores, scale)
-    return draw_heatmap(canvas, (step, step), coords - origin, scores, size, alpha=0.85, cmap=cmap, vmin=low,
-                        vmax=high)
-
-
-def slide_picture(slide: Path, coords: np.ndarray, scores: np.ndarray, attrs: dict, scale: str = "full") \
-        -> Image.Image:
-    """A bag's scores (N,) drawn over the thumbnail of its ``slide`` (the scanner file), tiles outlined, with a scale
-    bar (:func:`medattn.slides.heatmap.slide_overlay`), coloured as :func:`colour_range` says on the colour
-    ``scale``; ``coords`` (N, 2) as the bag stores them, turned to level-0 pixels with its ``attrs``
-    (:func:`level0_tiles`)."""
-    from ..slides.heatmap import slide_overlay
-
-    level0, side = level0_tiles(coords, attrs)
-    cmap, low, high = colour_range(scores, scale)
-    return slide_overlay(slide, level0, scores, round(side), cmap=cmap, vmin=low, vmax=high)
-
-
 def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, method: str,
                      synthetic: bool = False, scale: str = "full") -> Image.Image:
     """A tile map a person can read: ``picture`` (the scores drawn over the slide's thumbnail, or on a blank
@@ -340,64 +295,6 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     axis.set_axis_off()
     _colour_bar(fig, axis, cmap, low, high, _meaning(scores, method, scale, "relevance per tile"), 0.035, scores)
     return _finish(fig, title, synthetic)
-
-
-#: The columns of a bag's ``<stem>_tiles.csv`` (:func:`write_tile_scores`).
-TILE_COLUMNS = ("tile", "x", "y", "coords_unit", "x_level0_px", "y_level0_px", "score")
-
-
-def coords_unit(attrs: dict | None) -> str:
-    """The unit of a bag's stored tile coordinates: ``um`` (microns, STAMP layout: attribute ``unit``), else ``px``
-    (level-0 pixels, CLAM layout and bags without attributes)."""
-    return "um" if str((attrs or {}).get("unit", "")) == "um" else "px"
-
-
-def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str,
-                      attrs: dict | None = None) -> None:
-    """A bag's scores as a CSV and an HDF5 file. CSV columns (:data:`TILE_COLUMNS`): ``tile`` (the tile's index in
-    the bag), ``x``, ``y`` (its top-left corner as the bag stores it), ``coords_unit`` (of ``x`` and ``y``:
-    :func:`coords_unit`), ``x_level0_px``, ``y_level0_px`` (the corner in level-0 pixels, as the GeoJSON's polygons;
-    empty for microns in a bag without ``mpp``), ``score``. HDF5: datasets ``scores`` (N,) and ``coords`` (N, 2, as
-    the bag stores them), attributes ``method`` and ``coords_unit``."""
-    import h5py
-
-    scores = np.asarray(scores, dtype=np.float32)
-    coords = np.asarray(coords, dtype=np.float64).reshape(len(scores), 2)
-    unit = coords_unit(attrs)
-    converted = unit == "px" or "mpp" in (attrs or {})
-    level0 = level0_tiles(coords, attrs or {})[0] if converted else np.full_like(coords, np.nan)
-    rows = [[index, f"{x:.10g}", f"{y:.10g}", unit, *("" if np.isnan(v) else f"{v:.10g}" for v in corner),
-             f"{score:.7g}"]
-            for index, ((x, y), corner, score) in enumerate(zip(coords.tolist(), level0, scores.tolist()))]
-    save_csv(csv_path, TILE_COLUMNS, rows)
-    with writing(h5_path), atomic(h5_path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("scores", data=scores)
-        f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
-        f.attrs["method"] = method
-        f.attrs["coords_unit"] = unit
-
-
-def level0_tiles(coords: np.ndarray, attrs: dict) -> tuple[np.ndarray, float]:
-    """(top-left corners in level-0 pixels, tile side in level-0 pixels) of a bag's tiles: CLAM-layout coordinates
-    are level-0 pixels already, STAMP-layout ones microns (divided by the file's ``mpp``); without the attributes,
-    the coordinates as they are and the smallest step between them (:func:`tile_size`)."""
-    coords = np.asarray(coords, dtype=np.float64)
-    if str(attrs.get("unit", "")) == "um" and "mpp" in attrs:
-        return coords / float(attrs["mpp"]), float(attrs.get("patch_size_level0", tile_size(coords, attrs)
-                                                          / float(attrs["mpp"])))
-    return coords, tile_size(coords, attrs)
-
-
-def write_tile_geojson(path: Path, corners: np.ndarray, side: float, scores: np.ndarray, method: str) -> None:
-    """A GeoJSON FeatureCollection QuPath imports (File > Import objects): one square tile object per tile
-    (``objectType`` "tile"; polygon in level-0 pixels, corners (N, 2) top-left (x, y)) with its score as the
-    measurement ``<method> score``."""
-    features = [{"type": "Feature",
-                 "geometry": {"type": "Polygon", "coordinates": [[[x, y], [x + side, y], [x + side, y + side],
-                                                                  [x, y + side], [x, y]]]},
-                 "properties": {"objectType": "tile", "measurements": {f"{method} score": float(score)}}}
-                for (x, y), score in zip(np.asarray(corners, dtype=np.float64).tolist(), np.asarray(scores).ravel())]
-    save_json(path, {"type": "FeatureCollection", "features": features}, indent=None)
 
 
 def write_summary(path: Path, rows: list[dict]) -> None:

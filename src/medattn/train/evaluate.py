@@ -42,9 +42,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     model runs (:func:`~medattn.runtime.device.inference_device`; ``auto``: the best this machine has), whatever
     ``train.device`` it was trained with."""
     from medattn.data import build_datasets
-    from medattn.data.preprocessing import differences
     from medattn.runtime.device import inference_device
-    from medattn.runtime.outputs import OutputFolder
     from medattn.runtime.trained import load_checkpoint
 
     from .loaders import make_loader
@@ -66,27 +64,14 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
 
         accepted = check_bags(input_kinds.of(task.input_kind), trained.meta.get("features"), task.input_shape[0],
                               [record.paths for record in records], accept_features)
-    if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
-            (task.task_type, task.input_kind, task.num_outputs) or data_task.input_shape[0] != task.input_shape[0]:
-        raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
-                        f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
-                        f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
-    data_prep = bundle.preprocessing
-    changed = [] if None in (data_prep, trained.preprocessing) else differences(trained.preprocessing, data_prep)
-    if changed:  # the model would see inputs prepared unlike its training data
-        key = changed[0]
-        raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "
-                        f"{getattr(data_prep, key)!r}, the checkpoint's {getattr(trained.preprocessing, key)!r} "
-                        f"(differing: {', '.join(changed)})")
+    _check_fits(data_task, task, bundle.preprocessing, trained.preprocessing)
     dataset = getattr(bundle, split)
     if len(dataset) == 0:
         raise UserError(f"the {split} split of this data is empty; for an external cohort give every row the split "
                         f"'test' (or data.test_fraction=1 data.val_fraction=0), or choose --split")
     default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     out = Path(out or default_root / f"eval_{config['name']}_{split}")
-    tables = [Path(config["data"][k]) for k in ("csv", "slide_table", "clinical_table", "path")
-              if isinstance(config["data"].get(k), str)]
-    target = OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
+    target = _output_folder(out, trained, config["data"], overwrite)
     objective = objective_for(data_task, run_config["train"]["loss"])
     names = [split, *([f"{split}_patients"] if per_patient else [])]
     for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
@@ -117,6 +102,34 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
             target.save_json("eval.json", result)
     distributed.cleanup()
     return result
+
+
+def _check_fits(data_task, task, data_prep, trained_prep) -> None:
+    """The data fits the checkpoint: the same task type, input kind, number of outputs and input channels, and
+    inputs prepared as for its training (``data_prep`` against ``trained_prep``, where both are known); else a
+    UserError saying how they differ."""
+    from medattn.data.preprocessing import differences
+
+    if (data_task.task_type, data_task.input_kind, data_task.num_outputs) != \
+            (task.task_type, task.input_kind, task.num_outputs) or data_task.input_shape[0] != task.input_shape[0]:
+        raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
+                        f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
+                        f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
+    changed = [] if None in (data_prep, trained_prep) else differences(trained_prep, data_prep)
+    if changed:  # the model would see inputs prepared unlike its training data
+        key = changed[0]
+        raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "
+                        f"{getattr(data_prep, key)!r}, the checkpoint's {getattr(trained_prep, key)!r} "
+                        f"(differing: {', '.join(changed)})")
+
+
+def _output_folder(out: Path, trained, data: dict, overwrite: bool):
+    """The :class:`~medattn.runtime.outputs.OutputFolder` ``out`` of eval's files, whose inputs, never written over,
+    are the checkpoint's files and the tables the data config ``data`` names."""
+    from medattn.runtime.outputs import OutputFolder
+
+    tables = [Path(data[k]) for k in ("csv", "slide_table", "clinical_table", "path") if isinstance(data.get(k), str)]
+    return OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)
 
 
 def aggregate(pred: Predictions, task_type: str, how: str) -> Predictions:
