@@ -192,7 +192,7 @@ def test_the_size_warning_reaches_the_summary_and_results(tmp_path):
 
 def test_a_log_line_shows_a_few_tensor_names_and_counts_the_rest():
     """--init-from printed about 250 tensor names on one line."""
-    from medattn.train.loop import SHOWN_NAMES, _some
+    from medattn.train.initialise import SHOWN_NAMES, _some
 
     names = [f"encoder.blocks.{i}.attn.q_norm.weight" for i in range(40)]
     assert _some(names).count("encoder") == SHOWN_NAMES and _some(names).endswith(f"and {40 - SHOWN_NAMES} more")

@@ -64,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
     if not os.environ.get("RANK", "0").strip("0"):  # the first line within a second, before torch loads
         print(f"medattn train: {config['model']['name']} on {config['data'].get('kind')} -> "
               f"{run_dir_of(config, args.out)} (loading torch, checking data and model)", flush=True)
-    if config["task"] != "supervised":  # the 3D VQ diffusion stages (medattn.diffusion, docs/diffusion.md)
+    if config["task"] != "supervised":  # the 3D VQ diffusion stages: their volumes, then the same loop (fit)
         from medattn.diffusion.train import train_diffusion
 
         train_diffusion(config, run_dir_of(config, args.out), overwrite=args.overwrite, resume=args.resume,
-                        init_from=args.init_from)
+                        init_from=args.init_from, progress=not args.no_progress)
         return 0
     from medattn.data import build_datasets
     from medattn.explain.cases import case_pictures_for

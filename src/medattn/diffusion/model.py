@@ -7,10 +7,12 @@ the transformer's ``dim``, ``depth``, ``num_heads``, ``mlp_ratio``, ``attention_
 (:class:`~medattn.diffusion.transformer.AbsorbingTransformer`); its grid and codebook sizes come from
 the stage-1 checkpoint (``diffusion.vqae_checkpoint``) and the data's volume size.
 
-A checkpoint is the usual folder (:mod:`medattn.runtime.checkpoint`: ``model.safetensors`` written
-atomically, ``checkpoint.json``). A stage-2 checkpoint holds the VQ-AE too (``vqae.*`` tensors beside
-``transformer.*``, and the stage-1 config in its metadata), so it is self-contained: moving or deleting
-the stage-1 run does not break inpainting. Loading builds the model on the meta device first and
+A checkpoint is the usual folder, written by the training loop (:mod:`medattn.runtime.checkpoint`:
+``model.safetensors`` written atomically, ``checkpoint.json`` with ``config`` and ``diffusion``: stage, volume shape,
+SYNTHETIC flag, epoch; ``checkpoints/last`` also the training state), read by :func:`read_meta` and
+:func:`load_stage`. A stage-2 checkpoint holds the VQ-AE too (``vqae.*`` tensors beside ``transformer.*``, and the
+stage-1 config in its metadata), so it is self-contained: moving or deleting the stage-1 run does not break
+inpainting. Loading builds the model on the meta device first and
 compares every tensor's name and shape with the file before any weight is read.
 """
 
@@ -80,13 +82,11 @@ def build_transformer(config: dict, vqae: VQAutoencoder3d, volume_shape: tuple[i
                         f"transformer: {error}") from None
 
 
-def save_stage(path: Path, model: DiffusionModel, meta: dict, optimizer=None, state: dict | None = None) -> None:
-    """Write a diffusion checkpoint folder (atomic; see :func:`medattn.runtime.checkpoint.save`)."""
-    checkpoint.save(path, model, meta, optimizer, state)
-
-
-def _read_meta(folder: Path) -> dict:
-    path = folder / checkpoint.META_FILE
+def read_meta(folder: Path) -> dict:
+    """A diffusion checkpoint's ``checkpoint.json``, checked (config, volume shape, a stage-2 checkpoint's stage-1
+    config); a one-line UserError naming the file otherwise. Supervised code reads checkpoints with
+    :func:`medattn.runtime.checkpoint.load_meta`, which refuses these."""
+    path = Path(folder) / checkpoint.META_FILE
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -115,7 +115,7 @@ def load_stage(path: str | Path, want_transformer: bool = False) -> tuple[Diffus
     if not Path(path).exists():
         raise UserError(f"checkpoint {path} does not exist")
     folder = checkpoint.resolve(path)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     config, info = meta["config"], meta["diffusion"]
     is_transformer = config["task"] == "diffusion_transformer"
     if want_transformer and not is_transformer:
