@@ -193,6 +193,17 @@ def test_pytorch_core_where_the_kernels_do_not_serve():
     assert torch.equal(switched[0], seqnorm_fused._core(qd, kd, vd, *params, weights, eps)[0])
 
 
+def test_pytorch_core_for_tensors_past_int32_offsets(monkeypatch):
+    """Tensors of more than MAX_ELEMENTS elements (int32 offsets in the kernels) take the PyTorch core; made small
+    here, one element over the limit suffices."""
+    attn, (q, k, v), _ = seqnorm_case(torch.float32, 16, 37, False, heads=1, batch=1)
+    (qd, kd, vd), params, weights, eps = operator_arguments(attn, q, k, v, None)
+    monkeypatch.setattr(triton_support, "MAX_ELEMENTS", qd.numel() - 1)
+    monkeypatch.setattr(triton_seqnorm, "token_sums", lambda *args, **kwargs: pytest.fail("the kernels ran"))
+    outputs = triton_seqnorm.triton_seqnorm_forward(qd, kd, vd, *params, weights, eps)
+    assert torch.equal(outputs[0], seqnorm_fused._core(qd, kd, vd, *params, weights, eps)[0])
+
+
 # --- bit attention ---------------------------------------------------------------------------------------------
 
 def inputs(batch, heads, n, d, dtype=torch.float32):
@@ -261,3 +272,12 @@ def test_binary_layer_takes_the_kernels_where_they_run(monkeypatch):
     (emulated, emulated_grads), (kernels, kernel_grads) = results
     assert relative_error(kernels, emulated) < 1e-5
     assert max(relative_error(a, b) for a, b in zip(kernel_grads, emulated_grads)) < 1e-5
+
+
+def test_bit_attention_refuses_stacks_past_int32_offsets():
+    """Two terms of 2^30 elements stack to 2^31 (past int32 offsets): a clear error before anything is allocated
+    (meta tensors hold no memory)."""
+    signs = torch.empty(1, 1, 2**24, 64, device="meta")
+    v = torch.empty(1, 1, 2**24, 16, device="meta")
+    with pytest.raises(ValueError, match="2\\^31 - 1 elements"):
+        triton_bits.triton_binary_attention([(signs, None), (signs, None)], [(signs, None)], v, 0.125)

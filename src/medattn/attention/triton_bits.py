@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from .triton_common import block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
+from .triton_common import LAUNCH, block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
 
 #: Query and key rows per tile.
 BLOCK_M = 64
@@ -241,7 +241,7 @@ def pack_words(y: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*y.shape[:-1], words, dtype=torch.int32, device=y.device)
     rows = y.numel() // c
     _pack_kernel[(triton.cdiv(rows, PACK_ROWS),)](y, out, rows, c, WORDS=words,
-                                                  WORDS_PAD=triton.next_power_of_2(words), BLOCK_R=PACK_ROWS)
+                                                  WORDS_PAD=triton.next_power_of_2(words), BLOCK_R=PACK_ROWS, **LAUNCH)
     return out
 
 
@@ -260,7 +260,7 @@ class _BitAttention(torch.autograd.Function):
             q_bits, q_w, k_bits, k_w, q_w if keep is None else keep, v, out, lse, H, N, v.shape[-1], B * H * N,
             scale * _LOG2E, *v.stride(), *out.stride(), A=A, BK=yk.shape[0], WORDS=q_bits.shape[-1], BITS=c,
             HAS_MASK=keep is not None, LOW=low_products(v), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-            BLOCK_V=block(v.shape[-1]))
+            BLOCK_V=block(v.shape[-1]), **LAUNCH)
         ctx.save_for_backward(q_bits, q_w, k_bits, k_w, keep, v, out, lse)
         ctx.scale, ctx.bits, ctx.dtypes = scale, c, (yq.dtype, wq.dtype, yk.dtype, wk.dtype)
         return out
@@ -275,7 +275,7 @@ class _BitAttention(torch.autograd.Function):
         inputs = (q_bits, q_w, k_bits, k_w, q_w if keep is None else keep, v, grad_out, lse, delta)
         sizes = (H, N, DV, G * N, ctx.scale, ctx.scale * _LOG2E, *v.stride(), *grad_out.stride())
         options = dict(A=A, BK=BK, WORDS=words, BITS=ctx.bits, HAS_MASK=keep is not None, LOW=low_products(v),
-                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_V=block(DV), BLOCK_D=block(ctx.bits))
+                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_V=block(DV), BLOCK_D=block(ctx.bits), **LAUNCH)
         dwq = torch.empty(A, B, H, N, dtype=torch.float32, device=v.device)
         dyq = torch.empty(A, B, H, N, ctx.bits, dtype=torch.float32, device=v.device) if need_yq else dwq
         if need_yq or need_wq:
@@ -304,6 +304,10 @@ def triton_binary_attention(q_terms, k_terms, v: torch.Tensor, scale: float,
     """
     if not q_terms or not k_terms:
         raise ValueError("triton_binary_attention needs at least one query term and one key term")
+    largest = max(v.numel(), *(len(terms) * terms[0][0].numel() for terms in (q_terms, k_terms)))
+    if largest >= 2**31:
+        raise ValueError(f"the Triton kernels address at most 2^31 - 1 elements per tensor (int32 offsets); the "
+                         f"stacked terms or v hold {largest}")
     ones = torch.ones(v.shape[:-1], dtype=torch.float32, device=v.device)
     yq, yk = (torch.stack([signs for signs, _ in terms]) for terms in (q_terms, k_terms))
     wq, wk = (torch.stack([ones if w is None else w.float() for _, w in terms]) for terms in (q_terms, k_terms))

@@ -9,6 +9,9 @@ such a product runs as a bf16 tensor-core product accumulated in float32 (``LOW`
 float32 products of the rounded values (a product of two bf16 numbers is exact in float32). Triton's interpreter,
 which runs the kernels on CPU tensors in the tests, takes the float32 form: its bf16 ``tl.dot`` multiplies the bf16
 bit patterns as integers (Triton 3.9). float32 products are IEEE float32 (no TF32), for float32 accuracy.
+
+**Launches** take :data:`LAUNCH` (no FMA contraction): what the GPU computes outside ``tl.dot`` is then rounded step by
+step as under the interpreter, whose results the tests check.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from .triton_support import MAX_WIDTH
 
 triton = require("triton", "running the Triton kernels")
 tl = require("triton.language", "running the Triton kernels")
+
+#: Options of every launch: a multiply and an add stay two roundings (no FMA), as in Triton's interpreter. Stated,
+#: since Triton 3.9 warns where it is left to its default (which 3.10 changes to this).
+LAUNCH = {"enable_fp_fusion": False}
 
 
 def block(width: int) -> int:

@@ -30,7 +30,7 @@ import torch
 
 from .seqnorm_fused import _LIBRARY, _core, _core_backward, _count, _ill_conditioned, _shift, keeps_dtype
 from .seqnorm_maths import _output_map, _output_map_backward, affine_views
-from .triton_common import block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
+from .triton_common import LAUNCH, block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
 from .triton_support import fits, switched_off
 
 #: Tokens per tile of every kernel.
@@ -145,7 +145,7 @@ def token_sums(x, shift_x, weights, y=None, shift_y=None, y_moments=0, cross=Fal
         x if shift_y is None else shift_y.contiguous(), stats_x, stats_y, products,
         H, N, DX, DY, TOKENS_PER_PROGRAM, splits, *x.stride(), *other.stride(),
         HAS_W=weights is not None, SHIFT_X=shift_x is not None, SHIFT_Y=shift_y is not None, Y_MOMENTS=y_moments,
-        CROSS=cross, LOW=low_products(x), BLOCK_N=BLOCK_N, BLOCK_X=block(DX), BLOCK_Y=block(DY))
+        CROSS=cross, LOW=low_products(x), BLOCK_N=BLOCK_N, BLOCK_X=block(DX), BLOCK_Y=block(DY), **LAUNCH)
     sums_x = stats_x.sum(dim=1).view(B, H, 2, DX)
     sums_y = stats_y.sum(dim=1).view(B, H, y_moments, DY) if y_moments else None
     out = [sums_x[:, :, i:i + 1].contiguous() for i in range(2)]
@@ -168,7 +168,7 @@ def row_map(y, shift_y, m, c, weights, x=None, shift_x=None, e=None):
         y if weights is None else weights, y if shift_y is None else shift_y.contiguous(),
         y if shift_x is None else shift_x.contiguous(), out, H, N, DY, DO, *y.stride(), *like.stride(), *out.stride(),
         HAS_W=weights is not None, SHIFT_Y=shift_y is not None, SHIFT_X=shift_x is not None, HAS_X=x is not None,
-        LOW=low_products(y), BLOCK_N=BLOCK_N, BLOCK_Y=block(DY), BLOCK_O=block(DO))
+        LOW=low_products(y), BLOCK_N=BLOCK_N, BLOCK_Y=block(DY), BLOCK_O=block(DO), **LAUNCH)
     return out
 
 

@@ -21,6 +21,11 @@ MAX_WIDTH = 128
 #: Dtypes the kernels take; statistics and accumulation in float32, bf16 products on CUDA for bf16.
 DTYPES = (torch.float32, torch.bfloat16)
 
+#: Most elements of a tensor the kernels take. Their offsets are int32 (Triton's arithmetic on int32 arguments),
+#: exact below 2^31 elements; the bit kernels stack up to two terms of a tensor (the Bernoulli mechanism's two
+#: samples) into one, so each tensor may hold half of that. Larger tensors take the PyTorch paths.
+MAX_ELEMENTS = 2**30
+
 _switched_off = False
 
 
@@ -32,8 +37,8 @@ def available() -> bool:
 
 def fits(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these per-head tensors (..., width): float32 or bf16, width at most
-    :data:`MAX_WIDTH`."""
-    return all(t.dtype in DTYPES and t.shape[-1] <= MAX_WIDTH for t in tensors)
+    :data:`MAX_WIDTH`, at most :data:`MAX_ELEMENTS` elements."""
+    return all(t.dtype in DTYPES and t.shape[-1] <= MAX_WIDTH and t.numel() <= MAX_ELEMENTS for t in tensors)
 
 
 def runs_kernels(*tensors: torch.Tensor) -> bool:
