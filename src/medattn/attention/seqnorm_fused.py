@@ -87,12 +87,14 @@ def _moments(x: torch.Tensor, weights: torch.Tensor | None) -> tuple[torch.Tenso
 
 
 def _ill_conditioned(moments, count) -> bool:
+    """Whether a channel of q, k or v has ``mean^2 > CONDITION_LIMIT * var`` (from the raw moments): one read back
+    from the device for all three, so that a GPU waits once per call."""
+    flags = []
     for total, total_sq in zip(moments[0:6:2], moments[1:6:2]):
         mean = total / count
         var = total_sq / count - mean.square()
-        if bool((mean.square() > CONDITION_LIMIT * var).any()):
-            return True
-    return False
+        flags.append((mean.square() > CONDITION_LIMIT * var).any())
+    return bool(torch.stack(flags).any())
 
 
 def _count(q: torch.Tensor, weights: torch.Tensor | None):
@@ -163,7 +165,7 @@ def _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
         out = torch.baddbmm(b.to(q.dtype).flatten(0, 1), q.flatten(0, 1), a_q.to(q.dtype).flatten(0, 1))
         out = out.view(*q.shape[:3], -1)
         out = out if weights is None else out.mul_(weights.to(q.dtype))
-    return (*(t.contiguous() for t in (out, *moments)), torch.tensor(centred), *shifts)  # the fake's strides
+    return (*(t.contiguous() for t in (out, *moments)), q.new_full((), centred, dtype=torch.bool), *shifts)
 
 
 def _core_shapes(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):

@@ -195,7 +195,7 @@ def triton_seqnorm_forward(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps):
         return _core(q, k, v, gq, bq, gk, bk, gv, bv, weights, eps)
     a_q, b = _output_map(moments, count, affine_views((gq, bq, gk, bk, gv, bv), s_q), eps)
     out = row_map(q, shift_q, a_q, b, w)
-    return (out, *moments, torch.tensor(False, device=q.device), *shifts)
+    return (out, *moments, q.new_zeros((), dtype=torch.bool), *shifts)
 
 
 def triton_seqnorm_backward(grad_out, q, k, v, gq, bq, gk, bk, gv, bv, weights, eps, s_q, sq_q, s_k, sq_k, s_v,
