@@ -38,7 +38,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from medattn.attention import build_attention, triton_bits, triton_seqnorm  # noqa: E402
+from medattn.attention import build_attention, triton_bits, triton_seqnorm, triton_support  # noqa: E402
 
 #: Whether triton compiles here: not when its interpreter was turned on before it was imported in this process
 #: (tests/attention/test_triton_kernels.py does that where it runs first); then test_in_a_fresh_process runs this file.
@@ -191,3 +191,13 @@ def test_recorder_sees_what_the_host_code_passes(launches):
     names = [param.name for param in triton_seqnorm._row_map_kernel.params]
     assert constexprs[(names.index("LOW"),)] is True  # bf16 tensor-core products, as for CUDA tensors
     assert constexprs[(names.index("BLOCK_Y"),)] == 64  # width 48 in a 64-wide tile
+
+
+def test_kernels_serve_nvidia_builds_only(monkeypatch):
+    """The kernels are compiled for NVIDIA targets only: a ROCm build of torch (its GPUs are "cuda" devices too)
+    takes the PyTorch paths; a CUDA build takes the kernels (triton is installed here)."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not triton_support.available()
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert triton_support.available()

@@ -30,9 +30,11 @@ _switched_off = False
 
 
 def available() -> bool:
-    """Whether the kernels can serve CUDA tensors here: ``triton`` is installed and this torch is built with CUDA
-    (asked without touching a device, so importing medattn starts no CUDA driver)."""
-    return torch.backends.cuda.is_built() and importlib.util.find_spec("triton") is not None
+    """Whether the kernels can serve CUDA tensors here: ``triton`` is installed and this torch is built with NVIDIA's
+    CUDA (asked without touching a device, so importing medattn starts no CUDA driver). ROCm builds, whose GPUs are
+    "cuda" devices too, take the PyTorch paths: the kernels are compiled and checked for NVIDIA targets only."""
+    return (torch.backends.cuda.is_built() and torch.version.hip is None
+            and importlib.util.find_spec("triton") is not None)
 
 
 def fits(*tensors: torch.Tensor) -> bool:
