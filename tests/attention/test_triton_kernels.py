@@ -194,11 +194,14 @@ def test_pytorch_core_where_the_kernels_do_not_serve():
 
 
 def test_pytorch_core_for_tensors_past_int32_offsets(monkeypatch):
-    """Tensors of more than MAX_ELEMENTS elements (int32 offsets in the kernels) take the PyTorch core; made small
-    here, one element over the limit suffices."""
+    """Tensors spanning more than MAX_ELEMENTS elements (int32 offsets in the kernels) take the PyTorch core. Made
+    small here: q is a view into a wider tensor (as q of a fused qkv projection), whose element count fits the limit
+    and whose span (first to last element in storage) does not."""
     attn, (q, k, v), _ = seqnorm_case(torch.float32, 16, 37, False, heads=1, batch=1)
+    q = torch.cat([q, torch.randn_like(q)], dim=-1)[..., :16]
     (qd, kd, vd), params, weights, eps = operator_arguments(attn, q, k, v, None)
-    monkeypatch.setattr(triton_support, "MAX_ELEMENTS", qd.numel() - 1)
+    assert triton_support.span(qd) == 2 * qd.numel() - 16
+    monkeypatch.setattr(triton_support, "MAX_ELEMENTS", qd.numel())
     monkeypatch.setattr(triton_seqnorm, "token_sums", lambda *args, **kwargs: pytest.fail("the kernels ran"))
     outputs = triton_seqnorm.triton_seqnorm_forward(qd, kd, vd, *params, weights, eps)
     assert torch.equal(outputs[0], seqnorm_fused._core(qd, kd, vd, *params, weights, eps)[0])

@@ -34,6 +34,7 @@ import math
 import torch
 
 from .triton_common import LAUNCH, block, dot, load_tile, low_products, rounded, store_tile, tl, token_weights, triton
+from .triton_support import span
 
 #: Query and key rows per tile.
 BLOCK_M = 64
@@ -304,10 +305,10 @@ def triton_binary_attention(q_terms, k_terms, v: torch.Tensor, scale: float,
     """
     if not q_terms or not k_terms:
         raise ValueError("triton_binary_attention needs at least one query term and one key term")
-    largest = max(v.numel(), *(len(terms) * terms[0][0].numel() for terms in (q_terms, k_terms)))
+    largest = max(span(v), *(len(terms) * terms[0][0].numel() for terms in (q_terms, k_terms)))
     if largest >= 2**31:
         raise ValueError(f"the Triton kernels address at most 2^31 - 1 elements per tensor (int32 offsets); the "
-                         f"stacked terms or v hold {largest}")
+                         f"stacked terms or v span {largest}")
     ones = torch.ones(v.shape[:-1], dtype=torch.float32, device=v.device)
     yq, yk = (torch.stack([signs for signs, _ in terms]) for terms in (q_terms, k_terms))
     wq, wk = (torch.stack([ones if w is None else w.float() for _, w in terms]) for terms in (q_terms, k_terms))

@@ -21,9 +21,9 @@ MAX_WIDTH = 128
 #: Dtypes the kernels take; statistics and accumulation in float32, bf16 products on CUDA for bf16.
 DTYPES = (torch.float32, torch.bfloat16)
 
-#: Most elements of a tensor the kernels take. Their offsets are int32 (Triton's arithmetic on int32 arguments),
-#: exact below 2^31 elements; the bit kernels stack up to two terms of a tensor (the Bernoulli mechanism's two
-#: samples) into one, so each tensor may hold half of that. Larger tensors take the PyTorch paths.
+#: Most elements a tensor the kernels take may span (:func:`span`). Their offsets are int32 (Triton's arithmetic on
+#: int32 arguments), exact below 2^31; the bit kernels stack up to two terms of a tensor (the Bernoulli mechanism's
+#: two samples) into one, so each tensor may span half of that. Larger tensors take the PyTorch paths.
 MAX_ELEMENTS = 2**30
 
 _switched_off = False
@@ -37,10 +37,16 @@ def available() -> bool:
             and importlib.util.find_spec("triton") is not None)
 
 
+def span(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to its last, in its storage: ``1 + sum_i (size_i - 1) stride_i`` (more than
+    its ``numel`` for a view such as q of a fused qkv projection); 0 when empty."""
+    return 0 if t.numel() == 0 else 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+
+
 def fits(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these per-head tensors (..., width): float32 or bf16, width at most
-    :data:`MAX_WIDTH`, at most :data:`MAX_ELEMENTS` elements."""
-    return all(t.dtype in DTYPES and t.shape[-1] <= MAX_WIDTH and t.numel() <= MAX_ELEMENTS for t in tensors)
+    :data:`MAX_WIDTH`, spanning at most :data:`MAX_ELEMENTS` elements."""
+    return all(t.dtype in DTYPES and t.shape[-1] <= MAX_WIDTH and span(t) <= MAX_ELEMENTS for t in tensors)
 
 
 def runs_kernels(*tensors: torch.Tensor) -> bool:
