@@ -203,12 +203,19 @@ def time_dependent_auc(risk, time, event, times, train_time=None, train_event=No
     ``times``; here they stay in the order given) when no two risks differ by 1e-8 or less without being equal
     (sksurv's ``tied_tol``; here only equal risks are tied). Raises :class:`UndefinedMetricError` at a time
     without a case or a control, or where a case has G = 0.
+
+    Exact at event times: an event at exactly t is a case. Times given in a narrower float (the float32 label
+    tensors of a run's predictions) are compared with each t rounded to that float, so t = 12.3 meets the event
+    stored as float32(12.3), which is above 12.3 in float64 (and would otherwise be a control).
     """
+    given = np.asarray(time).dtype
     time, event = _arrays(time, event)
     risk = np.asarray(risk, dtype=np.float64)
-    times = np.atleast_1d(np.asarray(times, dtype=np.float64))
-    if times.ndim != 1 or len(times) == 0:
-        raise ValueError(f"times must be (M,) with M > 0, got shape {times.shape}")
+    shown = np.atleast_1d(np.asarray(times, dtype=np.float64))
+    if shown.ndim != 1 or len(shown) == 0:
+        raise ValueError(f"times must be (M,) with M > 0, got shape {shown.shape}")
+    narrow = np.issubdtype(given, np.floating) and given.itemsize < 8
+    times = shown.astype(given).astype(np.float64) if narrow else shown  # t at the times' own precision
     if risk.shape not in ((len(time),), (len(time), len(times))) or not np.isfinite(risk).all():
         raise ValueError(f"risk must be finite, (N,) or (N, M) = {(len(time), len(times))}, got {risk.shape}")
     if (train_time is None) != (train_event is None):
@@ -217,15 +224,15 @@ def time_dependent_auc(risk, time, event, times, train_time=None, train_event=No
                                       else (time, event)))
     survival = censoring(time)
     scores = np.empty(len(times))
-    for m, t in enumerate(times):
+    for m, (t, written) in enumerate(zip(times, shown)):
         r = risk if risk.ndim == 1 else risk[:, m]
         case, control = event & (time <= t), time > t
         if not case.any() or not control.any():
-            raise UndefinedMetricError(f"the time-dependent AUC is undefined at t={t:g}: {int(case.sum())} cases "
+            raise UndefinedMetricError(f"the time-dependent AUC is undefined at t={written:g}: {int(case.sum())} cases "
                                        f"(events by t), {int(control.sum())} controls (event-free after t)")
         if (survival[case] == 0).any():
-            raise UndefinedMetricError(f"the time-dependent AUC is undefined at t={t:g}: the censoring survival is "
-                                       "0 at a case's time")
+            raise UndefinedMetricError(f"the time-dependent AUC is undefined at t={written:g}: the censoring "
+                                       "survival is 0 at a case's time")
         weight = 1 / survival[case]
         controls = np.sort(r[control])
         below = np.searchsorted(controls, r[case], side="left")  # controls with a lower risk than each case

@@ -235,3 +235,47 @@ def test_kaplan_meier_figure_draws_the_groups_and_the_log_rank_p():
     assert buffer.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
     no_events = kaplan_meier_figure(time, np.zeros(120), high, at_risk=False)
     assert no_events.axes[0].get_legend().get_title().get_text() == "log-rank p n/a"
+
+
+@pytest.mark.parametrize("seed, resolution", [(21, 1.0), (22, 0.1), (23, 0.3)])
+def test_time_dependent_auc_is_exact_at_event_times_with_ties(seed, resolution):
+    """Issue 49: t equal to an event time (tied events, events tied with censorings) counts that event as a case,
+    as scikit-survival's cumulative_dynamic_auc does; times kept in float32 (the label tensors' dtype) are compared
+    with t at their own precision, so t = 12.3 meets the event written 12.3 (float32(12.3) > 12.3 in float64 made it
+    a control before)."""
+    sksurv_metrics = pytest.importorskip("sksurv.metrics")
+    from sksurv.util import Surv
+
+    risk, time, event = survival_data(seed, 300, resolution)
+    time = np.array([float(f"{t:.6g}") for t in time])  # as a table writes them
+    values, counts = np.unique(time[event], return_counts=True)
+    times = values[counts > 1][:3]  # event times shared by several events (and some by censorings)
+    assert len(times) == 3
+    survival = Surv.from_arrays(event, time)
+    expected, _ = sksurv_metrics.cumulative_dynamic_auc(survival, survival, risk, times)
+    assert np.abs(ms.time_dependent_auc(risk, time, event, times) - expected).max() < 1e-12
+    stored = time.astype(np.float32)  # Predictions.labels of a survival run
+    assert np.abs(ms.time_dependent_auc(risk, stored, event, times) - expected).max() < 1e-12
+    assert np.abs(ms.time_dependent_auc(risk, stored, event, times, stored, event) - expected).max() < 1e-12
+
+
+def test_survival_score_counts_the_event_at_t_as_a_case():
+    """The survival objective's time AUC at eval.times equal to an event time, from float32 labels."""
+    sksurv_metrics = pytest.importorskip("sksurv.metrics")
+    from sksurv.util import Surv
+
+    from medattn.data.base import TaskInfo
+    from medattn.train.predictions import Predictions
+    from medattn.train.survival_objective import Survival
+
+    time = np.array([1.1, 2.2, 12.3, 12.3, 12.3, 20.7, 30.1, 40.9])
+    event = np.array([1, 0, 1, 1, 0, 1, 0, 1], dtype=bool)
+    risk = np.array([3.0, 0.5, -2.0, 0.9, 0.2, 0.8, -1.0, 0.0])
+    labels = np.stack([time, event], 1).astype(np.float32)
+    pred = Predictions(ids=[str(i) for i in range(8)], patients=[str(i) for i in range(8)],
+                       outputs=risk[:, None].astype(np.float32), labels=labels, loss=0.0)
+    task = TaskInfo("survival", "image2d", 1, (1, 8, 8))
+    scored = Survival(task).score(pred, "test", {"bootstrap": 0, "ci": 0.95, "times": [12.3]}, 0)
+    survival = Surv.from_arrays(event, time)
+    expected, _ = sksurv_metrics.cumulative_dynamic_auc(survival, survival, risk, [12.3])
+    assert scored["time_auc"]["12.3"] == pytest.approx(expected[0], abs=1e-12)
