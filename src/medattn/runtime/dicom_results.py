@@ -170,10 +170,11 @@ class SegmentationWriter(DicomWriter):
         if self.hd is None:
             self.without_highdicom.append(str(series))
             return None
-        import pydicom
         from pydicom.sr.codedict import codes
 
-        headers = [_identifiers_kept(pydicom.dcmread(p, stop_before_pixels=True)) for p in _series_files(series)]
+        from medattn.data.readers.dicom_series import series_geometry
+
+        headers = [_identifiers_kept(ds) for ds in series_geometry(series).headers]  # as the volume was read
         order, why = _slice_order(headers, affine, labels.shape)
         why = self._missing(headers) or why
         if why:
@@ -192,11 +193,6 @@ class SegmentationWriter(DicomWriter):
             source_images=[headers[i] for i in order], pixel_array=frames, segmentation_type="BINARY",
             segment_descriptions=segments, series_description=description, content_label="MEDATTN",
             content_description=description, **self._equipment()), series, out, stem)
-
-
-def _series_files(folder: Path) -> list[Path]:
-    """The files of a DICOM series folder, as the volume reader lists them (hidden files left out)."""
-    return sorted(p for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def _slice_order(headers, affine: np.ndarray, shape: tuple[int, ...]) -> tuple[list[int], str]:

@@ -5,7 +5,8 @@ Loading one sample (:class:`VolumeLoader`, in this order):
 1. read the volume and its voxel-to-world affine and reorient it to RAS+ (nibabel's closest canonical
    orientation), so that axis 0 (H) runs from the patient's left to right, axis 1 (W) from posterior to
    anterior and axis 2 (D) from inferior to superior. DICOM series: slices are ordered by their position
-   along the slice normal, RescaleSlope/RescaleIntercept are applied, LPS is converted to RAS.
+   along the slice normal (one series, evenly spaced, every position and orientation given: refused otherwise,
+   :mod:`medattn.data.readers.dicom_series`), RescaleSlope/RescaleIntercept are applied, LPS is converted to RAS.
 2. subtraction (optional): the volume in ``subtract_column`` (same grid) is subtracted:
    ``input = volume(path_column) - volume(subtract_column)``. For the paper's DUKE images, "subtracting
    the post-contrast scans from the pre-contrast scans", put the pre-contrast series in ``path_column``
@@ -37,6 +38,7 @@ from ...errors import UserError, writing
 from ...runtime.outputs import atomic
 from ..files import check_regular
 from ..transforms import Augmentation
+from .dicom_series import read_dicom_series, series_geometry
 
 if TYPE_CHECKING:
     from ..tables import Record
@@ -47,51 +49,6 @@ NORMALISATIONS = ("zscore", "percentile", "none")
 
 def is_nifti(path: Path) -> bool:
     return path.name.lower().endswith(NIFTI_SUFFIXES)
-
-
-def _dicom_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    if not files:
-        raise ValueError("the DICOM series folder is empty")
-    return files
-
-
-def read_dicom_series(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """-> (array (columns, rows, slices), affine in RAS)."""
-    import pydicom
-
-    slices = [pydicom.dcmread(p) for p in _dicom_files(folder)]
-    first = slices[0]
-    orientation = np.array(first.get("ImageOrientationPatient", [1, 0, 0, 0, 1, 0]), dtype=float)
-    row_dir, col_dir = orientation[:3], orientation[3:]
-    normal = np.cross(row_dir, col_dir)
-    positions = [np.array(s.get("ImagePositionPatient", [0, 0, i]), dtype=float) for i, s in enumerate(slices)]
-    order = np.argsort([p @ normal for p in positions])
-    slices, positions = [slices[i] for i in order], [positions[i] for i in order]
-    planes = []
-    for s in slices:
-        pixels = s.pixel_array
-        if pixels.ndim != 2:
-            raise ValueError(f"every file of a DICOM series must hold one 2D slice, got shape {pixels.shape}")
-        slope, intercept = float(s.get("RescaleSlope", 1) or 1), float(s.get("RescaleIntercept", 0) or 0)
-        planes.append(pixels.astype(np.float32) * slope + intercept)
-    if len({p.shape for p in planes}) != 1:
-        raise ValueError("the slices of the DICOM series differ in size")
-    array = np.stack(planes, axis=-1).transpose(1, 0, 2)  # (rows, cols, k) -> (cols, rows, k)
-    row_spacing, col_spacing = (float(v) for v in first.get("PixelSpacing", [1, 1]))
-    if len(positions) > 1:
-        slice_spacing = float(np.median(np.diff([p @ normal for p in positions])))
-    else:
-        slice_spacing = float(first.get("SliceThickness", 1) or 1)
-    if slice_spacing <= 0:
-        raise ValueError("two slices of the DICOM series share one position")
-    affine = np.eye(4)
-    affine[:3, 0] = row_dir * col_spacing  # column index runs along the row direction
-    affine[:3, 1] = col_dir * row_spacing
-    affine[:3, 2] = normal * slice_spacing
-    affine[:3, 3] = positions[0]
-    affine[:2] *= -1  # LPS (DICOM) -> RAS (NIfTI)
-    return array, affine
 
 
 def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -170,18 +127,14 @@ def _check_nifti_complete(path: Path, image) -> None:
 
 
 def check_volume_header(path: Path) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-    """Cheap check at build time: a DICOM series folder whose first file's header reads, or a regular
-    NIfTI file whose header describes a 3D volume and whose data are not cut short. Returns a NIfTI file's
-    grid in RAS+ axis order as the loader reorients it, ((H, W, D), voxel spacing in mm), or None for a
-    DICOM series."""
+    """Cheap check at build time: a DICOM series folder whose headers make one regular grid
+    (:func:`~medattn.data.readers.dicom_series.series_geometry`), or a regular NIfTI file whose header describes a 3D
+    volume and whose data are not cut short. Returns the grid in RAS+ axis order as the loader reorients it,
+    ((H, W, D), voxel spacing in mm)."""
     check_regular(path, folders=True)
     if path.is_dir():
-        import pydicom
-
-        ds = pydicom.dcmread(_dicom_files(path)[0], stop_before_pixels=True)
-        if "Rows" not in ds or "Columns" not in ds:
-            raise ValueError("the first DICOM file has no image (no Rows/Columns)")
-        return None
+        geometry = series_geometry(path)
+        return ras_grid(geometry.shape, geometry.affine)
     if not is_nifti(path):
         raise ValueError("expected a NIfTI file (.nii, .nii.gz) or a folder holding one DICOM series")
     import nibabel as nib
@@ -244,8 +197,8 @@ def native_grid(path: Path) -> tuple[tuple[int, int, int], np.ndarray]:
     """(array shape, voxel-to-world affine) of a volume as stored: a NIfTI file's header, or the (columns, rows,
     slices) array and RAS affine :func:`read_volume` builds for a DICOM series folder."""
     if path.is_dir():
-        array, affine = read_dicom_series(path)
-        return tuple(array.shape), affine
+        geometry = series_geometry(path)
+        return geometry.shape, geometry.affine
     if not is_nifti(path):
         raise UserError(f"{path}: expected a NIfTI file or a DICOM series folder")
     import nibabel as nib
