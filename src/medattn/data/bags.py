@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import UserError
 from .base import DataBundle, TaskInfo
 from .duplicates import resolve_duplicates
-from .labels import label_columns, label_entries, label_options, parse_cells
+from .labels import event_values, label_columns, label_entries, label_options, parse_cells
 from .options import check_keys, require
 from .preprocessing import Preprocessing
 from .provenance import collect
@@ -17,8 +17,8 @@ from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
-                  "label_columns", "time_column", "event_column", "split_column", "task_type", "classes",
-                  "num_classes", "max_instances",
+                  "label_columns", "time_column", "event_column", "event_values", "split_column", "task_type",
+                  "classes", "num_classes", "max_instances",
                   "check_files", "slides_dir"}) | SPLIT_KEYS
 
 
@@ -70,7 +70,8 @@ def _slide_path(root: Path, name: str, where: str) -> Path:
 
 
 def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns: list[str], patient_column: str,
-             split_column: str | None, classes, task_type: str | None, bad: BadSamples) -> list[tuple]:
+             split_column: str | None, classes, task_type: str | None, bad: BadSamples,
+             events: dict[str, float] | None = None) -> list[tuple]:
     """(record, parsed labels, split) of each clinical row whose patient has slides and whose cells parse; the
     other rows are reported to ``bad``."""
     entries = []
@@ -81,7 +82,7 @@ def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns
             if patient not in slides:
                 raise UserError(f"{where}: patient {patient!r} has no slide in the slide table")
             paths = tuple(_slide_path(root, name, slide_where) for name, slide_where in slides[patient])
-            values = parse_cells([row[c] for c in label_columns], label_columns, classes, task_type)
+            values = parse_cells([row[c] for c in label_columns], label_columns, classes, task_type, events)
             split = parse_split(row[split_column], where) if split_column else None
         except (UserError, ValueError) as exc:
             bad.report(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
@@ -136,7 +137,8 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
                     "clinical table")
     task_type, classes, _ = label_options(cfg)
     bad = BadSamples(skip_bad)
-    entries = _entries(rows, clinical, root, slides, columns, patient_column, split_column, classes, task_type, bad)
+    entries = _entries(rows, clinical, root, slides, columns, patient_column, split_column, classes, task_type, bad,
+                       event_values(cfg))
     records, spec, column, problems = label_entries(entries, columns, cfg)
     for message in problems:
         bad.report(message)

@@ -50,13 +50,17 @@ class LabelSpec:
 
     def tensor(self, values: list[float]) -> torch.Tensor:
         """Parsed cells -> the label tensor; ValueError when they do not fit the task. Survival: ``[time, event]``
-        with time >= 0 and event 0 (censored) or 1 (observed); regression: the values as they are."""
+        with time >= 0 and event 0 (censored) or 1 (observed); regression: the values as they are. A value beyond
+        float32's range (the tensors' dtype) is refused, as it would become inf."""
+        if self.task_type in NUMERIC_TASKS:
+            _check_float32(values)
         if self.task_type == "survival":
             time, event = values
             if time < 0:
                 raise ValueError(f"follow-up time {time:g} is negative")
             if event not in (0.0, 1.0):
-                raise ValueError(f"event {event:g} is not 0 (censored) or 1 (event observed)")
+                raise ValueError(f"event {event:g} is not 0 (censored) or 1 (event observed); map other codes with "
+                                 f"data.event_values, e.g. {{2: 1, 1: 0}}")
             return torch.tensor(values, dtype=torch.float32)
         if self.task_type == "regression":
             return torch.tensor(values, dtype=torch.float32)
@@ -87,10 +91,25 @@ class LabelSpec:
         return "" if self.task_type == "regression" else str(label.tolist())
 
 
+#: The largest float32: label tensors are float32, so a larger time or target would become inf.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _check_float32(values: list[float]) -> None:
+    """ValueError for a value a float32 label tensor cannot hold (it would train on inf)."""
+    for value in values:
+        if abs(value) > FLOAT32_MAX:
+            raise ValueError(f"value {value:g} is too large for float32 (largest {FLOAT32_MAX:.3g}): rescale the "
+                             f"column (other units)")
+
+
 def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None,
-                task_type: str | None = None) -> list[float]:
+                task_type: str | None = None, events: dict[str, float] | None = None) -> list[float]:
     """Label cells -> numbers (class indices when ``classes`` names them; any finite number for survival and
-    regression, :data:`NUMERIC_TASKS`); ValueError with the reason."""
+    regression, :data:`NUMERIC_TASKS`; a survival event cell through ``events``, :func:`event_values`); ValueError
+    with the reason."""
+    if task_type == "survival" and len(cells) == 2:
+        return [_finite(cells[0], columns[0]), _event(cells[1], columns[1], events or {})]
     if task_type in NUMERIC_TASKS:
         return [_finite(cell, column) for column, cell in zip(columns, cells)]
     values = []
@@ -120,13 +139,62 @@ def _finite(cell: str, column: str) -> float:
     return value
 
 
+#: The cells PyYAML reads as true/false (YAML 1.1): ``data.event_values: {yes: 1, no: 0}`` has bool keys.
+_YAML_BOOLS = {True: ("yes", "true", "on"), False: ("no", "false", "off")}
+
+
+def event_values(cfg: dict) -> dict[str, float] | None:
+    """``data.event_values``: how the event column's cells map to 1 (event observed) and 0 (censored), e.g.
+    ``{yes: 1, no: 0}``, ``{dead: 1, alive: 0}`` or ``{2: 1, 1: 0}`` -> {cell text: 0.0/1.0}, None when not given.
+    Keys are matched to the cell's text (spaces around it ignored); a key YAML reads as a bool (yes/no, true/false,
+    on/off, unquoted) matches those words in any case. Only for ``task_type: survival``; a UserError otherwise."""
+    given = cfg.get("event_values")
+    if given is None:
+        return None
+    if cfg.get("task_type") != "survival":
+        raise UserError("data.event_values maps the event column of a survival task; set task_type: survival")
+    if not isinstance(given, dict) or not given:
+        raise UserError(f"data.event_values must map the event column's values to 1 (event) or 0 (censored), e.g. "
+                        f"{{yes: 1, no: 0}}; got {given!r}")
+    mapped: dict[str, float] = {}
+    for key, value in given.items():
+        if isinstance(value, bool) or value not in (0, 1):
+            raise UserError(f"data.event_values: {key!r} maps to {value!r}; each value must be 1 (event observed) "
+                            f"or 0 (censored)")
+        texts = [*_YAML_BOOLS[key], *(t.upper() for t in _YAML_BOOLS[key]),
+                 *(t.title() for t in _YAML_BOOLS[key])] if isinstance(key, bool) else [str(key).strip()]
+        mapped.update({text: float(value) for text in texts})
+    return mapped
+
+
+def _event(cell: str, column: str, events: dict[str, float]) -> float:
+    """An event cell -> 0.0/1.0 by ``events`` (:func:`event_values`), else as a number (checked 0/1 later by
+    :meth:`LabelSpec.tensor`); text that is neither is a ValueError saying 0/1 is expected and how to map it."""
+    text = cell.strip()
+    if text in events:
+        return events[text]
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value):
+        return value
+    if events:
+        how = f" (data.event_values maps {', '.join(sorted(events))})"
+    else:
+        example = "{true: 1, false: 0}" if text.lower() in ("true", "false", "on", "off") else "{yes: 1, no: 0}"
+        how = f"; map the column's values with data.event_values, e.g. {example}"
+    raise ValueError(f"event {cell!r} in column {column!r} is not 1 (event observed) or 0 (censored){how}")
+
+
 def label_columns(cfg: dict, kind: str) -> list[str]:
     """The label columns a table config names: ``label_columns`` (one or several); for ``task_type: survival``
-    the ``time_column`` (follow-up time, any unit) and ``event_column`` (1 event, 0 censored), in that order."""
+    the ``time_column`` (follow-up time, any unit) and ``event_column`` (1 event, 0 censored; other values through
+    ``event_values``, :func:`event_values`), in that order."""
     if cfg.get("task_type") != "survival":
-        if cfg.get("time_column") is not None or cfg.get("event_column") is not None:
-            raise UserError(f"data kind {kind!r}: time_column and event_column describe a survival task; set "
-                            f"task_type: survival")
+        if any(cfg.get(key) is not None for key in ("time_column", "event_column", "event_values")):
+            raise UserError(f"data kind {kind!r}: time_column, event_column and event_values describe a survival "
+                            f"task; set task_type: survival")
         return as_list(require(cfg, "label_columns", kind), "label_columns")
     if cfg.get("label_columns") is not None:
         raise UserError(f"data kind {kind!r} with task_type: survival takes time_column and event_column, not "

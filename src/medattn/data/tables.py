@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .files import check_regular
-from .labels import LabelSpec, label_entries, label_options, parse_cells
+from .labels import LabelSpec, event_values, label_entries, label_options, parse_cells
 
 log = logging.getLogger("medattn.data")
 
@@ -170,13 +170,14 @@ def table_records(cfg: dict, kind: str, label_columns: list[str], extra_columns:
               *(c for c in (patient_column, split_column) if c)]
     require_columns(header, wanted, csv_path)
     task_type, classes, _ = label_options(cfg)
+    events = event_values(cfg)
     entries, problems = [], []  # (record, parsed labels, split)
     for number, row in rows:
         where = f"{csv_path.name} row {number}"
         try:
             paths = tuple(resolve_path(root, row[c], where) for c in (path_column, *extra_columns))
             split = parse_split(row[split_column], where) if split_column else None
-            parsed = {side: parse_cells([row[c] for c in cols], cols, classes, task_type)
+            parsed = {side: parse_cells([row[c] for c in cols], cols, classes, task_type, events)
                       for side, cols in per_side.items()}
         except (UserError, ValueError) as exc:
             message = str(exc)

@@ -71,6 +71,7 @@ from .scoring import predict
 from .standardize import fit_feature_norm
 from .state import check_resume, improves, save_checkpoints, start_state
 from .tasks import Batches, Built, TaskObjective, Validation, task_objective
+from .trainable import check_trainable
 
 
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
@@ -265,6 +266,7 @@ class Supervised:
                 raise UserError(f"the {split} split is empty: training needs training and validation cases (check the "
                                 f"split column or data.val_fraction / data.test_fraction); to score a trained model "
                                 f"on an all-test cohort use medattn eval")
+        check_trainable(self.bundle)  # survival/regression labels it cannot learn from: before any epoch
         check_model_config(config["model"])
         if not config["train"]["skip_bad"]:  # with skip_bad the builders decoded every file already
             decode_all(self.bundle, progress and distributed.is_main())
