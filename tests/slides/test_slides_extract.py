@@ -271,7 +271,9 @@ def test_features_load_through_the_wsi_bags_loader(cohort, descriptor, tmp_path)
     with h5py.File(out / "slide_001.h5") as f:
         assert f["features"].shape[1] == 32 and f["coords"].dtype == np.int64
         attrs = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in f.attrs.items()}
-        assert attrs | {"slide": "-"} == {"patch_size_um": 64.0, "patch_size_px": 32, "mpp": 1.0,
+        assert json.loads(attrs["slide_identity"])["width"] == 768  # tests/slides/test_slide_identity.py
+        assert attrs | {"slide": "-", "slide_identity": "-"} == {
+                                          "patch_size_um": 64.0, "patch_size_px": 32, "mpp": 1.0, "slide_identity": "-",
                                           "patch_size_level0": 64, "extractor": "descriptor", "stain_norm": "none",
                                           "slide": "-", "tile_settings": json.dumps(asdict(SMALL), sort_keys=True),
                                           "extractor_input_px": 0, "extractor_mean": [-1.0] * 3,

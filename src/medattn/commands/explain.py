@@ -21,8 +21,10 @@ streamed in bounded memory (the gradient rule needs a backward over the whole ba
 every file with the method used and its probabilities. --colour-scale percentile ends the colours at the 1st and
 99th percentiles of the map (99th of |values| for a signed map), so a few extreme tiles or voxels do not wash the
 rest out. --device picks where the model runs (default: the best this machine has), whatever device it was
-trained on. --slides DIR: a folder that does not exist is refused; a bag whose slide is not in it is refused when
-it is the only file, and with several bags each missing slide is a warning and counted in the summary.
+trained on. --slides DIR: a folder that does not exist is refused; a bag whose slide is not in it, or whose file of
+that name is not the slide the bag records it was extracted from (dimensions, size, digest: slide_identity), is
+refused when it is the only file, and with several bags each such slide is a warning and counted in the summary; a
+bag extracted before slide_identity was recorded is drawn on the slide of its name with a warning.
 """
 
 from __future__ import annotations
@@ -84,7 +86,12 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     if report.slides_found is not None:
         print(f"slides: {report.slides_found} of {len(report.rows)} bag map(s) drawn on their slide, "
-              f"{len(report.missing_slides)} slide(s) not found in {args.slides}")
+              f"{len(report.missing_slides)} slide(s) not found or not the bag's slide in {args.slides}")
+        if report.by_name_only:
+            print(f"medattn: warning: {len(report.by_name_only)} bag(s) drawn on a slide matched by file name only "
+                  f"(extracted before medattn recorded slide_identity; re-extract to confirm which slide): "
+                  f"{', '.join(report.by_name_only[:3])}{' ...' if len(report.by_name_only) > 3 else ''}",
+                  file=sys.stderr)
     if report.streamed:
         print(f"{report.streamed} bag(s) longer than --chunk-size were explained by streamed rollout in bounded "
               f"memory (gradrollout needs a backward over the whole bag: ask for it with --method gradrollout)")

@@ -36,6 +36,7 @@ from ..errors import UserError
 from ..runtime.dicom_results import TileAnnotationWriter
 from ..slides.dicom import is_dicom
 from ..slides.heatmap import prediction_text
+from ..slides.identity import mismatch, recorded
 from . import outputs, tile_scores
 from .core import check_method, explain
 
@@ -55,6 +56,8 @@ class ExplainedFiles:
     slides_found: int | None = None
     #: lines for the user: the DICOM annotations of DICOM slides written, or why not
     notes: list[str] = field(default_factory=list)
+    #: bags drawn on a slide of their slide's name that they cannot confirm (extracted before ``slide_identity``)
+    by_name_only: list[str] = field(default_factory=list)
 
 
 def streams(model) -> bool:
@@ -135,6 +138,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     predictor = trained.predictor(where)
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder), missing_slides=missing,
                             slides_found=None if slides is None or not kind.instances else len(stems) - len(missing))
+    report.by_name_only = [item.id for item, (_, attrs) in zip(dataset.items, headers)
+                           if slide_of(attrs, slides) is not None and recorded(attrs) is None]
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
         tiles, attrs = headers[index]
@@ -274,8 +279,10 @@ class FileHeatmaps:
 
 def find_slide(attrs: dict, slides: str | Path) -> tuple[Path | None, str]:
     """(the scanner file a bag was extracted from, "") when its map can be drawn on it: the bag's ``slide`` attribute
-    names a file (or a DICOM slide's folder of instances) in the folder ``slides`` and the bag records its tile side in
-    level-0 pixels (``patch_size_level0``); else (None, why not, in words)."""
+    names a file (or a DICOM slide's folder of instances) in the folder ``slides``, the bag records its tile side in
+    level-0 pixels (``patch_size_level0``) and that file is the slide the bag records it was extracted from (its
+    ``slide_identity``, :mod:`medattn.slides.identity`; a bag recording none is matched by name); else (None, why
+    not, in words)."""
     name = attrs.get("slide")
     if not isinstance(name, str) or not name:
         return None, "the bag names no slide (no 'slide' attribute: medattn wsi extract writes it)"
@@ -286,7 +293,9 @@ def find_slide(attrs: dict, slides: str | Path) -> tuple[Path | None, str]:
         return None, f"its slide {name} is not in {slides}"
     if "patch_size_level0" not in attrs:
         return None, "the bag does not record its tile side in level-0 pixels (patch_size_level0)"
-    return path, ""
+    expected = recorded(attrs)  # None: a bag extracted before identities were recorded, matched by name only
+    why = "" if expected is None else mismatch(path, expected)
+    return (None, f"{path} is not the slide the bag was extracted from: {why}") if why else (path, "")
 
 
 def slide_of(attrs: dict, slides: str | Path | None) -> Path | None:
@@ -318,7 +327,7 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         written += [annotations] if annotations else []
     if slide is not None:
         picture = tile_scores.slide_picture(slide, coords, scores, attrs, scale)
-        title += f" | on {slide.name}"
+        title += f" | on {slide.name}" + (" (matched by name only)" if recorded(attrs) is None else "")
     elif spread:
         picture = tile_scores.tile_map(coords, scores, tile_scores.tile_size(coords, attrs), scale)
         title += (" | tiles at their coordinates (slide not given: --slides DIR draws them on it)" if slides is None

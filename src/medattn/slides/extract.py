@@ -1,17 +1,18 @@
 """Features per slide as CLAM- or STAMP-layout HDF5, resumable and sharded across processes.
 
 One file per slide, ``<out>/<slide stem>.h5``, with attributes ``patch_size_um``, ``patch_size_px``,
-``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, ``tile_settings``, ``synthetic`` (True,
-only for a slide written by ``medattn wsi synthetic``: :func:`medattn.slides.synthetic.is_synthetic`), and
+``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, ``slide_identity`` (JSON of the slide's
+dimensions, size and digest, :mod:`medattn.slides.identity`), ``tile_settings``, ``synthetic`` (True, only for a slide
+written by ``medattn wsi synthetic``: :func:`medattn.slides.synthetic.is_synthetic`), and
   * CLAM layout (default): ``features`` (N, F) float32, ``coords`` (N, 2) int64 level-0 top-left (x, y) px;
   * STAMP layout: ``feats`` (N, F) float32, ``coords`` (N, 2) float32 top-left (x, y) in microns (level-0
     px x mpp), and STAMP's attributes ``unit`` = "um", ``tile_size_um``, ``tile_size_px``, ``feat_type`` = "tile".
 The ``wsi_bags`` data kind reads either as it is.
 A file is written under a temporary name and renamed when complete, so a file under the final name is
 whole; on a rerun a slide is skipped when its file reads (:func:`medattn.data.readers.bags.slide_shape`) and
-was made with the same settings, redone when it does not read, and refused when made otherwise
-(``overwrite`` replaces it). Under ``torchrun`` (env ``RANK``, ``WORLD_SIZE``) rank r takes slides
-r, r + W, ... of the sorted list and writes only those.
+was made with the same settings from the same slide, redone when it does not read, and refused when made otherwise
+or from another slide of the same name (``overwrite`` replaces it). Under ``torchrun`` (env ``RANK``,
+``WORLD_SIZE``) rank r takes slides r, r + W, ... of the sorted list and writes only those.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..errors import UserError, writing
 from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
 from ..text import bars_off
 from .extractors import Extractor
+from .identity import IDENTITY_ATTR, identity, recorded
 from .reader import PatchGeometry, open_slide, reading, thumbnail
 from .settings import settings_changes
 from .stain import MacenkoNormalizer
@@ -78,10 +80,15 @@ def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:
     try:
         slide_shape(path)
         with h5py.File(path, "r") as f:
-            stored = {k: f.attrs.get(k) for k in CHECKED_ATTRS} | {"layout": "stamp" if "feats" in f else "clam"}
+            stored = {k: f.attrs.get(k) for k in (*CHECKED_ATTRS, IDENTITY_ATTR)} | {
+                "layout": "stamp" if "feats" in f else "clam"}
     except (OSError, ValueError):
         return False  # unreadable or incomplete: redo
     differs = [f"{k}={stored[k]}" for k in CHECKED_ATTRS if k != "tile_settings" and str(stored[k]) != str(attrs[k])]
+    made_from = recorded(stored)  # files written before identities were recorded: judged by the rest
+    if made_from is not None and attrs.get(IDENTITY_ATTR) is not None and made_from != attrs[IDENTITY_ATTR]:
+        differs.append(f"made from another slide of this name ({made_from['width']} x {made_from['height']} px, "
+                       f"{made_from['bytes']} bytes)")
     if stored["tile_settings"] is not None:  # files written before settings were recorded: judged by the rest
         differs += settings_changes(json.loads(str(stored["tile_settings"])),
                                     TileSettings(**json.loads(attrs["tile_settings"])))
@@ -105,7 +112,8 @@ class SlideResult:
 class Patches:
     """What :func:`extract_slide` reads of a slide: ``coords`` to read (level-0 top-left), whether to ``check``
     them with the quality filter (False: ``medattn wsi tile`` did, and ``tiled_dropped`` holds what it dropped),
-    the stain ``normalizer`` or None, the settings that ``tiled`` the slide, and whether it is ``synthetic``."""
+    the stain ``normalizer`` or None, the settings that ``tiled`` the slide, whether it is ``synthetic``, and its
+    ``identity`` (:func:`medattn.slides.identity.identity`)."""
 
     mpp: float
     geometry: PatchGeometry
@@ -115,6 +123,7 @@ class Patches:
     tiled: TileSettings
     tiled_dropped: dict | None
     synthetic: bool
+    identity: dict
 
 
 def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: str) -> Patches:
@@ -146,7 +155,7 @@ def _patches(path: Path, settings: TileSettings, tiles_dir: Path | None, stain: 
             normalizer = MacenkoNormalizer().fit(thumb[mask])
         except UserError as error:
             raise UserError(f"{path}: {error}") from None
-    return Patches(mpp, geometry, coords, check, normalizer, tiled, tiled_dropped, synthetic)
+    return Patches(mpp, geometry, coords, check, normalizer, tiled, tiled_dropped, synthetic, identity(path, slide))
 
 
 def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: TileSettings = DEFAULT_SETTINGS,
@@ -183,6 +192,7 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     if not features:
         raise UserError(f"{path}: every patch was dropped ({dropped['white']} white, {dropped['blurry']} blurry)")
     attrs = attributes(settings, mpp, geometry, extractor.name, stain, path, patches.tiled) | extractor.record()
+    attrs[IDENTITY_ATTR] = json.dumps(patches.identity, sort_keys=True)  # which slide, beyond its name
     if patches.synthetic:  # the mark follows the data: the wsi_bags kind reads it (TaskInfo.synthetic)
         attrs[SYNTHETIC_ATTR] = True
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
@@ -231,7 +241,9 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
                     "extractor": extractor.name, "stain_norm": stain, "layout": layout}
         try:
             expected["tile_settings"] = tile_settings(path, settings, tiles_dir)
-        except UserError as error:  # the slide's tiles are missing or malformed: a bad slide
+            if out_path.exists() and not overwrite:  # a rerun: the file must come from this slide
+                expected[IDENTITY_ATTR] = identity(path, open_slide(path))
+        except UserError as error:  # the slide's tiles are missing or malformed, or it does not open: a bad slide
             if not skip_bad:
                 raise
             results.append(SlideResult(path, "failed", message=str(error)))
