@@ -65,7 +65,8 @@ def run(tmp_path_factory):
 
 def test_training_records_the_features_provenance(run):
     meta = checkpoint.load_meta(checkpoint.resolve(run / "run"))
-    assert meta["features"] == {"extractor": "descriptor-A", "patch_size_um": 256.0, "mpp": 1.0, "layout": "clam"}
+    assert meta["features"] == {"extractor": "descriptor-A", "patch_size_um": 256.0, "patch_size_px": 256, "mpp": 1.0,
+                                "layout": "clam"}
 
 
 def test_predict_and_explain_refuse_other_features_in_one_line(run, tmp_path, capsys):
@@ -148,7 +149,85 @@ def test_mixed_training_bags_record_every_value(tmp_path):
     paths = [bag(tmp_path / "a.h5", 0, TRAINED), bag(tmp_path / "b.h5", 1, {**TRAINED, "extractor": "B"}),
              bag(tmp_path / "c.h5", 2, {"patch_size_um": 256.0, "patch_size_px": 256, "mpp": 1.0}, layout="stamp")]
     recorded = collect(paths)
-    assert recorded == {"extractor": ["B", "descriptor-A"], "patch_size_um": 256.0, "mpp": 1.0,
+    assert recorded == {"extractor": ["B", "descriptor-A"], "patch_size_um": 256.0, "patch_size_px": 256, "mpp": 1.0,
                         "layout": ["clam", "stamp"]}
     assert differences(recorded, {"extractor": "B", "layout": "stamp"}) == []
     assert differences(recorded, {"extractor": "C"}) == ["extractor C (model: B or descriptor-A)"]
+
+
+# --- one feature space per cohort (issue 49) --------------------------------------------------------------------------
+
+
+def cohort(root, other: dict, width=WIDTH):
+    """12 patients of one slide each, P0-P5 of features made as TRAINED, P6-P11 as TRAINED | ``other``: the wsi_bags
+    config."""
+    (root / "feats").mkdir(parents=True, exist_ok=True)
+    slides, patients = [], []
+    for i in range(12):
+        made = TRAINED if i < 6 else {**TRAINED, **other}
+        bag(root / "feats" / f"s{i}.h5", i, made, width=width if i >= 6 else WIDTH)
+        slides.append([f"P{i}", f"s{i}.h5"])
+        patients.append([f"P{i}", i % 2, ["train", "val", "test"][(i // 2) % 3]])
+    return {"kind": "wsi_bags", "feature_dir": str(root / "feats"),
+            "slide_table": write_table(root / "slides.csv", ["PATIENT", "FILENAME"], slides),
+            "clinical_table": write_table(root / "clini.csv", ["PATIENT", "label", "split"], patients),
+            "label_columns": ["label"], "split_column": "split"}
+
+
+@pytest.mark.parametrize("other, shown", [
+    ({"patch_size_um": 128.0}, ("patch_size_um 256", "patch_size_um 128")),  # another magnification
+    ({"extractor": "descriptor-B"}, ("extractor descriptor-A", "extractor descriptor-B")),  # same width
+    ({"stain_norm": "macenko"}, ("stain_norm unrecorded", "stain_norm macenko")),
+    ({"extractor_sha256": "ab" * 32}, ("extractor_digest unrecorded", f"extractor_digest {'ab' * 32}")),
+])
+def test_a_table_mixing_feature_spaces_is_refused_before_training(tmp_path, other, shown):
+    """Before, the cohort trained without a word and checkpoint.json recorded both values as a list."""
+    from medattn.errors import UserError
+
+    cfg = cohort(tmp_path, other)
+    with pytest.raises(UserError) as err:
+        build_wsi_bags(cfg)
+    message = str(err.value)
+    assert "\n" not in message and "bags of two feature spaces" in message and "mixed_feature_spaces: true" in message
+    assert f"s0.h5 has {shown[0]}" in message and f"s6.h5 has {shown[1]}" in message
+
+
+def test_mixed_feature_spaces_true_mixes_them_knowingly_and_the_checkpoint_records_it(tmp_path, capsys):
+    cfg = cohort(tmp_path, {"patch_size_um": 128.0})
+    bundle = build_wsi_bags({**cfg, "mixed_feature_spaces": True})
+    assert bundle.features["patch_size_um"] == [128.0, 256.0] and bundle.features["mixed_feature_spaces"] is True
+    from medattn.data.provenance import check_recorded
+    from medattn.errors import UserError
+
+    check_recorded(bundle.features, "checkpoint.json")  # the record is one a checkpoint may hold
+    with pytest.raises(UserError, match="features must map"):
+        check_recorded({**bundle.features, "mixed_feature_spaces": "yes"}, "checkpoint.json")
+    with pytest.raises(UserError, match="mixed_feature_spaces must be true or false"):
+        build_wsi_bags({**cfg, "mixed_feature_spaces": "yes"})
+    same = build_wsi_bags(cohort(tmp_path / "same", {"mpp": 0.5}))  # another scanner: one feature space
+    assert "mixed_feature_spaces" not in same.features and same.features["mpp"] == [0.5, 1.0]
+
+
+def test_the_train_command_refuses_a_mixed_cohort_in_one_line(tmp_path, capsys):
+    cfg = cohort(tmp_path, {"patch_size_um": 128.0})
+    data = [f"data.{key}={cfg[key]}" for key in ("feature_dir", "slide_table", "clinical_table")]
+    capsys.readouterr()
+    assert main(["train", "synthetic_slides", *data, "data.label_columns=[label]", "data.split_column=split",
+                 "train.epochs=1", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s0.h5 has patch_size_um 256" in err and "s6.h5 has patch_size_um 128" in err
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_width_mismatch_in_a_table_names_the_two_files(tmp_path):
+    """Before, a patient whose two slides differ in width was refused naming "clini.csv row 2" twice."""
+    from medattn.errors import UserError
+
+    cfg = cohort(tmp_path, {})
+    bag(tmp_path / "feats" / "s0b.h5", 50, TRAINED, width=WIDTH + 8)
+    with open(tmp_path / "slides.csv", "a", newline="") as f:
+        csv.writer(f).writerow(["P0", "s0b.h5"])
+    with pytest.raises(UserError) as err:
+        build_wsi_bags(cfg)
+    message = str(err.value)
+    assert "s0.h5 has 16" in message and "s0b.h5 has 24" in message and "row 2" not in message

@@ -11,7 +11,7 @@ from .duplicates import resolve_duplicates
 from .labels import event_values, label_columns, label_entries, label_options, parse_cells
 from .options import check_keys, require
 from .preprocessing import Preprocessing
-from .provenance import collect
+from .provenance import MIXED_KEY, check_one_space, collect
 from .readers.bags import BagLoader, bag_synthetic, slide_shape
 from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
@@ -19,7 +19,7 @@ from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, req
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
                   "label_columns", "time_column", "event_column", "event_values", "split_column", "task_type",
                   "classes", "num_classes", "max_instances",
-                  "check_files", "slides_dir"}) | SPLIT_KEYS
+                  "check_files", "slides_dir", MIXED_KEY}) | SPLIT_KEYS
 
 
 def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PATIENT",
@@ -105,8 +105,10 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     ``num_classes``, ``max_instances`` (training only: keep a random subset of at most this many
     instances per bag; default none), ``check_files`` (default true), ``slides_dir`` (the folder of the
     scanner files, named as the bags' ``slide`` attribute: report.html draws its case heatmaps on them,
-    :mod:`medattn.explain.cases`; default none; a folder that does not exist is refused), ``val_fraction``,
-    ``test_fraction``, ``folds``, ``fold``.
+    :mod:`medattn.explain.cases`; default none; a folder that does not exist is refused),
+    ``mixed_feature_spaces`` (default false: bags that disagree on extractor, weights, tile side in microns or pixels,
+    or stain normalisation are refused, naming two files, :func:`medattn.data.provenance.check_one_space`; true mixes
+    them and the checkpoint records it), ``val_fraction``, ``test_fraction``, ``folds``, ``fold``.
 
     Patients of the slide table without a clinical row are not used; clinical rows without slides,
     labels that do not parse, missing files, bad layouts and empty bags are bad samples. Validation:
@@ -144,20 +146,25 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
         bad.report(message)
     column = column if split_column else None
 
-    dims: dict[int, str] = {}
+    dims: dict[int, Path] = {}  # a feature width -> the first file of that width
 
     def check_headers(record: Record) -> None:
         for path in record.paths:
-            dims.setdefault(slide_shape(path)[1], record.where)
+            dims.setdefault(slide_shape(path)[1], path)
 
     records, column = keep_valid(records, column, check_headers if cfg.get("check_files", True) else None, bad,
                                  f"wsi_bags {clinical}")
     records, column = resolve_duplicates(records, column, bad)
     if not dims:
-        dims[slide_shape(records[0].paths[0])[1]] = records[0].where
+        dims[slide_shape(records[0].paths[0])[1]] = records[0].paths[0]
     if len(dims) > 1:
-        raise UserError(f"wsi_bags: slides have different feature dimensions: "
-                        f"{', '.join(f'{d} ({w})' for d, w in dims.items())}")
+        raise UserError(f"wsi_bags: bags of different feature dimensions: "
+                        f"{', '.join(f'{path} has {width}' for width, path in list(dims.items())[:2])} "
+                        f"(one extractor per cohort: extract every slide with the same one)")
+    mixed = cfg.get(MIXED_KEY, False)
+    if not isinstance(mixed, bool):
+        raise UserError(f"{MIXED_KEY} must be true or false, got {mixed!r}")
+    mixes = check_one_space((path for record in records for path in record.paths), mixed)  # before the first epoch
     feature_dim = next(iter(dims))
     plain = BagLoader(feature_dim)
     if skip_bad:
@@ -168,6 +175,8 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     task = TaskInfo(spec.task_type, "bag", spec.num_outputs, (feature_dim,), spec.class_names, synthetic=synthetic,
                     **spec.targets(parts["train"]))
     features = collect(path for record in parts["train"] for path in record.paths)  # what made the training features
+    if mixes:  # recorded: the model was trained knowingly on several feature spaces
+        features[MIXED_KEY] = True
     return DataBundle(RecordDataset(parts["train"], BagLoader(feature_dim, max_instances)),
                       RecordDataset(parts["val"], plain), RecordDataset(parts["test"], plain), task,
                       skipped=bad.count, preprocessing=Preprocessing.of("wsi_bags", task), features=features)

@@ -1,6 +1,12 @@
-"""Feature provenance: what made a bag's tile features (extractor, its weights digest, tile side in microns, the
-slide's microns per pixel, the file layout), read from the bag's HDF5 attributes.
+"""Feature provenance: what made a bag's tile features (extractor, its weights digest, tile side in microns and in
+pixels, the slide's microns per pixel, stain normalisation, the file layout), read from the bag's HDF5 attributes.
 
+One feature space per cohort: the bags of a training table must agree on :data:`SPACE_FIELDS` (extractor, weights,
+tile side in microns, tile side in pixels, stain normalisation); :func:`check_one_space` refuses a table that mixes
+them, before the first epoch, in one line naming two files and their values, unless the data config sets
+``mixed_feature_spaces: true`` (then the checkpoint records it, ``meta["features"]["mixed_feature_spaces"]``). A
+field one bag records and another does not counts as a disagreement; the slide's mpp and the file layout do not
+(scanners differ, and the tile side in microns fixes what a tile shows).
 Training records the provenance of its training bags in the checkpoint (``meta["features"]``: one value per field
 when every training bag agrees, else the sorted list of the values seen; a field no bag records is left out).
 eval, predict and explain compare every bag they are given with it (:func:`differences`) and refuse a bag made
@@ -17,7 +23,11 @@ from pathlib import Path
 from ..errors import UserError
 
 #: The recorded fields, in the order messages name them.
-FIELDS = ("extractor", "extractor_digest", "patch_size_um", "mpp", "layout")
+FIELDS = ("extractor", "extractor_digest", "patch_size_um", "patch_size_px", "mpp", "stain_norm", "layout")
+#: The fields every bag of one cohort shares (:func:`check_one_space`).
+SPACE_FIELDS = ("extractor", "extractor_digest", "patch_size_um", "patch_size_px", "stain_norm")
+#: The data key that lets a cohort mix feature spaces knowingly, and the checkpoint's record of it.
+MIXED_KEY = "mixed_feature_spaces"
 #: HDF5 attributes that may hold the extractor's weights digest, first found wins.
 DIGEST_ATTRS = ("extractor_sha256", "extractor_digest", "extractor_weights_sha256", "weights_sha256")
 #: Relative tolerance of the numeric fields: scanners of one nominal magnification differ by a few percent in mpp.
@@ -41,13 +51,16 @@ def _text(value) -> str | None:
 
 def of_attrs(attrs: dict, layout: str | None) -> dict:
     """The provenance fields an HDF5 bag's attributes record (``layout``: "clam" or "stamp"); absent ones left out.
-    mpp is rounded to 4 significant digits, the tile side to 3 decimals."""
+    mpp is rounded to 4 significant digits, the tile side in microns to 3 decimals."""
     digest = next((_text(attrs.get(key)) for key in DIGEST_ATTRS if _text(attrs.get(key))), None)
     size = _number(attrs.get("patch_size_um", attrs.get("tile_size_um")))
+    pixels = _number(attrs.get("patch_size_px", attrs.get("tile_size_px")))
     mpp = _number(attrs.get("mpp"))
     found = {"extractor": _text(attrs.get("extractor")), "extractor_digest": digest,
              "patch_size_um": None if size is None else round(size, 3),
-             "mpp": None if mpp is None else float(f"{mpp:.4g}"), "layout": layout}
+             "patch_size_px": None if pixels is None else int(round(pixels)),
+             "mpp": None if mpp is None else float(f"{mpp:.4g}"), "stain_norm": _text(attrs.get("stain_norm")),
+             "layout": layout}
     return {key: value for key, value in found.items() if value is not None}
 
 
@@ -76,16 +89,43 @@ def collect(paths) -> dict:
             for key in FIELDS if (values := seen.get(key))}
 
 
+def _values(found: dict, keys: list[str]) -> str:
+    """``key value, ...`` of ``keys`` in a bag's provenance ``found`` ("unrecorded" where it records none)."""
+    return ", ".join(f"{key} {_shown(found[key]) if key in found else 'unrecorded'}" for key in keys)
+
+
+def check_one_space(paths, mixed: bool = False) -> bool:
+    """The bags ``paths`` of one cohort share one feature space (:data:`SPACE_FIELDS`), else a one-line UserError
+    naming two files that differ and their values (a field one records and the other does not counts), unless
+    ``mixed`` (the data key ``mixed_feature_spaces``). -> whether they mix feature spaces (``mixed`` only)."""
+    first, first_space, mixes = None, {}, False
+    for path in paths:
+        space = {key: value for key, value in of_bag(Path(path)).items() if key in SPACE_FIELDS}
+        if first is None:
+            first, first_space = path, space
+            continue
+        differ = [key for key in SPACE_FIELDS if (key in space) != (key in first_space) or (
+            key in space and not _same(key, first_space[key], space[key]))]
+        if differ and not mixed:
+            raise UserError(f"bags of two feature spaces in one cohort: {first} has {_values(first_space, differ)}, "
+                            f"{path} has {_values(space, differ)}; extract every slide alike, or set "
+                            f"data.{MIXED_KEY}: true to mix them knowingly")
+        mixes = mixes or bool(differ)
+    return mixes
+
+
 def check_recorded(features, source: str) -> None:
     """The schema of a checkpoint's ``features``: a mapping of known fields to a string or positive number, or a
-    list of them; a one-line UserError naming ``source`` otherwise."""
+    list of them, and perhaps ``mixed_feature_spaces: true``; a one-line UserError naming ``source`` otherwise."""
     def plain(value) -> bool:
         return (isinstance(value, str) and len(value) <= 4096) or (
             isinstance(value, (int, float)) and not isinstance(value, bool) and _number(value) is not None)
 
-    if not isinstance(features, dict) or not set(features) <= set(FIELDS) or not all(
+    fields = {key: value for key, value in features.items() if key != MIXED_KEY} \
+        if isinstance(features, dict) and features.get(MIXED_KEY, True) is True else None
+    if fields is None or not set(fields) <= set(FIELDS) or not all(
             plain(v) or (isinstance(v, list) and 1 <= len(v) <= 1024 and all(plain(x) for x in v))
-            for v in features.values()):
+            for v in fields.values()):
         raise UserError(f"{source}: features must map {', '.join(FIELDS)} to a value or a list of values "
                         f"(got {str(features)[:200]})")
 

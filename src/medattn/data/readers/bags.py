@@ -99,10 +99,12 @@ class BagLoader:
 
     def __call__(self, record: Record) -> dict:
         slides = [read_slide(path) for path in record.paths]
+        for path, (features, _) in zip(record.paths, slides):  # named: a patient's slides may differ among themselves
+            if features.shape[1] != self.feature_dim:
+                raise ValueError(f"{path}: features have dimension {features.shape[1]}, the other bags "
+                                 f"{self.feature_dim}")
         features = torch.cat([s[0] for s in slides])
         coords = torch.cat([s[1] for s in slides])
-        if features.shape[1] != self.feature_dim:
-            raise ValueError(f"features have dimension {features.shape[1]}, the other bags {self.feature_dim}")
         if self.max_instances is not None:
             features, coords = subsample(features, coords, self.max_instances)
         return {"input": features, "coords": coords}
