@@ -47,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"medattn pretrain: {config['model']['name']} on {config['data'].get('kind')} -> {run_dir}", flush=True)
     from medattn.data import build_datasets
     from medattn.pretrain import pretrain
-    from medattn.train.rundir import check_run_dir
+    from medattn.train.rundir import check_inputs, check_run_dir, config_inputs
 
+    check_inputs(run_dir, config_inputs(config, args.config), args.resume)
     check_run_dir(run_dir, args.resume, args.overwrite)
     bundle = build_datasets(config["data"], seed=config["seed"])
     pretrain(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     if not os.environ.get("RANK", "0").strip("0"):  # the first line within a second, before torch loads
         print(f"medattn train: {config['model']['name']} on {config['data'].get('kind')} -> "
               f"{run_dir_of(config, args.out)} (loading torch, checking data and model)", flush=True)
+    from medattn.train.rundir import check_inputs, config_inputs
+
+    check_inputs(run_dir_of(config, args.out), config_inputs(config, args.config, args.init_from), args.resume)
     if config["task"] != "supervised":  # the 3D VQ diffusion stages: their volumes, then the same loop (fit)
         from medattn.diffusion.train import train_diffusion
 
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                         init_from=args.init_from, progress=not args.no_progress)
         return 0
     from medattn.data import build_datasets
+    from medattn.experiments.recipe import recipe_for
     from medattn.explain.cases import case_pictures_for
     from medattn.runtime import checkpoint, distributed
     from medattn.runtime.build import check_model_config
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
         if bundle.skipped and distributed.is_main():
             print(f"skipped {bundle.skipped} bad sample(s) (--skip-bad)")
+        config = recipe_for(config, bundle, run_dir, resume=args.resume, init_from=args.init_from)
         fit(config, bundle, run_dir, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
             progress=not args.no_progress, started=started, case_pictures=case_pictures_for(config))
     finally:

@@ -10,7 +10,8 @@ train/val/test cases first (:mod:`medattn.data.folds`). Resumable per fold (:mod
 
 The summary is read from the folds' ``results.json``: per fold the test metric (AUROC; segmentation:
 the mean foreground Dice and each structure's Dice), then mean and sample standard deviation (ddof 1)
-over folds; written as ``cv.csv`` and ``cv.json`` in DIR and printed.
+over folds; written as ``cv.csv``, ``cv.json`` and ``report.html`` in DIR and printed. A DIR that holds a ``cv.csv``
+or ``report.html`` no earlier ``medattn cv`` wrote (no ``cv.json`` of it) is refused before any fold runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
-from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, run_jobs
+from .runs import Job, check_summaries, learning_of, mean_std, mean_std_text, metric_of, run_jobs
 
 
 def fold_jobs(config: dict, folds: int) -> list[Job]:
@@ -87,7 +88,9 @@ def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool
     """Run (or resume) the ``folds`` fold runs of ``config`` under ``root``, write ``cv.csv`` and ``cv.json``
     there, print the table and return the summary (:func:`summarise_folds`)."""
     root = Path(root)
-    results = run_jobs(fold_jobs(config, folds), root, progress=progress, log=log)
+    jobs = fold_jobs(config, folds)
+    check_summaries(root, "cv", "cv.json", ("folds", "rows"), ("cv.csv", "report.html"))  # before any fold runs
+    results = run_jobs(jobs, root, progress=progress, log=log)
     summary = summarise_folds(results)
     out = OutputFolder(root, resume=True)  # its runs resume; the summaries are this command's, written again
     with writing(root):

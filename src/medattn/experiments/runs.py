@@ -47,13 +47,38 @@ def job_state(run_dir: Path, config: dict) -> str:
         requested = resolve_training(config)[0]
         planned = {k for k, v in flatten(requested).items() if v is None}  # null: the run's plan chose it
         written = with_defaults(read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-        changed = [k for k in config_diff(written, requested) if k not in planned]
+        record = (written.get("recipe") or {}).get("record") or {}
+        decisions = json.loads((run_dir / "results.json").read_text()).get("plan", {}).get("decisions", [])
+        chosen = {*record.get("values", {}), *(d["key"] for d in decisions if d.get("applied"))}  # search, plan
+        changed = [k for k in config_diff(written, requested) if k not in planned and k not in chosen
+                   and not k.startswith("recipe.record")]
         if changed:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")
         return "done"
     checkpoints = run_dir / "checkpoints"
     return "resume" if (checkpoints / "last").exists() or (checkpoints / "last.old").exists() else "new"
+
+
+def check_summaries(root: Path, command: str, marker: str, keys: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """Refuse ``root`` when it holds one of the summary files ``command`` writes there (``marker``, its JSON summary
+    with ``keys``, and ``names``) that no earlier ``command`` wrote: the user's own ``report.html`` or ``cv.csv`` are
+    not replaced. The files are ``command``'s when ``marker`` is one of its summaries (written first)."""
+    root = Path(root)
+    if (root / marker).exists():
+        try:
+            summary = json.loads((root / marker).read_text())
+            ours = isinstance(summary, dict) and all(key in summary for key in keys)
+        except (OSError, UnicodeDecodeError, ValueError):
+            ours = False
+        if ours:
+            return
+        found = marker
+    else:
+        found = next((name for name in names if (root / name).exists()), None)
+    if found is not None:
+        raise UserError(f"{root / found} was not written by medattn {command}: refusing to replace it; choose another "
+                        f"--out or move it")
 
 
 def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
@@ -65,6 +90,8 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     from medattn.data import build_datasets
     from medattn.explain.cases import case_pictures_for
     from medattn.train.loop import fit
+
+    from .recipe import recipe_for
 
     for job in jobs:
         job.config["out"] = str(root / job.name)
@@ -79,6 +106,7 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
         if state != "done":
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
+            config = recipe_for(config, bundle, run_dir, resume=state == "resume", init_from=job.init_from, log=log)
             fit(config, bundle, run_dir, resume=state == "resume", overwrite=state == "new", progress=progress,
                 log=log, init_from=job.init_from if state == "new" else None,
                 case_pictures=case_pictures_for(config))

@@ -4,6 +4,10 @@ A run killed before its first ``checkpoints/last`` has nothing to resume: ``--re
 when it holds a ``checkpoints/best`` of the same config (:func:`stopped_before_last`), and otherwise says to start
 it again with ``--overwrite``.
 
+A command's inputs are never written over (:func:`check_inputs`): a CONFIG, ``--init-from`` or any file the config
+names that lies where the run writes (``DIR/config.yaml``, ``DIR/checkpoints/...``) is refused before anything moves,
+with or without ``--overwrite``.
+
 Layout of a run folder (written by :func:`medattn.train.loop.fit`)::
 
     config.yaml             resolved config
@@ -44,7 +48,7 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise UserError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"output folder {run_dir} is a file, not a folder")
-    if resume and not _resumable(run_dir):
+    if resume and not _resumable(run_dir) and not stopped_before_last(run_dir):
         if any((run_dir / name).exists() for name in RUN_FILES):
             raise UserError(f"--resume: the run in {run_dir} stopped before its first resumable checkpoint "
                             f"({run_dir / 'checkpoints' / 'last'}), so there is no checkpoint to resume from: start "
@@ -53,6 +57,38 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     elif not resume and not overwrite and any((run_dir / name).exists() for name in RUN_FILES):
         raise UserError(f"output folder {run_dir} already holds a run; use --resume to continue it or "
                         f"--overwrite to replace it")
+
+
+def check_inputs(run_dir: Path, inputs: dict[str, object], resume: bool = False) -> None:
+    """Refuse ``inputs`` (what the user calls each -> a path; non-paths and missing files are passed over) that lie
+    where the run in ``run_dir`` writes or moves its files (:data:`RUN_FILES`, ``.previous``): the run would move them
+    aside and delete them (``--overwrite``) or write over them. A resumed run leaves its ``config.yaml`` alone, so
+    ``--resume`` may read the run's own config."""
+    run_dir = Path(run_dir)
+    kept = [name for name in (*RUN_FILES, PREVIOUS) if not (resume and name == "config.yaml")]
+    for label, value in inputs.items():
+        if not isinstance(value, (str, Path)) or not str(value) or "\n" in str(value):
+            continue
+        try:
+            path = Path(value).expanduser()
+            if not path.exists():
+                continue
+            path = path.resolve()
+            targets = [(run_dir / name).resolve() for name in kept]
+        except (OSError, RuntimeError, ValueError):
+            continue
+        hit = next((t for t in targets if path == t or t in path.parents), None)
+        if hit is not None:
+            raise UserError(f"{label} {value} lies inside --out {run_dir}, where the run writes {hit.name}: it would "
+                            f"be written over; move it out of that folder or choose another --out")
+
+
+def config_inputs(config: dict, config_arg: str | None = None, init_from: str | Path | None = None) -> dict:
+    """The inputs of a run for :func:`check_inputs`: its CONFIG file, ``--init-from`` and every config value that
+    names a file or folder (``data.csv``, ``pretrain.pool``, ...)."""
+    found: dict[str, object] = {"CONFIG": config_arg, "--init-from": init_from}
+    found.update({k: v for k, v in flatten(config).items() if k != "out" and isinstance(v, str)})
+    return found
 
 
 def _resumable(run_dir: Path) -> bool:
