@@ -12,13 +12,16 @@ threshold stored at training, Youden's J, or ``--threshold``), model id and chec
 Survival: a ``risk`` column (log relative risk, higher = earlier event); regression: ``pred_<target>`` columns in
 the targets' units. Segmentation: a NIfTI label map per file on the input's grid (``--label-dir``) and
 per-structure volumes in mm^3 in the CSV. ``--skip-bad`` lists unreadable files with their reasons in
-``<out>_skipped.csv`` instead of stopping. ``--device`` picks where a checkpoint runs (default: the best this
+``<out>_skipped.csv`` instead of stopping. ``--patients SLIDE_TABLE`` joins each patient's slides into one bag, one
+row per patient with ``slides_used`` and ``slides_listed``; a patient whose table lists slides not given is refused
+(naming them) unless ``--partial-patients``. ``--device`` picks where a checkpoint runs (default: the best this
 machine has), whatever device it was trained on. See docs/deploy.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from medattn.cli_args import add_device_option, positive_int
@@ -45,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "table (columns --patient-column, --filename-column); one row per patient")
     parser.add_argument("--patient-column", default="PATIENT",
                         help="with --patients: the slide table's column of patient ids (default %(default)s)")
+    parser.add_argument("--partial-patients", action="store_true",
+                        help="with --patients: predict a patient from the slides given when the table lists more "
+                             "(refused by default); the CSV's slides_used and slides_listed say how many")
     parser.add_argument("--filename-column", default="FILENAME",
                         help="with --patients: the slide table's column of the bags' file names (\".h5\" may be "
                              "left out) (default %(default)s)")
@@ -71,13 +77,15 @@ def run(args: argparse.Namespace) -> int:
     runner = open_model(args.checkpoint, args.device)
     prep = runner.preprocessing
     inputs, names = sample_paths(prep, args.files, args.subtract), None
+    if args.partial_patients and args.patients is None:
+        raise UserError("--partial-patients goes with --patients SLIDE_TABLE")
     if args.patients is not None:
         from medattn.data.bags import patient_bags
 
         if not input_kinds.of(prep.input_kind).joins_files:
             raise UserError(f"--patients joins a patient's slides for bag models; this one takes {prep.input_kind}")
-        inputs, names = patient_bags([paths[0] for paths in inputs], Path(args.patients), args.patient_column,
-                                     args.filename_column)
+        inputs, names, counts = patient_bags([paths[0] for paths in inputs], Path(args.patients),
+                                             args.patient_column, args.filename_column, args.partial_patients)
     if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     if args.threshold is not None:
@@ -97,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                               args.overwrite, names, accepted if args.accept_features else None)
     except BadInputFile as error:
         raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
+    if names is not None:  # how many of each patient's listed slides made its prediction
+        used = dict(zip(names, counts))
+        table.header += ["slides_used", "slides_listed"]
+        table.rows = [[*row, *used[row[0]]] for row in table.rows]
     with folder.write(out.name) as tmp:
         write_csv(tmp, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
@@ -106,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     trained = f" (trained with train.device={runner.trained_device})" if runner.trained_device else ""
     print(f"ran on {runner.device}{trained}")
+    if names is not None and any(given < listed for given, listed in counts):
+        print(f"medattn: warning: {sum(given < listed for given, listed in counts)} patient(s) predicted from part of "
+              f"their slides (--partial-patients): see the slides_used and slides_listed columns", file=sys.stderr)
     if accepted:
         print(f"{len(accepted)} input(s) with features made otherwise than the model's training features, used "
               f"(--accept-features): see the features_accepted column")

@@ -23,27 +23,43 @@ KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_colum
 
 
 def patient_bags(files: list[Path], slide_table: Path, patient_column: str = "PATIENT",
-                 filename_column: str = "FILENAME") -> tuple[list[tuple[Path, ...]], list[str]]:
+                 filename_column: str = "FILENAME", partial: bool = False) \
+        -> tuple[list[tuple[Path, ...]], list[str], list[tuple[int, int]]]:
     """Feature files grouped by patient as the slide table says (training's ``wsi_bags`` joins a patient's slides
-    into one bag, so predict does too) -> (one tuple of files per patient, in table order; the patients). A table
-    name without ".h5" matches the file with it; a file the table does not name is a UserError naming it."""
+    into one bag, so predict does too) -> (one tuple of files per patient, in table order; the patients; (slides
+    given, slides the table lists) per patient). A table name without ".h5" matches the file with it; a file the table
+    does not name is a UserError naming it. A patient of whom some but not all listed slides are given is a UserError
+    naming the patient and the slides missing (a prediction from part of a patient's slides is another prediction),
+    unless ``partial``: then it is predicted from those given and the counts say so."""
     by_name = {}
     for path in files:
         by_name.setdefault(Path(path).name, []).append(Path(path))
     grouped: dict[str, list[Path]] = {}
+    listed: dict[str, list[str]] = {}
     named = set()
     for patient, entries in _slides_by_patient({"slide_table": slide_table, "patient_column": patient_column,
                                                "filename_column": filename_column}).items():
         for name, _ in entries:
             file_name = _h5_name(name)
             named.add(file_name)
+            listed.setdefault(patient, []).append(file_name)
             grouped.setdefault(patient, []).extend(by_name.get(file_name, []))
     unnamed = sorted(name for name in by_name if name not in named)
     if unnamed:
         raise UserError(f"{slide_table}: no row names {', '.join(unnamed[:3])}{' ...' if len(unnamed) > 3 else ''} "
                         f"({len(unnamed)} of the {len(files)} file(s)); every file must belong to a patient")
     patients = [patient for patient, paths in grouped.items() if paths]
-    return [tuple(grouped[patient]) for patient in patients], patients
+    missing = {patient: [name for name in listed[patient] if name not in by_name] for patient in patients}
+    short = [patient for patient in patients if missing[patient]]
+    if short and not partial:
+        first = short[0]
+        raise UserError(f"{slide_table}: patient {first} lists {len(listed[first])} slides, "
+                        f"{len(listed[first]) - len(missing[first])} given ({', '.join(missing[first][:3])} not given)"
+                        f"{f', and {len(short) - 1} more patient(s) lack slides' if len(short) > 1 else ''}; give "
+                        f"every slide of a patient, or --partial-patients predicts from those given (the CSV's "
+                        f"slides_used and slides_listed say so)")
+    counts = [(len(listed[patient]) - len(missing[patient]), len(listed[patient])) for patient in patients]
+    return [tuple(grouped[patient]) for patient in patients], patients, counts
 
 
 def _slides_by_patient(cfg: dict) -> dict[str, list[tuple[str, str]]]:
