@@ -124,3 +124,82 @@ def test_a_target_beyond_float32_is_a_bad_row_not_a_diverged_run(tmp_path, capsy
 def _rows(path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+# --- task semantics and the verdict in what predict and explain write -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def noise_runs(tmp_path_factory):
+    """A survival and a regression run on bags of noise (labels unrelated to the features): neither learns."""
+    root = tmp_path_factory.mktemp("noise")
+    rng = np.random.default_rng(1)
+    runs = {}
+    for task in ("survival", "regression"):
+        folder = root / task
+        folder.mkdir()
+        if task == "survival":
+            data = _bags(folder, [[f"{rng.uniform(1, 40):.2f}", int(rng.random() < 0.7)] for _ in range(40)],
+                         ["os_months", "os_event"], task_type="survival", time_column="os_months",
+                         event_column="os_event")
+        else:
+            data = _bags(folder, [[f"{rng.normal(10, 2):.3f}"] for _ in range(40)], ["psa"], task_type="regression",
+                         label_columns=["psa"])
+        assert main(["train", _config(folder, data, epochs=2), "--out", str(folder / "run"), "--no-progress"]) == 0
+        runs[task] = folder
+    return runs
+
+
+def _titles(monkeypatch) -> list[str]:
+    from medattn.explain import outputs
+
+    titles, draw = [], outputs.slide_map_figure
+    monkeypatch.setattr(outputs, "slide_map_figure", lambda picture, scores, title, *a, **k: titles.append(title)
+                        or draw(picture, scores, title, *a, **k))
+    return titles
+
+
+def test_survival_outputs_are_a_risk_in_explain(noise_runs, tmp_path, capsys, monkeypatch):
+    from medattn.slides.heatmap import prediction_text
+
+    assert prediction_text([-0.02], ["0"], "survival") == "slide risk = -0.02 (log relative risk, higher = earlier event)"
+    titles = _titles(monkeypatch)
+    bags = [str(noise_runs["survival"] / "feats" / f"s{i}.h5") for i in range(2)]
+    assert main(["explain", str(noise_runs["survival"] / "run"), *bags, "--out", str(tmp_path / "x")]) == 0
+    rows = _rows(tmp_path / "x" / "summary.csv")
+    assert "risk" in rows[0] and not any(c.startswith("prob_") for c in rows[0])
+    assert len(titles) == 2 and all("slide risk = " in t and "P(" not in t for t in titles)
+
+
+def test_regression_outputs_are_in_the_tables_units_in_explain(noise_runs, tmp_path, capsys, monkeypatch):
+    from medattn.slides.heatmap import prediction_text
+
+    assert prediction_text([12.34], ["psa"], "regression") == "slide predicted psa = 12.34"
+    titles = _titles(monkeypatch)
+    bags = [str(noise_runs["regression"] / "feats" / f"s{i}.h5") for i in range(2)]
+    assert main(["explain", str(noise_runs["regression"] / "run"), *bags, "--out", str(tmp_path / "x")]) == 0
+    rows = _rows(tmp_path / "x" / "summary.csv")
+    assert not any(c.startswith("prob_") for c in rows[0]) and 5 < float(rows[0]["pred_psa"]) < 15  # mean ~10
+    assert main(["predict", str(noise_runs["regression"] / "run"), *bags, "--out", str(tmp_path / "p.csv")]) == 0
+    assert float(_rows(tmp_path / "p.csv")[0]["pred_psa"]) == pytest.approx(float(rows[0]["pred_psa"]), abs=1e-5)
+    assert all("slide predicted psa = " in t and "P(" not in t for t in titles)
+
+
+def test_a_run_that_did_not_learn_says_so_in_predict_and_explain(noise_runs, tmp_path, capsys):
+    import json
+
+    run = noise_runs["survival"] / "run"
+    learning = json.loads((run / "results.json").read_text())["learning"]
+    assert learning["learned"] is False, learning
+    column = "DID NOT LEARN: " + "; ".join(learning["reasons"])
+    bags = [str(noise_runs["survival"] / "feats" / f"s{i}.h5") for i in range(2)]
+    capsys.readouterr()
+    assert main(["predict", str(run), *bags, "--out", str(tmp_path / "p.csv")]) == 0
+    assert "WARNING: this model's training run did not learn (" in capsys.readouterr().out
+    assert [r["run_verdict"] for r in _rows(tmp_path / "p.csv")] == [column] * 2
+    assert main(["explain", str(run), *bags, "--out", str(tmp_path / "x")]) == 0
+    assert "WARNING: this model's training run did not learn (" in capsys.readouterr().out
+    assert [r["run_verdict"] for r in _rows(tmp_path / "x" / "summary.csv")] == [column] * 2
+    assert main(["export", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
+    assert main(["predict", str(tmp_path / "m.onnx"), *bags, "--out", str(tmp_path / "o.csv")]) == 0
+    assert "did not learn" in capsys.readouterr().out
+    assert [r["run_verdict"] for r in _rows(tmp_path / "o.csv")] == [column] * 2

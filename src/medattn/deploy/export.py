@@ -16,7 +16,9 @@ ONNX: opset 18 (``torch.onnx.export(dynamo=True)``). Metadata: the ONNX ``metada
 ``medattn`` holds one JSON object (:func:`~medattn.deploy.format.metadata`); a ``.pt2`` program holds the same
 JSON as the extra file ``medattn.json`` inside its archive (``torch.export.save(extra_files=...)``), so neither
 format needs a side-car file. :func:`~medattn.deploy.format.read_metadata` reads both (:mod:`medattn.deploy.format`,
-which the runner shares).
+which the runner shares). The training run's verdict, where its results.json records one, travels as ``learning``
+(``learned``, ``reasons``): predict from the file marks a model whose run did not learn
+(:mod:`medattn.runtime.learned`).
 
 Mechanisms whose eager path leaves PyTorch or chooses its route from the data take their plain PyTorch
 form while exported (:func:`medattn.attention.base.is_traced`, :func:`~medattn.attention.base.is_exporting`): the
@@ -165,6 +167,7 @@ def _reason(error: Exception) -> str:
 def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path, overwrite: bool = False) -> dict:
     """Export the checkpoint at ``checkpoint`` (run folder, checkpoint folder or weights file) -> its metadata.
     ``out`` is never one of the checkpoint's files; an existing one is replaced only with ``overwrite``."""
+    from medattn.runtime.learned import recorded_learning
     from medattn.runtime.sliding import inference_window
     from medattn.runtime.trained import load_checkpoint
 
@@ -176,6 +179,8 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path, overwri
     meta = metadata(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, [])
     if trained.meta.get("features"):  # what made a bag model's training features: predict from the file checks them
         meta["features"] = trained.meta["features"]
+    if (learning := recorded_learning(trained.folder)) is not None:  # the run's verdict travels with the file
+        meta["learning"] = {"learned": learning.get("learned", True), "reasons": learning.get("reasons", [])}
     checkpoint_files = tuple(trained.folder.iterdir())
     export_model(trained.model, prep, fmt, out, meta, overwrite, checkpoint_files)
     return read_metadata(out)

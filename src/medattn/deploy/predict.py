@@ -15,6 +15,9 @@
   its label map as a DICOM Segmentation ``<stem>_seg.dcm`` beside the NIfTI (:mod:`medattn.runtime.dicom_results`,
   with highdicom); ``PredictionTable.notes`` says what was written, or why not.
 
+A model whose training run did not learn (:mod:`medattn.runtime.learned`) gets a last column ``run_verdict``
+(``DID NOT LEARN: <reasons>``) in every row and a warning first in ``PredictionTable.notes``.
+
 With ``skip_bad`` a file that cannot be read or prepared is left out of the rows and listed in
 ``PredictionTable.bad`` as (file, reason); without it the first one raises a UserError naming it.
 """
@@ -31,6 +34,7 @@ from torch.utils.data import DataLoader
 from medattn.data.base import collate
 from medattn.data.labels import NUMERIC_TASKS
 from medattn.data.preprocessing import inference_dataset
+from medattn.runtime import learned
 from medattn.runtime.threshold import resolve_thresholds
 
 from .runtime import Runner
@@ -115,6 +119,10 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     if segmentation:
         table.notes = dicom.notes()
+    if reasons := learned.not_learned(learned.learning_of(runner.source)):  # the run did not learn: said per row
+        table.header.append(learned.COLUMN)
+        table.rows = [[*row, learned.column_value(reasons)] for row in table.rows]
+        table.notes.insert(0, learned.warning_line(reasons))
     table.bad = _left_out(dataset, items)
     return table
 

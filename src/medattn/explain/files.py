@@ -33,6 +33,7 @@ import torch
 
 from ..data import input_kinds
 from ..errors import UserError
+from ..runtime import learned
 from ..runtime.dicom_results import TileAnnotationWriter
 from ..slides.dicom import is_dicom
 from ..slides.heatmap import prediction_text
@@ -43,8 +44,10 @@ from .core import check_method, explain
 
 @dataclass
 class ExplainedFiles:
-    """``rows``: one summary row per file (file, method, target, prob_<class>..., outputs); ``streamed``: how
-    many bags went through streamed rollout; ``synthetic``: the model was trained on SYNTHETIC data."""
+    """``rows``: one summary row per file (file, method, target, its outputs: ``prob_<class>``..., a survival
+    model's ``risk`` or a regression model's ``pred_<target>``; outputs; ``run_verdict`` when the run did not learn);
+    ``streamed``: how many bags went through streamed rollout; ``synthetic``: the model was trained on SYNTHETIC
+    data."""
 
     rows: list[dict] = field(default_factory=list)
     streamed: int = 0
@@ -164,12 +167,15 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
         written = heatmaps.tiles(coords, scores) if streamed else \
             kind.explain_file(heatmaps, path, sample, result.relevance[0].cpu())
         report.rows.append({"file": item.id, "method": used, "target": explained,
-                            **{f"prob_{n}": f"{p:.6f}" for n, p in zip(prep.output_names, probs.tolist())},
+                            **outputs.output_columns(probs, prep.output_names, prep.task_type),
                             "outputs": " ".join(written),
                             **({"features_accepted": accepted.get(tuple(item.paths), "")} if accept_features else {})})
+    report.notes = [] if dicom is None else dicom.notes()
+    if reasons := learned.not_learned(learned.recorded_learning(trained.folder)):  # the run did not learn
+        report.rows = [{**row, learned.COLUMN: learned.column_value(reasons)} for row in report.rows]
+        report.notes.insert(0, learned.warning_line(reasons))
     with out.write("summary.csv") as tmp:
         outputs.write_summary(tmp, report.rows)
-    report.notes = [] if dicom is None else dicom.notes()
     return report
 
 

@@ -297,6 +297,17 @@ def slide_map_figure(picture: Image.Image, scores: np.ndarray, title: str, metho
     return _finish(fig, title, synthetic)
 
 
+def output_columns(values, names: list[str], task_type: str) -> dict[str, str]:
+    """A file's outputs as summary columns, named as ``medattn predict`` names them: ``prob_<class>`` per output
+    (classification), ``risk`` (survival: the log relative risk, not a probability) or ``pred_<target>`` in the
+    table's units (regression)."""
+    values = [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+    if task_type == "survival":
+        return {"risk": f"{values[0]:.6f}"}
+    prefix = "pred" if task_type == "regression" else "prob"
+    return {f"{prefix}_{n}": f"{v:.6f}" for n, v in zip(names, values)}
+
+
 def write_summary(path: Path, rows: list[dict]) -> None:
-    """One row per explained file (file, method, target, probabilities, outputs written)."""
+    """One row per explained file (file, method, target, its outputs (:func:`output_columns`), outputs written)."""
     save_dicts(path, rows, list(rows[0]))

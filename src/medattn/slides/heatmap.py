@@ -97,10 +97,16 @@ def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size
 
 def prediction_text(probabilities, names: list[str], task_type: str = "binary") -> str:
     """The slide's prediction for a map's title: ``slide P(tumour) = 0.87`` (binary; multi-label: each output);
-    multiclass: the predicted class and its probability, ``slide: LUSC (p = 0.91)``. ``probabilities``: the slide's
-    (K,) probabilities, in the order of ``names``."""
+    multiclass: the predicted class and its probability, ``slide: LUSC (p = 0.91)``; survival: the risk, not a
+    probability, ``slide risk = -0.02 (log relative risk, higher = earlier event)``; regression: each target in the
+    table's units, ``slide predicted psa = 12.3``. ``probabilities``: the slide's (K,) outputs (probabilities, the
+    risk or the predicted values), in the order of ``names``."""
     values = np.asarray(probabilities, dtype=np.float64).ravel()
+    if task_type == "survival":
+        return f"slide risk = {values[0]:.3g} (log relative risk, higher = earlier event)"
     names = list(names) if names else [f"output {k}" for k in range(len(values))]
+    if task_type == "regression":
+        return "slide " + ", ".join(f"predicted {name} = {value:.4g}" for name, value in zip(names, values))
     if task_type == "multiclass":
         best = int(values.argmax())
         return f"slide: {names[best]} (p = {values[best]:.2f})"
