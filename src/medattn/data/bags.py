@@ -107,6 +107,21 @@ def _entries(rows: list, clinical: Path, root: Path, slides: dict, label_columns
     return entries
 
 
+def _one_feature_space(records: list[Record], dims: dict[int, Path], mixed) -> tuple[int, bool]:
+    """The cohort's feature width (``dims``: a width -> the first file of that width, empty when the headers were not
+    checked) -> (width, whether its bags mix feature spaces); a UserError naming two files of different widths, or
+    of two feature spaces unless ``mixed`` (:func:`medattn.data.provenance.check_one_space`)."""
+    if not dims:
+        dims[slide_shape(records[0].paths[0])[1]] = records[0].paths[0]
+    if len(dims) > 1:
+        raise UserError(f"wsi_bags: bags of different feature dimensions: "
+                        f"{', '.join(f'{path} has {width}' for width, path in list(dims.items())[:2])} "
+                        f"(one extractor per cohort: extract every slide with the same one)")
+    if not isinstance(mixed, bool):
+        raise UserError(f"{MIXED_KEY} must be true or false, got {mixed!r}")
+    return next(iter(dims)), check_one_space((path for record in records for path in record.paths), mixed)
+
+
 def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBundle:
     """Whole-slide images as bags of pre-extracted features: one bag per patient.
 
@@ -171,17 +186,7 @@ def build_wsi_bags(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataBund
     records, column = keep_valid(records, column, check_headers if cfg.get("check_files", True) else None, bad,
                                  f"wsi_bags {clinical}")
     records, column = resolve_duplicates(records, column, bad)
-    if not dims:
-        dims[slide_shape(records[0].paths[0])[1]] = records[0].paths[0]
-    if len(dims) > 1:
-        raise UserError(f"wsi_bags: bags of different feature dimensions: "
-                        f"{', '.join(f'{path} has {width}' for width, path in list(dims.items())[:2])} "
-                        f"(one extractor per cohort: extract every slide with the same one)")
-    mixed = cfg.get(MIXED_KEY, False)
-    if not isinstance(mixed, bool):
-        raise UserError(f"{MIXED_KEY} must be true or false, got {mixed!r}")
-    mixes = check_one_space((path for record in records for path in record.paths), mixed)  # before the first epoch
-    feature_dim = next(iter(dims))
+    feature_dim, mixes = _one_feature_space(records, dims, cfg.get(MIXED_KEY, False))  # before the first epoch
     plain = BagLoader(feature_dim)
     if skip_bad:
         records, column = keep_valid(records, column, plain, bad, f"wsi_bags {clinical}")

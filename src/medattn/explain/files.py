@@ -133,16 +133,14 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     accepted = check_bags(kind, trained.meta.get("features"), prep.input_shape[0],
                           [item.paths for item in dataset.items], accept_features)
     headers = [kind.header(item.paths[0]) for item in dataset.items]  # a bag's tile count and attributes, else (0, {})
-    missing = _missing_slides(dataset, headers, kind, slides)
+    missing, by_name, found = _missing_slides(dataset, headers, kind, slides)
     out = OutputFolder(out_dir, [p for item in dataset.items for p in item.paths], overwrite)
     dicom = None if slides is None or not kind.instances else \
         TileAnnotationWriter(trained.model_id, trained.checkpoint_sha256, prep.synthetic)
     stems = _planned_stems(out, dataset, kind, headers, slides, dicom)
     predictor = trained.predictor(where)
     report = ExplainedFiles(synthetic=prep.synthetic, checkpoint=str(trained.folder), missing_slides=missing,
-                            slides_found=None if slides is None or not kind.instances else len(stems) - len(missing))
-    report.by_name_only = [item.id for item, (_, attrs) in zip(dataset.items, headers)
-                           if slide_of(attrs, slides) is not None and recorded(attrs) is None]
+                            slides_found=found, by_name_only=by_name)
     for index, (item, stem) in enumerate(zip(dataset.items, stems)):
         path = item.paths[0]
         tiles, attrs = headers[index]
@@ -204,15 +202,23 @@ def _check_files(dataset, kind: input_kinds.InputKind) -> None:
 
 
 def _missing_slides(dataset, headers: list, kind: input_kinds.InputKind, slides: str | Path | None) \
-        -> list[tuple[str, str]]:
-    """(sample, why its slide cannot be drawn on) for each bag whose slide ``slides`` does not hold
-    (:func:`find_slide`; none without ``slides`` or for inputs that are not bags); a UserError when the one file
-    explained is such a bag."""
-    missing = [] if slides is None or not kind.instances else \
-        [(item.id, why) for item, (_, attrs) in zip(dataset.items, headers) if (why := find_slide(attrs, slides)[1])]
+        -> tuple[list[tuple[str, str]], list[str], int | None]:
+    """((sample, why its slide cannot be drawn on) for each bag whose slide ``slides`` does not hold
+    (:func:`find_slide`), the samples drawn on a slide matched by name only (their bag records no identity), how many
+    bags are drawn on their slide); empty lists and None without ``slides`` or for inputs that are not bags; a
+    UserError when the one file explained is such a bag."""
+    if slides is None or not kind.instances:
+        return [], [], None
+    missing, by_name = [], []
+    for item, (_, attrs) in zip(dataset.items, headers):
+        why = find_slide(attrs, slides)[1]
+        if why:
+            missing.append((item.id, why))
+        elif recorded(attrs) is None:
+            by_name.append(item.id)
     if missing and len(dataset.items) == 1:
         raise UserError(f"{dataset.items[0].paths[0]}: --slides {slides}: {missing[0][1]}")
-    return missing
+    return missing, by_name, len(dataset.items) - len(missing)
 
 
 def _planned_stems(out, dataset, kind: input_kinds.InputKind, headers: list, slides: str | Path | None,
