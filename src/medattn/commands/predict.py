@@ -3,7 +3,8 @@
 Each file is prepared with the preprocessing stored in the model (the training run's data config:
 image size, channels, normalisation; voxel spacing, size, subtraction, left/right halves; feature bags
 from HDF5), so a file gives the probability ``medattn eval`` gives it. Images: PNG, JPEG, TIFF, DICOM.
-Volumes: NIfTI or a DICOM series folder. Bags: one HDF5 file per slide. Models trained on subtraction
+Volumes: NIfTI or a DICOM series folder (one series on one regular grid; ``--dicom-series UID`` picks one of a
+folder holding several). Bags: one HDF5 file per slide. Models trained on subtraction
 volumes take the second volume of each pair with ``--subtract`` (one per file, in order); models
 trained on left/right halves give two rows per file (``side``).
 
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--filename-column", default="FILENAME",
                         help="with --patients: the slide table's column of the bags' file names (\".h5\" may be "
                              "left out) (default %(default)s)")
+    parser.add_argument("--dicom-series", action="append", default=None, metavar="UID",
+                        help="a DICOM folder holding several series: read the one of this SeriesInstanceUID "
+                             "(repeat for several folders; such a folder is refused without it)")
     parser.add_argument("--batch-size", type=positive_int, default=8,
                         help="files (or bags) per forward pass (default %(default)s)")
     parser.add_argument("--accept-features", action="store_true",
@@ -68,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from medattn.data import input_kinds
     from medattn.data.preprocessing import BadInputFile, sample_paths
+    from medattn.data.readers.dicom_series import choose_series
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
     from medattn.runtime.outputs import OutputFolder
@@ -101,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     for name in (out.name, *([skipped] if args.skip_bad else [])):  # before any prediction
         folder.path(name)
     try:
-        table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
-                              args.overwrite, names, accepted if args.accept_features else None)
+        with choose_series(args.dicom_series):
+            table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
+                                  args.overwrite, names, accepted if args.accept_features else None)
     except BadInputFile as error:
         raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
     if names is not None:  # how many of each patient's listed slides made its prediction

@@ -179,15 +179,27 @@ def differences(trained: Preprocessing, other: Preprocessing) -> list[str]:
             if f.name not in ignore and getattr(trained, f.name) != getattr(other, f.name)]
 
 
-def file_loader(prep: Preprocessing):
+def segments_whole_volumes(prep: Preprocessing) -> bool:
+    """Whether prediction gives this model whole volumes (a 3D segmentation model: padded up to its input size, never
+    cropped, then segmented by sliding windows of that size, :mod:`medattn.deploy.segmentation`)."""
+    spatial = input_kinds.of(prep.input_kind).spatial_dims
+    return prep.task_type == "segmentation" and spatial == 3 and prep.slice_axis is None
+
+
+def file_loader(prep: Preprocessing, whole: bool = False):
     """record (paths, ``extra["side"]``) -> {"input": tensor}: the data layer's loader for this description;
-    a one-line UserError for a description no single file can follow (``unpredictable``)."""
+    a one-line UserError for a description no single file can follow (``unpredictable``). ``whole``: a 3D
+    segmentation model's volumes whole (:func:`segments_whole_volumes`)."""
     if prep.unpredictable:
         raise UserError(prep.unpredictable)
     if prep.slice_axis is not None:
         from .readers.slices import SliceFileLoader
 
         return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis)
+    if whole and segments_whole_volumes(prep):
+        from .readers.volumes import VolumeLoader
+
+        return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, whole=True)
     return input_kinds.of(prep.input_kind).loader(prep)
 
 
@@ -273,12 +285,12 @@ class InferenceDataset(Dataset):
     """
 
     def __init__(self, prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False,
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, whole: bool = False) -> None:
         from .files import check_regular
         from .tables import Record
 
         self.prep, self.skip_bad, self.items = prep, skip_bad, items(prep, inputs, names)
-        self.load, self.bad = file_loader(prep), {}
+        self.load, self.bad = file_loader(prep, whole), {}
         self._record, self._check = Record, check_regular
 
     def __len__(self) -> int:
@@ -324,7 +336,7 @@ class InferenceDataset(Dataset):
 
 
 def inference_dataset(prep: Preprocessing, inputs: list[tuple[Path, ...]], skip_bad: bool = False,
-                      names: list[str] | None = None) -> InferenceDataset:
+                      names: list[str] | None = None, whole: bool = False) -> InferenceDataset:
     """The dataset of files ``inputs`` (tuples of paths, see :func:`items`; ``names`` their ids) prepared as
-    ``prep`` says."""
-    return InferenceDataset(prep, [tuple(Path(p) for p in paths) for paths in inputs], skip_bad, names)
+    ``prep`` says; ``whole``: a 3D segmentation model's volumes uncropped (:func:`segments_whole_volumes`)."""
+    return InferenceDataset(prep, [tuple(Path(p) for p in paths) for paths in inputs], skip_bad, names, whole)

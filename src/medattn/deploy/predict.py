@@ -9,7 +9,8 @@
   the ``threshold_<class>`` used; multi-class: ``pred_label``, the arg-max class), ``model_id`` and
   ``checkpoint_sha256``;
 * segmentation: ``file``, ``label_map`` (the NIfTI written on the input's grid, a PNG for a 2D image given
-  to a model trained on slices, see :mod:`medattn.deploy.segmentation`), ``voxels_<class>`` and
+  to a model trained on slices, see :mod:`medattn.deploy.segmentation`; a 3D model segments the whole volume, by
+  sliding windows of its input size where larger), ``voxels_<class>`` and
   ``volume_mm3_<class>`` per foreground class (empty for 2D images), ``model_id`` and ``checkpoint_sha256``.
   Models trained on slices take one file per batch (volumes differ in their slice count). A DICOM series also gets
   its label map as a DICOM Segmentation ``<stem>_seg.dcm`` beside the NIfTI (:mod:`medattn.runtime.dicom_results`,
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from medattn.data.base import collate
 from medattn.data.labels import NUMERIC_TASKS
-from medattn.data.preprocessing import inference_dataset
+from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
 from medattn.runtime import learned
 from medattn.runtime.threshold import resolve_thresholds
 
@@ -64,17 +65,18 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     ``accepted`` (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ
     from the model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not)."""
     prep = runner.preprocessing
-    dataset = inference_dataset(prep, inputs, skip_bad, names)
+    whole = segments_whole_volumes(prep)  # a 3D segmentation model segments every voxel, not its training crop
+    dataset = inference_dataset(prep, inputs, skip_bad, names, whole)
     first = "file" if names is None else "patient"  # the column naming each sample
-    if prep.slice_axis is not None:
-        batch_size = 1  # volumes of different slice counts do not stack
+    if prep.slice_axis is not None or whole:
+        batch_size = 1  # volumes of different sizes do not stack
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=0)
     names = prep.output_names
     provenance = [runner.model_id, runner.checkpoint_sha256]
     table = PredictionTable([], [])
     segmentation = prep.task_type == "segmentation"
     if segmentation:
-        from .segmentation import write_label_map
+        from .segmentation import sliding_note, whole_volume_probabilities, write_label_map
 
         table.header = ["file", "label_map", *[f"voxels_{n}" for n in names[1:]],
                         *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
@@ -94,8 +96,13 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     if accepted is not None:
         table.header.append("features_accepted")
     items = {item.id: item for item in dataset.items}
+    slid = 0  # volumes segmented by sliding windows
     for batch in loader:
-        probabilities = runner.probabilities(batch)
+        if whole:
+            probabilities, windows = whole_volume_probabilities(runner, batch)
+            slid += int(windows and batch["id"][0] not in dataset.bad)
+        else:
+            probabilities = runner.probabilities(batch)
         for sample_id, p in zip(batch["id"], probabilities):
             if sample_id in dataset.bad:
                 continue
@@ -118,7 +125,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             table.rows.append([item.name, *sides, *probs, *decided, *provenance,
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     if segmentation:
-        table.notes = dicom.notes()
+        table.notes = dicom.notes() + ([sliding_note(slid, prep)] if slid else [])
     if reasons := learned.not_learned(learned.learning_of(runner.source)):  # the run did not learn: said per row
         table.header.append(learned.COLUMN)
         table.rows = [[*row, learned.column_value(reasons)] for row in table.rows]

@@ -39,6 +39,7 @@ class Runner:
     features: dict | None = None  # what made a bag model's training features (medattn.data.provenance), if recorded
     device: str = "cpu"  # where it runs
     trained_device: str | None = None  # a checkpoint's train.device: recorded, not obeyed
+    window: tuple | None = None  # a patch-trained checkpoint's own sliding window (window, overlap): any input size
 
     def probabilities(self, batch: dict) -> np.ndarray:
         """Collated batch (``input``; bags also ``mask``, ``coords``) -> probabilities (B, K) or (B, K, H, W, D)."""
@@ -59,7 +60,7 @@ def _torch_runner(path: str | Path, device: str) -> Runner:
         return predictor.probabilities(batch).cpu().numpy()
 
     return Runner(prep, trained.thresholds, trained.model_id, trained.checkpoint_sha256, str(trained.folder), run,
-                  trained.meta.get("features"), str(where), trained.config["train"]["device"])
+                  trained.meta.get("features"), str(where), trained.config["train"]["device"], predictor.window)
 
 
 def _graph_session(path: Path, expected: list[str]) -> tuple[list[str], object]:

@@ -11,6 +11,15 @@ A 2D model trained on slices (``slice_axis``) segments a volume slice by slice, 
 slicing axis last ((h, w, S)); :func:`write_label_map` puts the axis back first. A 2D image file given to such
 a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only.
 
+A 3D segmentation model segments the **whole** input, never only its training crop: the volume is prepared uncropped
+(padded up to the model's input size where smaller, :class:`~medattn.data.readers.volumes.VolumeLoader` ``whole``) and,
+where it is larger than that size along an axis, predicted by sliding windows of the model's input size
+(:func:`whole_volume_probabilities`): windows overlapping by half (:data:`~medattn.runtime.sliding.DEFAULT_OVERLAP`,
+nnU-Net's), their probabilities blended with a Gaussian importance map (MONAI's ``sliding_window_inference``
+conventions, :mod:`medattn.runtime.sliding`), the same for a checkpoint and an exported graph. A model trained on
+patches slides its own patch window (logits blended, as eval predicts). The label map and the volumes in the CSV
+cover every voxel of the input.
+
 A DICOM series gets the RAS affine the volume reader builds from its slice positions and orientation, and its label map
 also as a DICOM Segmentation referencing the series (:mod:`medattn.runtime.dicom_results`, with highdicom).
 """
@@ -25,6 +34,35 @@ import torch
 from medattn.data.preprocessing import Preprocessing
 from medattn.data.readers.volumes import to_native_grid
 from medattn.runtime.dicom_results import is_dicom_series
+
+
+def whole_volume_probabilities(runner, batch: dict) -> tuple[np.ndarray, bool]:
+    """A 3D segmentation model's probabilities (B, K, H, W, D) of a batch of whole volumes ``batch["input"]``
+    (B, 1, H, W, D) (:class:`~medattn.deploy.runtime.Runner` ``runner``), and whether sliding windows of the model's
+    input size made them (the module docstring): the runner's own forward where the volume fits that size, or where
+    the runner slides its own patch window."""
+    from medattn.runtime.sliding import DEFAULT_OVERLAP, sliding_window_logits
+
+    window = tuple(runner.preprocessing.input_shape[1:])
+    volumes = batch["input"]
+    if runner.window is not None or all(n <= m for n, m in zip(volumes.shape[2:], window)):
+        return runner.probabilities(batch), False
+
+    def model(windows: torch.Tensor) -> torch.Tensor:  # (n, 1, *window) -> (n, K, *window) probabilities
+        return torch.from_numpy(np.asarray(runner.probabilities({**batch, "input": windows}), dtype=np.float32))
+
+    return sliding_window_logits(model, volumes, window, DEFAULT_OVERLAP).numpy(), True
+
+
+def sliding_note(count: int, prep: Preprocessing) -> str:
+    """The line telling that ``count`` volumes larger than the model's input were segmented whole by sliding windows
+    of its size (the module docstring)."""
+    from medattn.runtime.sliding import DEFAULT_OVERLAP
+
+    size = " x ".join(map(str, prep.input_shape[1:]))
+    return (f"segmented {count} volume(s) larger than the model's {size} input whole, by sliding windows of that size "
+            f"(overlap {DEFAULT_OVERLAP:g}, Gaussian-weighted blending of the probabilities, MONAI's "
+            f"sliding_window_inference convention)")
 
 
 def to_input_grid(labels: torch.Tensor, path: Path, prep: Preprocessing) -> tuple[np.ndarray, np.ndarray]:

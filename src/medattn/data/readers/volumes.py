@@ -16,7 +16,8 @@ Loading one sample (:class:`VolumeLoader`, in this order):
    ``left`` = the lower half of axis 0 (the patient's left in RAS+), ``right`` = the upper half (with
    an odd size the middle plane goes to the right half). Their labels come from the columns
    ``<label column>_left`` and ``<label column>_right``.
-5. centre crop or pad (with the volume's minimum) to ``target_size`` (per side when split).
+5. centre crop or pad (with the volume's minimum) to ``target_size`` (per side when split); a segmentation model's
+   prediction (``whole``) only pads, so the whole volume is segmented (by sliding windows of ``target_size``).
 6. intensity normalisation: ``zscore`` (mean 0, std 1 over the sample), ``percentile`` (clip to the
    0.5 and 99.5 percentiles, scale to [0, 1]) or ``none``.
 7. training augmentation (``augment``): flips along every axis with p = 0.5 (the paper's), by default
@@ -250,11 +251,13 @@ def normalise(volume: torch.Tensor, method: str) -> torch.Tensor:
 
 
 class VolumeLoader:
-    """record -> {"input": (1, H, W, D)}: the steps of the module docstring."""
+    """record -> {"input": (1, H, W, D)}: the steps of the module docstring. ``whole``: step 5 pads up to ``size``
+    and never crops (a segmentation model predicting a whole volume by sliding windows), so (H, W, D) is at least
+    ``size`` along every axis."""
 
     def __init__(self, spacing: tuple[float, ...] | None, size: tuple[int, ...], method: str,
-                 augment: Augmentation | None = None) -> None:
-        self.spacing, self.size, self.method, self.augment = spacing, size, method, augment
+                 augment: Augmentation | None = None, whole: bool = False) -> None:
+        self.spacing, self.size, self.method, self.augment, self.whole = spacing, size, method, augment, whole
 
     def __call__(self, record: Record) -> dict:
         volume, spacing = read_volume(record.paths[0])
@@ -269,7 +272,8 @@ class VolumeLoader:
         if side is not None:
             middle = volume.shape[0] // 2
             volume = volume[:middle] if side == "left" else volume[middle:]
-        volume = normalise(crop_or_pad(volume, self.size), self.method)[None]
+        size = tuple(map(max, volume.shape, self.size)) if self.whole else self.size
+        volume = normalise(crop_or_pad(volume, size), self.method)[None]
         if self.augment is not None:
             volume = self.augment(volume)
         return {"input": volume.contiguous()}
