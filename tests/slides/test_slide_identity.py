@@ -18,7 +18,8 @@ from medattn.cli import main  # noqa: E402
 from medattn.data.base import TaskInfo  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 from medattn.slides import TileSettings, build_extractor, extract_slides, write_synthetic_cohort  # noqa: E402
-from medattn.slides.identity import IDENTITY_ATTR, recorded  # noqa: E402
+
+IDENTITY_ATTR = "slide_identity"  # medattn.slides.identity.IDENTITY_ATTR, spelled out (before: a failure, not an error)
 
 SMALL = TileSettings(patch_um=64, patch_px=32, thumbnail_px=256)
 
@@ -34,6 +35,8 @@ def cohorts(tmp_path_factory):
 
 
 def test_extract_records_the_slide_identity(cohorts):
+    from medattn.slides.identity import recorded
+
     with h5py.File(cohorts / "bags" / "slide_000.h5") as f:
         found = recorded(dict(f.attrs))
     slide = cohorts / "a" / "slide_000.tif"
