@@ -147,6 +147,9 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
             f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")
+        if described.get("pool_held_out"):
+            log(f"pretrain.pool: {described['pool_held_out']} file(s) left out: the config's validation or test split "
+                f"holds them, and those are never pretrained on")
         last_loss = None
         for epoch in range(state["epoch"] + 1, p["epochs"] + 1):
             started = time.time()

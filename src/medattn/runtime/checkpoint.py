@@ -42,6 +42,7 @@ from medattn.data.base import INPUT_KINDS, TASK_TYPES, TaskInfo, task_problem
 from medattn.errors import UserError, writing
 
 from .checkpoint_compat import keep_design
+from .checkpoint_fields import check_fields
 
 MODEL_FILE = "model.safetensors"
 META_FILE = "checkpoint.json"
@@ -173,7 +174,8 @@ def check_meta(meta, source: str) -> None:
     ``model.kwargs`` are bounded), ``task`` (a :class:`TaskInfo` with bounded sizes) and perhaps ``model_defaults``
     (the preset's design values the config left to it, ``{"stem": "residual", "init_values": 1e-05, ...}``: applied on
     load, so a checkpoint keeps its design when a preset's default changes later) and perhaps ``features`` (what
-    made a bag model's training features: :mod:`medattn.data.provenance`)."""
+    made a bag model's training features: :mod:`medattn.data.provenance`); every other field by
+    :func:`medattn.runtime.checkpoint_fields.check_fields`."""
     if isinstance(meta, dict) and "diffusion" in meta:
         raise UserError(f"{source}: a diffusion checkpoint (3D inpainting): eval, predict, explain and export take "
                         f"classification and segmentation models; use medattn inpaint")
@@ -218,6 +220,7 @@ def check_meta(meta, source: str) -> None:
     contradiction = task_problem(task["task_type"], task["num_outputs"], task.get("class_names", []))
     if contradiction:
         raise UserError(f"{source}: the task contradicts itself ({contradiction}): the file was edited or damaged")
+    check_fields(meta, source)  # epoch, val_<metric>, threshold, preprocessing, pretrained; no other key
 
 
 def _numbers(value) -> bool:

@@ -74,17 +74,28 @@ def model_id(meta: dict) -> str:
     return "/".join(parts) + (f"/epoch{meta['epoch']}" if isinstance(meta.get("epoch"), int) else "")
 
 
+def not_a_classifier(folder: Path, pretrained: dict) -> str:
+    """Why a pretraining run's checkpoint (``medattn pretrain``) is refused by eval, predict, explain and export: its
+    encoder learned without labels and its head never saw one; what to do instead."""
+    run = folder.parent.parent if folder.parent.name == "checkpoints" else folder
+    return (f"{folder} is a pretraining run ({pretrained['objective']}): its head never saw a label, so there is no "
+            f"classifier to evaluate, predict with, explain or export; train one from it with: medattn train CONFIG "
+            f"--init-from {run}")
+
+
 def load_checkpoint(path: str | Path) -> Trained:
     """The checkpoint at ``path`` (run folder, checkpoint folder or its model.safetensors), model in eval mode.
 
     Nothing in the folder is trusted: checkpoint.json is checked against its schema (the stored
     preprocessing and thresholds too), and the model is first built on the meta device (shapes only)
     and compared with the weights file's header, so a mismatch is a one-line error naming the tensor
-    before any weight is allocated.
+    before any weight is allocated. A pretraining run's checkpoint is refused (:func:`not_a_classifier`).
     """
     folder = checkpoint.resolve(path)
     meta = checkpoint.load_meta(folder)
     source = str(folder / checkpoint.META_FILE)
+    if meta.get("pretrained"):
+        raise UserError(not_a_classifier(folder, meta["pretrained"]))
     task = checkpoint.task_from_dict(meta["task"])
     prep = from_checkpoint_meta(meta, source)
     if prep is not None:
