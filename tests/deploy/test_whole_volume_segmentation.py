@@ -116,3 +116,19 @@ def test_one_series_of_two_is_segmented_on_its_own_grid(unet, tmp_path, capsys):
     seg = hd.seg.segread(tmp_path / "p_labels" / "study_seg.dcm")
     (referenced,) = seg.ReferencedSeriesSequence
     assert referenced.SeriesInstanceUID == chosen and len(referenced.ReferencedInstanceSequence) == 12
+
+
+def test_an_exported_graph_segments_a_whole_volume_as_the_checkpoint_does(unet, tmp_path):
+    """The same windows and blending for an ONNX file (of the training input size) as for the checkpoint."""
+    pytest.importorskip("onnxruntime")
+    from medattn.deploy.runtime import open_model
+
+    assert main(["export", str(unet), "--format", "onnx", "--out", str(tmp_path / "m.onnx"), "--no-check"]) == 0
+    rng = np.random.default_rng(1)
+    nib.save(nib.Nifti1Image(rng.normal(size=(26, 19, 11)).astype(np.float32), np.eye(4)), tmp_path / "v.nii.gz")
+    tables = [predict_files(open_model(model, "cpu"), [(tmp_path / "v.nii.gz",)], label_dir=tmp_path / name)
+              for model, name in ((unet, "ck"), (tmp_path / "m.onnx", "onnx"))]
+    assert all(len(t.notes) == 1 and t.notes[0].startswith("segmented 1 volume(s) larger") for t in tables)
+    maps = [np.asarray(nib.load(t.rows[0][1]).dataobj) for t in tables]
+    assert maps[0].shape == (26, 19, 11)
+    assert (maps[0] != maps[1]).mean() < 1e-3  # float rounding may flip a voxel at a near tie, no more
