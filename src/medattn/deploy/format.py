@@ -69,3 +69,15 @@ def onnx_session(path: str | Path):
         return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types for malformed models
         raise UserError(f"{path}: not an ONNX model onnxruntime can load ({type(error).__name__})") from None
+
+
+def learning_of(source: str | Path) -> dict | None:
+    """The training run's verdict a model carries (:mod:`medattn.runtime.learned`): an exported ``.onnx``/``.pt2``
+    file's metadata ``learning``, else that recorded in the run holding the checkpoint folder ``source``."""
+    from medattn.runtime.learned import recorded_learning
+
+    source = Path(source)
+    if source.suffix.lower() in (".onnx", ".pt2"):
+        learning = read_metadata(source).get("learning")
+        return learning if isinstance(learning, dict) else None
+    return recorded_learning(source)

@@ -38,6 +38,7 @@ from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
 from medattn.runtime import learned
 from medattn.runtime.threshold import resolve_thresholds
 
+from .format import learning_of
 from .runtime import Runner
 
 
@@ -126,7 +127,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     if segmentation:
         table.notes = dicom.notes() + ([sliding_note(slid, prep)] if slid else [])
-    if reasons := learned.not_learned(learned.learning_of(runner.source)):  # the run did not learn: said per row
+    if reasons := learned.not_learned(learning_of(runner.source)):  # the run did not learn: said per row
         table.header.append(learned.COLUMN)
         table.rows = [[*row, learned.column_value(reasons)] for row in table.rows]
         table.notes.insert(0, learned.warning_line(reasons))

@@ -1,11 +1,12 @@
 """Whether the training run of a model learned, for what predict and explain write (the verdict travels).
 
 A run's verdict (:mod:`medattn.train.verdict`) is in its ``results.json``; a checkpoint folder sits in its run folder
-as ``<run>/checkpoints/<name>``, so predict and explain of a checkpoint read the verdict there, and ``medattn export``
-copies it into the exported file's metadata (``learning``). A model whose run **did not learn** still predicts (its
-outputs are what they are), but the terminal says so in a :func:`warning_line` and every row of the CSV carries
-:data:`COLUMN` = :func:`column_value`. Where no verdict is recorded (a checkpoint copied out of its run folder, a
-run stopped before its test), nothing is claimed either way.
+as ``<run>/checkpoints/<name>``, so predict and explain of a checkpoint read the verdict there
+(:func:`recorded_learning`), and ``medattn export`` copies it into the exported file's metadata (``learning``, read by
+:func:`medattn.deploy.format.learning_of`). A model whose run **did not learn** still predicts (its outputs are what
+they are), but the terminal says so in a :func:`warning_line` and every row of the CSV carries :data:`COLUMN` =
+:func:`column_value`. Where no verdict is recorded (a checkpoint copied out of its run folder, a run stopped before
+its test), nothing is claimed either way.
 """
 
 from __future__ import annotations
@@ -29,18 +30,6 @@ def recorded_learning(folder: Path) -> dict | None:
     except (OSError, ValueError, AttributeError):
         return None
     return learning if isinstance(learning, dict) else None
-
-
-def learning_of(source: str | Path) -> dict | None:
-    """The verdict a model carries: an exported ``.onnx``/``.pt2`` file's metadata ``learning``, else that of the run
-    holding the checkpoint folder ``source`` (:func:`recorded_learning`)."""
-    source = Path(source)
-    if source.suffix.lower() in (".onnx", ".pt2"):
-        from medattn.deploy.format import read_metadata
-
-        learning = read_metadata(source).get("learning")
-        return learning if isinstance(learning, dict) else None
-    return recorded_learning(source)
 
 
 def not_learned(learning: dict | None) -> list[str] | None:
