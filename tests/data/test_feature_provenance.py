@@ -231,3 +231,11 @@ def test_width_mismatch_in_a_table_names_the_two_files(tmp_path):
         build_wsi_bags(cfg)
     message = str(err.value)
     assert "s0.h5 has 16" in message and "s0b.h5 has 24" in message and "row 2" not in message
+
+
+def test_predict_refuses_another_tile_side_in_pixels(run, tmp_path, capsys):
+    """The tile side in pixels is part of the record (issue 49): 256 um read at 224 px is another feature space."""
+    other = bag(tmp_path / "px.h5", 96, {**TRAINED, "patch_size_px": 224})
+    capsys.readouterr()
+    assert main(["predict", str(run / "run"), str(other), "--out", str(tmp_path / "p.csv")]) == 2
+    assert "patch_size_px 224 (model: 256)" in capsys.readouterr().err
