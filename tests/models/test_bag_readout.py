@@ -41,7 +41,7 @@ def test_each_readout_builds_only_what_it_uses_and_bad_names_fail():
     assert "cls_token" not in names["max"] and not any("pool" in n for n in names["max"])
     assert not create_model("vitwsi_tiny", readout="max").head.weight.any()  # logits start at 0
     with pytest.raises(ValueError, match="readout must be one of"):
-        create_model("vitwsi_tiny", readout="mean")
+        create_model("vitwsi_tiny", readout="median")
 
 
 def test_pooling_weights_are_a_distribution_over_the_real_instances():

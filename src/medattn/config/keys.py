@@ -144,6 +144,14 @@ KEYS: dict[str, Key] = {
                      "decay of an exponential moving average of the weights, evaluated and checkpointed"),
     "train.instance_dropout": Key(0.0, Rule("a number from 0 to below 1", lambda v: _is_number(v) and 0 <= v < 1),
                                   "bags: fraction of each training bag's instances dropped per step"),
+    "recipe.search": Key("auto", Rule("auto, true or false", lambda v: v == "auto" or isinstance(v, bool)),
+                         "train a few candidates for the keys left unset and keep the best on validation: auto (on "
+                         "for bag models with >= 100 training and >= 40 validation cases) | true | false "
+                         "(medattn.plan.search; medattn plan --search shows them)"),
+    "recipe.budget": Key(3.0, Rule("a number from 1 to 20", lambda v: _is_number(v) and 1 <= v <= 20),
+                         "the search and the final run cost at most this many single runs"),
+    "recipe.record": Key(None, Rule("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+                         "written by the search: every candidate's validation score, the choice and the budget"),
     "pretrain.epochs": Key(100, _integer(1, 1_000_000), "medattn pretrain: epochs over training split + pool"),
     "pretrain.batch_size": Key(64, _integer(1, 1 << 20)),
     "pretrain.lr": Key(1e-3, _number(0, low_open=True), "AdamW (betas 0.9, 0.95), warm-up then cosine to 1e-6"),

@@ -14,7 +14,16 @@ the head reads one vector of the bag, chosen by ``readout``:
   loss a constant predictor's): from the first step the gradient reaches the tiles that stand out in each channel,
   where attention pooling starts as a mean over the bag. The final LayerNorm is not used: normalising every token
   (as the class token is) or the pooled vector removes the scale by which a tile with all its features raised (a
-  hot spot) stands out.
+  hot spot) stands out;
+* ``"mean"``: ``z = LayerNorm(mean_k x_k)``, the normalised mean of the residual stream over the real tokens;
+* ``"proportion"``: a learned soft share of positive tiles per channel, ``p_kc = sigmoid(u_c . LN(x_k) + b_c)``
+  (c = 1..``pool_dim``), ``z_c = mean_k p_kc``: what fraction of the bag looks like c;
+* ``"count"``: the same indicators summed, ``z_c = sum_k p_kc / COUNT_UNIT``: how many tiles look like c
+  (``COUNT_UNIT`` = 100 keeps z near 1 for bags of hundreds to thousands of tiles).
+
+Max and attention answer "is there any positive tile" (presence); a fraction target (a share of positive tiles, a
+burden that drives survival) is answered by mean or proportion, a count by count: max pooling cannot fit a
+fraction, since a bag with one positive tile and a bag with a hundred have the same maximum.
 
 Attention pooling weighs the blocks' residual stream x_k with weights from the normalised tokens and normalises
 the pooled vector with the encoder's final LayerNorm (timm's ``fc_norm`` with global pooling).
@@ -50,7 +59,13 @@ from torch import nn
 
 from .layers import Encoder, FeatureStandardizer, GatedAttentionPool
 
-READOUTS = ("cls", "attention", "max")
+READOUTS = ("cls", "attention", "max", "mean", "proportion", "count")
+#: What question each pooling readout answers (docs/decisions.md, "Bag readout"): presence of a few positive tiles
+#: (max, attention), how large a share of the bag is positive (mean, proportion) or how many tiles are (count).
+READOUT_QUESTIONS = {"max": "presence", "attention": "presence", "mean": "proportion", "proportion": "proportion",
+                     "count": "count", "cls": "bag moments"}
+#: The count readout's unit: z is the soft number of positive tiles per COUNT_UNIT tiles' worth (a scale near 1).
+COUNT_UNIT = 100.0
 
 
 def sincos_2d(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -73,8 +88,9 @@ class WSITransformer(nn.Module):
         activation_checkpointing: as for :class:`VisionTransformer`.
         standardize_features: standardise each feature with the training split's statistics before
             ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by :mod:`medattn.train`).
-        readout: ``"cls"``, ``"attention"`` or ``"max"`` (see the module docstring); ``pool_dim``: the attention
-            pooling's hidden width (L of Ilse et al.; default ``embed_dim // 2``).
+        readout: one of :data:`READOUTS` (see the module docstring); ``pool_dim``: the attention pooling's hidden
+            width (L of Ilse et al.), or the number of indicators of ``proportion`` and ``count`` (default
+            ``embed_dim // 2``).
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits;
     ``forward_streaming(features, coords=None, chunk_size=32768)``: one bag (N, F) -> (1, num_classes), streamed.
@@ -109,9 +125,12 @@ class WSITransformer(nn.Module):
                                attention_kwargs, qkv_bias, drop_rate, attn_drop_rate, activation_checkpointing)
         if readout == "attention":
             self.pool = GatedAttentionPool(embed_dim, pool_dim or max(1, embed_dim // 2))
+        if readout in ("proportion", "count"):  # per-tile soft indicators p_kc (see the module docstring)
+            self.pool = nn.Linear(embed_dim, pool_dim or max(1, embed_dim // 2))
         if readout == "max":  # reads the unnormalised residual stream: the final LayerNorm would never run
             self.encoder.norm = nn.Identity()
-        self.head = nn.Linear(embed_dim, num_classes)
+        self.head = nn.Linear(self.pool.out_features if readout in ("proportion", "count") else embed_dim,
+                              num_classes)
         if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -157,10 +176,28 @@ class WSITransformer(nn.Module):
             if mask is not None:
                 x = x.masked_fill(~mask.unsqueeze(-1), float("-inf"))
             return x.amax(dim=1), None
+        if self.readout in ("mean", "proportion", "count"):
+            terms = self.pooled_terms(x)  # (B, N, P)
+            if mask is not None:
+                terms = terms.masked_fill(~mask.unsqueeze(-1), 0.0)
+            size = terms.new_full(terms.shape[:1], x.shape[1]) if mask is None else mask.sum(1).to(terms.dtype)
+            return self.finish_sums(terms.sum(1), size), None
         a = self.pool.weights(self.encoder.norm(x), mask)  # (B, N), zero on padding
         if mask is not None:
             x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding cannot reach the output or its gradients
         return self.encoder.norm(torch.einsum("bn,bnd->bd", a, x)), a
+
+    def pooled_terms(self, x: torch.Tensor) -> torch.Tensor:
+        """The summed readouts' per-token terms: the residual stream x (mean) or the indicators p (proportion,
+        count), (..., N, D') -> (..., N, P)."""
+        return x if self.readout == "mean" else torch.sigmoid(self.pool(self.encoder.norm(x)))
+
+    def finish_sums(self, sums: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+        """(B, P) sums of :meth:`pooled_terms` over a bag's real tokens and (B,) their numbers -> the pooled z."""
+        if self.readout == "count":
+            return sums / COUNT_UNIT
+        means = sums / size.unsqueeze(-1)
+        return self.encoder.norm(means) if self.readout == "mean" else means
 
     def pooling_weights(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                         coords: torch.Tensor | None = None) -> torch.Tensor:
@@ -263,6 +300,11 @@ class WSITransformer(nn.Module):
             chunks = (self.through_streamed_blocks(x, states)[0].amax(dim=0)
                       for x in self.stream_chunks(features, coords, chunk_size))
             return self.head(torch.stack(list(chunks)).amax(dim=0, keepdim=True))
+        if self.readout in ("mean", "proportion", "count"):
+            sums = sum(self.pooled_terms(self.through_streamed_blocks(x, states)[0]).sum(0)
+                       for x in self.stream_chunks(features, coords, chunk_size))
+            size = torch.tensor([float(features.shape[0])], device=sums.device, dtype=sums.dtype)
+            return self.head(self.finish_sums(sums.unsqueeze(0), size))
         peak, total, weighted = None, None, None  # online softmax: running max, sum of exp(s - max), sum of weighted x
         for chunk in self.stream_chunks(features, coords, chunk_size):
             x = self.through_streamed_blocks(chunk, states)[0]  # (n_c, D')

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 
 from medattn.data import input_kinds
 
+from .search import TASK_QUESTIONS, pooling_readout, readouts
+
 #: optimizer steps a run should take, by model family
 TARGET_STEPS = {"transformer": 1800, "other": 600}
 MIN_EPOCHS, MAX_EPOCHS = 20, 300
@@ -54,6 +56,11 @@ def plan(config: dict, found: dict) -> list[Decision]:
         decisions.append(Decision("train.epochs", epochs, f"{target} optimizer steps for {FAMILY_TEXT[kind]}: "
                                   f"{cases} training cases / batch {train['batch_size'] * train['grad_accum']} = "
                                   f"{steps_per_epoch} steps per epoch (bounded to {MIN_EPOCHS}-{MAX_EPOCHS} epochs)"))
+    if pooling_readout(config, found):
+        readout = readouts(config, found)[0]
+        decisions.append(Decision("model.kwargs.readout", readout, f"a {found['task_type']} task asks "
+                                  f"{TASK_QUESTIONS.get(found['task_type'], 'whether a finding is present')}: the "
+                                  f"{readout} readout answers it (docs/decisions.md, 'Bag readout')"))
     if input_kinds.of(found["input_kind"]).instances:
         largest, limit = found["bag_sizes"]["max"], config["data"].get("max_instances")
         if limit is not None and limit < largest:
@@ -73,8 +80,13 @@ def apply(config: dict, decisions: list[Decision]) -> dict:
     planned = copy.deepcopy(config)
     for decision in decisions:
         if decision.applied:
-            section, key = decision.key.split(".", 1)
-            planned[section][key] = decision.value
+            *sections, key = decision.key.split(".")
+            node = planned
+            for section in sections:
+                if node.get(section) is None:  # model.kwargs may be absent or null
+                    node[section] = {}
+                node = node[section]
+            node[key] = decision.value
     return planned
 
 

@@ -46,3 +46,10 @@ def ihc_image() -> np.ndarray:
     """scikit-image's immunohistochemistry image (512, 512, 3) uint8: human colon tissue, haematoxylin
     counterstain and DAB (brown) immunostaining, as scikit-image ships it."""
     return np.asarray(_require("skimage.data").immunohistochemistry())
+
+
+@lru_cache(maxsize=1)
+def retina_image() -> np.ndarray:
+    """scikit-image's retinal fundus photograph (1411, 1411, 3) uint8: a human retina (vessels, optic disc, a dark
+    surround outside the field of view), as scikit-image ships it."""
+    return np.asarray(_require("skimage.data").retina())

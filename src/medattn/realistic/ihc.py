@@ -56,14 +56,16 @@ def tile_features(tiles: np.ndarray) -> np.ndarray:
                           axis=1).astype(np.float32)
 
 
-def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator,
-            share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator, share: float | None = None,
+            sizes: tuple[int, int] | None = None, shares: tuple[float, float] | None = None,
+            count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One patient's bag: -> (features (n, 64) float32, coords (n, 2) int64 tile corners in the image).
-    ``share``: the chance that a tile of a positive bag is a hot-spot tile (None: drawn from ``TUMOUR_SHARE``;
-    either way the random stream is the same up to that draw)."""
+    ``share``: the chance that a tile of a positive bag is a hot-spot tile (None: drawn from ``shares``, default
+    ``TUMOUR_SHARE``; either way the random stream is the same up to that draw); ``count``: instead, exactly this
+    many hot-spot tiles (at most n). ``sizes``: the range n is drawn from (default ``BAG_SIZES``)."""
     from skimage.color import hed2rgb, rgb2hed
 
-    n = int(rng.integers(*BAG_SIZES))
+    n = int(rng.integers(*(sizes or BAG_SIZES)))
     views = [np.rot90(image[:, ::-1] if flip else image, turns) for flip in (0, 1) for turns in range(4)]
     corners = rng.integers(0, image.shape[0] - TILE, size=(n, 2))
     which = rng.integers(len(views), size=n)
@@ -71,8 +73,12 @@ def ihc_bag(image: np.ndarray, positive: bool, rng: np.random.Generator,
     hed = rgb2hed(tiles)
     hed[..., 0] *= rng.uniform(*STAIN_SPREAD)
     hed[..., 2] *= rng.uniform(*STAIN_SPREAD)
-    if positive:
-        chosen = rng.random(n) < (rng.uniform(*TUMOUR_SHARE) if share is None else share)
+    if count is not None:
+        chosen = np.zeros(n, bool)
+        chosen[rng.choice(n, size=min(count, n), replace=False)] = True
+        hed[chosen, ..., 2] *= rng.uniform(*DAB_BOOST)
+    elif positive:
+        chosen = rng.random(n) < (rng.uniform(*(shares or TUMOUR_SHARE)) if share is None else share)
         hed[chosen, ..., 2] *= rng.uniform(*DAB_BOOST)
     tiles = (np.clip(hed2rgb(hed), 0, 1) * 255).round().astype(np.uint8)
     return tile_features(tiles), corners.astype(np.int64)

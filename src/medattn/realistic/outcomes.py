@@ -31,11 +31,19 @@ FOLLOW_UP = (24.0, 96.0)
 LOSS_MEAN = 150.0
 SCORE_NOISE = 1.5
 TIME_COLUMN, EVENT_COLUMN, SCORE_COLUMN = "os_months", "os_event", "dab_score"
+COUNT_COLUMN = "lesion_tiles"
+MAX_COUNT = 60
 
 
 def burdens(n: int, rng: np.random.Generator) -> np.ndarray:
     """(n,) shares of hot-spot tiles: 0 in about ``ZERO_BURDEN`` of the patients, else U(0, ``S_MAX``)."""
     return np.where(rng.random(n) < ZERO_BURDEN, 0.0, rng.uniform(0, S_MAX, n))
+
+
+def counts(n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n,) numbers of lesion tiles (the count task's target): 0 in about ``ZERO_BURDEN`` of the patients, else
+    uniform on 1..``MAX_COUNT``, drawn whatever the bag's size (so the bag size does not tell the count)."""
+    return np.where(rng.random(n) < ZERO_BURDEN, 0, rng.integers(1, MAX_COUNT + 1, n))
 
 
 def survival(burden: np.ndarray, rng: np.random.Generator) -> dict[str, list]:
@@ -70,6 +78,6 @@ def score(task_type: str, values: np.ndarray, columns: dict[str, list]) -> float
         if task_type == "survival":
             c = concordance_index(values, columns[TIME_COLUMN], np.asarray(columns[EVENT_COLUMN], bool))
             return float(max(c, 1 - c))
-        return float(abs(pearson_r(values, columns[SCORE_COLUMN])))
+        return float(abs(pearson_r(values, columns[SCORE_COLUMN if SCORE_COLUMN in columns else COUNT_COLUMN])))
     except UndefinedMetricError:
         return None

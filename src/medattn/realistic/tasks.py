@@ -38,7 +38,8 @@ import yaml
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
 
-from . import anatomy, brain, ihc, outcomes
+from . import anatomy, brain, outcomes
+from .bag_tasks import BagSpec, write_bags
 
 SPLITS = {"train": 180, "val": 60, "test": 60}
 PROBE_LIMIT = 0.7
@@ -65,6 +66,7 @@ class Task:
     data: dict
     model: str
     train: dict
+    bags: BagSpec | None = None  # the bag tasks' spec (:mod:`.bag_tasks`)
 
 
 def _labels_and_splits(sizes: dict[str, int], rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
@@ -119,20 +121,23 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
     return rows
 
 
-def _write_ihc_bags(folder: Path, labels: np.ndarray, acquisition: brain.Acquisition,
-                    rng: np.random.Generator, shares: bool = False) -> list[tuple[str, dict]]:
-    """``labels``: 0/1 per patient, or with ``shares`` each patient's share of hot-spot tiles (0: none)."""
-    from medattn.data.readers.bags import write_bag
+#: The data section of a bag task per task type (paths filled in by :func:`make_task`).
+_BAG_DATA = {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
+             "clinical_table": "clinical.csv", "split_column": "split"}
+_BAG_TARGET = {"binary": {"label_columns": "label"},
+               "survival": {"task_type": "survival", "time_column": outcomes.TIME_COLUMN,
+                            "event_column": outcomes.EVENT_COLUMN},
+               "regression": {"task_type": "regression", "label_columns": outcomes.SCORE_COLUMN}}
 
-    image, rows = anatomy.ihc_image(), []
-    bags = OutputFolder(folder / "features")
-    for i, label in enumerate(labels):
-        features, coords = ihc.ihc_bag(image, bool(label), rng, share=float(label) if shares else None)
-        name = f"slide_{i:04d}"
-        # CLAM's layout; real tissue, SYNTHETIC findings: runs on these bags say SYNTHETIC (data.readers.bags)
-        write_bag(bags.path(f"{name}.h5"), features, coords, {"synthetic": True})
-        rows.append((name, {"bag size": float(len(features))}))
-    return rows
+
+def _bag_task(name: str, description: str, spec: BagSpec, task_type: str = "binary") -> Task:
+    """A bag member of the family (:mod:`.bag_tasks`): ``vitwsi_small`` with SeqNorm on its CLAM bags."""
+    target = dict(_BAG_TARGET[task_type])
+    if spec.target == "count":
+        target["label_columns"] = outcomes.COUNT_COLUMN
+    batch = 16 if task_type == "survival" else 1  # the Cox loss compares the patients of a batch
+    return Task(description, partial(write_bags, spec=spec), {**_BAG_DATA, **target}, "vitwsi_small",
+                {"batch_size": batch}, spec)
 
 
 TASKS: dict[str, Task] = {
@@ -144,23 +149,21 @@ TASKS: dict[str, Task] = {
                          {"kind": "volume_table", "csv": "cases.csv", "label_columns": "label",
                           "patient_column": "patient", "split_column": "split", "target_size": [32, 32, 16]},
                          "vit3d_small", {"batch_size": 8}),
-    "ihc_bags": Task("IHC tile-feature bags with a DAB hot spot", _write_ihc_bags,
-                     {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
-                      "clinical_table": "clinical.csv", "label_columns": "label", "split_column": "split"},
-                     "vitwsi_small", {"batch_size": 1}),
-    "ihc_survival": Task("IHC tile-feature bags whose DAB hot-spot burden raises the hazard (overall survival)",
-                         partial(_write_ihc_bags, shares=True),
-                         {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
-                          "clinical_table": "clinical.csv", "task_type": "survival",
-                          "time_column": outcomes.TIME_COLUMN, "event_column": outcomes.EVENT_COLUMN,
-                          "split_column": "split"},
-                         "vitwsi_small", {"batch_size": 16}),  # the Cox loss compares the patients of a batch
-    "ihc_regression": Task("IHC tile-feature bags whose DAB hot-spot burden sets a biomarker level",
-                           partial(_write_ihc_bags, shares=True),
-                           {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
-                            "clinical_table": "clinical.csv", "task_type": "regression",
-                            "label_columns": outcomes.SCORE_COLUMN, "split_column": "split"},
-                           "vitwsi_small", {"batch_size": 1}),
+    **{name: _bag_task(name, *entry) for name, entry in {
+        "ihc_bags": ("IHC tile-feature bags with a DAB hot spot", BagSpec("ihc")),
+        "ihc_survival": ("IHC tile-feature bags whose DAB hot-spot burden raises the hazard (overall survival)",
+                         BagSpec("ihc", target="share"), "survival"),
+        "ihc_regression": ("IHC tile-feature bags whose DAB hot-spot burden sets a biomarker level",
+                           BagSpec("ihc", target="share"), "regression"),
+        "ihc_rare": ("IHC tile-feature bags with a rare DAB hot spot (0.5-3% of 400-2500 tiles)",
+                     BagSpec("ihc", sizes=(400, 2500), shares=(0.005, 0.03))),
+        "retina_diffuse": ("fundus tile-feature bags with faint spots in 15-30% of 50-400 tiles",
+                           BagSpec("retina", sizes=(50, 400), shares=(0.15, 0.3), strength=(0.2, 0.35))),
+        "retina_count": ("fundus tile-feature bags: the number of tiles with haemorrhage-like spots",
+                         BagSpec("retina", sizes=(200, 2000), target="count"), "regression"),
+        "retina_large": ("fundus tile-feature bags of 2,000-20,000 tiles, spots in 0.5-5% of them",
+                         BagSpec("retina", sizes=(2000, 20000), shares=(0.005, 0.05))),
+    }.items()},
 }
 
 
@@ -226,6 +229,10 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
     if task_type == "binary":
         labels, splits = _labels_and_splits(sizes, rng)
         columns = {"label": [int(y) for y in labels]}
+    elif task.bags.target == "count":  # each patient's number of lesion tiles is the target itself
+        splits = [split for split, n in sizes.items() for _ in range(n)]
+        labels = outcomes.counts(len(splits), rng)
+        columns = {outcomes.COUNT_COLUMN: [int(c) for c in labels]}
     else:  # the burden tasks: each patient's share of hot-spot tiles, then the outcome it drives
         splits = [split for split, n in sizes.items() for _ in range(n)]
         labels = outcomes.burdens(len(splits), rng)

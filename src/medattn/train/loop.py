@@ -77,7 +77,7 @@ from .trainable import check_trainable
 def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
         init_from: str | Path | None = None, progress: bool = True, device: torch.device | None = None,
         on_epoch_end: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print,
-        started: float | None = None, case_pictures: CasePictures | None = None) -> dict:
+        started: float | None = None, case_pictures: CasePictures | None = None, test: bool = True) -> dict:
     """Train the objective of ``config["task"]``, select the best epoch by its validation score (AUROC, Dice, ...;
     a diffusion stage's lowest validation loss), test it; returns the results (also results.json).
 
@@ -95,7 +95,9 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
     the run saves and reports the resolved config. ``started`` (``time.time()`` when the command began; default:
     now) makes the summary's elapsed time the whole command's, not only training's. ``case_pictures``
-    (:data:`CasePictures`) draws the highest-scored test cases for report.html; None: no heatmaps.
+    (:data:`CasePictures`) draws the highest-scored test cases for report.html; None: no heatmaps. ``test=False``
+    (the recipe search's trials) stops after the epochs: the results hold the best validation score, the test split
+    is not touched.
     """
     started = time.time() if started is None else started
     validate(config)
@@ -121,7 +123,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
         try:
             return _fit(objective, config, run_dir, resume=resume, init_from=init_from, progress=progress,
                         device=device, on_epoch_end=on_epoch_end, log=main_log, chosen=chosen, started=started,
-                        restart_of=restart_of, case_pictures=case_pictures)
+                        restart_of=restart_of, case_pictures=case_pictures, test=test)
         except LateDataError as error:  # the test split failed after training; the weights are kept
             if replacing:  # ... unless the previous run comes back (the transaction of run_folder)
                 raise UserError(f"{error}; the previous run in {run_dir} is back as it was") from None
@@ -132,7 +134,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
 def _fit(objective: TaskObjective, config: dict, run_dir: Path, *, resume: bool, init_from: str | Path | None,
          progress: bool, device: torch.device, on_epoch_end: Callable[[int, dict], None] | None,
          log: Callable[[str], None], chosen: dict, started: float, restart_of: dict | None = None,
-         case_pictures: CasePictures | None = None) -> dict:
+         case_pictures: CasePictures | None = None, test: bool = True) -> dict:
     """:func:`fit` inside its held run folder (see ``run_folder``: an overwritten run stays until this returns):
     :func:`_setup`, :func:`_run_epochs`, then the objective's results and test.
     ``chosen``: the training values defaults chose (recorded with the data's, the model's and the plan's).
@@ -141,7 +143,7 @@ def _fit(objective: TaskObjective, config: dict, run_dir: Path, *, resume: bool,
                  chosen=chosen, restart_of=restart_of)
     train_seconds = _run_epochs(run, run_dir, device, progress, on_epoch_end, log)
     results = objective.results(run_dir, run.state, train_seconds)
-    return objective.test(run_dir, results, progress, started, case_pictures)
+    return objective.test(run_dir, results, progress, started, case_pictures) if test else results
 
 
 @dataclass
@@ -363,6 +365,7 @@ class Supervised:
             "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": self.init_report,
             "warnings": self.warnings, "defaults": self.defaults,
             "feature_standardization": self.standardized, "plan": self.planned,
+            "recipe": config["recipe"]["record"],
         }
 
     def test(self, run_dir: Path, results: dict, progress: bool, started: float,

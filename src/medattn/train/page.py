@@ -15,7 +15,7 @@ from pathlib import Path
 
 from medattn.runtime.outputs import save_text
 
-from .report import span
+from .report import recipe_text, span
 
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;text-align:left}"
@@ -121,6 +121,7 @@ def run_page(run_dir: Path, results: dict) -> Path:
              "undefined" if value is None else f"{value:.4f}{ci}, n={test.get('n')}"],
             *operating_rows(results.get("operating_point", [])),
             ["learned", "yes" if results.get("learning", {}).get("learned", True) else "NO: not a result"],
+            *([["recipe", recipe_text(results["recipe"])]] if results.get("recipe") else []),
             *[[name, provenance[key]] for name, key in (
                 ("model id", "model_id"), ("checkpoint weights SHA-256", "weights_sha256"), ("date", "date"),
                 ("medattn version", "medattn_version")) if provenance.get(key)],

@@ -208,6 +208,20 @@ def trivial_statistic_warnings(probabilities: np.ndarray | None, statistic: np.n
     return found
 
 
+def recipe_text(record: dict | None) -> str | None:
+    """The recipe search's record (``recipe.record``, :mod:`medattn.experiments.recipe`) in one line: the choice,
+    every candidate's validation score per round and the cost; None for a run without one."""
+    if not record:
+        return None
+    if not record.get("searched"):
+        return f"the defaults, no search ({record.get('reason')})"
+    scores = "; ".join(f"{c['name']} " + " / ".join("failed" if t["val_score"] is None else f"{t['val_score']:.4f}"
+                                                    for t in c["trials"]) for c in record["candidates"])
+    cost = (record["trial_epochs"] + record["single_run_epochs"]) / record["single_run_epochs"]
+    return (f"chose {record['chosen']} by validation score ({scores}; rounds of {record['rounds']} epochs); "
+            f"{cost:.2f} single runs, budget {record['budget']:g}")
+
+
 def summary(results: dict, objective: Objective) -> str:
     """The one-screen summary printed at the end of a run."""
     test = results["test"]
@@ -227,6 +241,7 @@ def summary(results: dict, objective: Objective) -> str:
         f"time           {results['train_seconds']:.1f} s training and validation",
         *(["defaults       " + ", ".join(f"{k}={v}" for k, v in results["defaults"].items())]
           if results.get("defaults") else []),
+        *([f"recipe         {recipe_text(results['recipe'])}"] if results.get("recipe") else []),
         f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json "
         f"report.html",
         *([f"VERDICT        did not learn: this run is not a result ({len(results['learning']['reasons'])} "
