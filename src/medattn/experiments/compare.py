@@ -24,7 +24,10 @@ Written to DIR: ``compare.json``, ``compare.csv`` (arms), ``compare_tests.csv`` 
 arm's metric per seed and its mean; arms that did not learn hatched); the table is
 printed. Each arm's row names the config's training values that replaced its model's own settings
 (:func:`replaced_settings`); ``init_from`` starts the arms from one checkpoint or one each
-(:func:`initial_checkpoints`, e.g. ``medattn pretrain`` per mechanism).
+(:func:`initial_checkpoints`, e.g. ``medattn pretrain`` per mechanism). Each arm's ``start`` (table, compare.csv,
+compare.json, report.html) is the checkpoint its runs started from, whose encoder loaded, or ``scratch``; a finished
+run is reused only when it started from the same (:func:`medattn.experiments.runs.job_state`). A DIR holding a
+compare.csv or report.html no earlier compare wrote is refused.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder, save_figure
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
-from .runs import Job, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
+from .runs import Job, check_summaries, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
 BOOTSTRAP = "paired bootstrap over patients within each seed's test set"
+SUMMARY_FILES = ("compare.csv", "compare_tests.csv", "compare.png", "report.html")  # besides compare.json
 
 
 def arms_of(config: dict, attentions: list[str], models: list[str]) -> dict[str, dict]:
@@ -112,7 +116,9 @@ def initial_checkpoints(arms: dict[str, dict], init_from: str | Path | None) -> 
     """arm -> the checkpoint its runs start from. ``init_from`` a checkpoint (a run or pretraining folder, a
     weights file): every arm starts from it (shared tensors load into any mechanism). Otherwise a folder of
     per-arm checkpoints, ``init_from/<arm>`` (e.g. ``medattn pretrain`` once per mechanism, so the arms start
-    equal): an arm without one starts from scratch (a baseline). None: every arm from scratch."""
+    equal): an arm without one starts from scratch (a baseline). None: every arm from scratch. An arm whose model
+    cannot take the one checkpoint's encoder (a ResNet arm, a ViT's pretraining) starts from scratch; an arm's own
+    checkpoint that does not fit it is refused."""
     from medattn.runtime import checkpoint
 
     if init_from is None:
@@ -127,7 +133,26 @@ def initial_checkpoints(arms: dict[str, dict], init_from: str | Path | None) -> 
     if not whole and not any((root / name).is_dir() for name in arms):
         raise UserError(f"--init-from {init_from}: neither a checkpoint nor a folder with one per arm "
                         f"({', '.join(arms)})")
-    return {name: str(root / name) if (root / name).is_dir() else str(root) if whole else None for name in arms}
+    from medattn.train.initialise import takes_encoder
+
+    starts = {name: str(root / name) if (root / name).is_dir() else str(root) if whole else None for name in arms}
+    for name, start in starts.items():  # an arm is pretrained only when its encoder loads (no checkpoint: its run says)
+        if start is not None and _holds_checkpoint(start) and not takes_encoder(arms[name]["model"], start):
+            if start != str(root):
+                raise UserError(f"--init-from {start}: arm {name}'s model {arms[name]['model']['name']} cannot take "
+                                f"its encoder (another preset)")
+            starts[name] = None  # one checkpoint for all: an arm of another architecture starts from scratch
+    return starts
+
+
+def _holds_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a checkpoint (a weights file, or a folder :func:`checkpoint.resolve` finds one in)."""
+    from medattn.runtime import checkpoint
+
+    try:
+        return checkpoint.is_plain_weights(path) or bool(checkpoint.resolve(path))
+    except UserError:
+        return False
 
 
 def compare_jobs(arms: dict[str, dict], seeds: list[int], init_from: dict[str, str | None] | None = None) -> list[Job]:
@@ -242,7 +267,8 @@ def format_summary(summary: dict) -> str:
     label = ABBREVIATIONS.get(summary["metric"], summary["metric"])
     tag = "  [SYNTHETIC data]" if summary["synthetic"] else ""
     seeds = [f"seed {s}" for s in summary["seeds"]]
-    arms = [{"arm": r["arm"], **dict(zip(seeds, r["per_seed"])), "summary": mean_std_text(r), "status": r["status"],
+    arms = [{"arm": r["arm"], "start": r.get("start", "scratch"), **dict(zip(seeds, r["per_seed"])),
+             "summary": mean_std_text(r), "status": r["status"],
              "settings": replaced_text(r.get("user_settings") or {})} for r in summary["arms"]]
     tests = []
     for t in summary["tests"]:
@@ -253,7 +279,8 @@ def format_summary(summary: dict) -> str:
                       "p": t.get("p_value"), "note": t.get("note", "")})
     return "\n".join([
         f"test {label} on {summary['data']}{tag}: per seed, mean (std) over seeds",
-        format_table(arms, [("arm", "arm", ""), *[(s, s, ".3f") for s in seeds], ("summary", "mean (std)", ""),
+        format_table(arms, [("arm", "arm", ""), ("start", "start", ""), *[(s, s, ".3f") for s in seeds],
+                            ("summary", "mean (std)", ""),
                             ("status", "status", ""), ("settings", "the config's values over the model's own", "")]),
         *[f"{r['arm']}: did not learn in seed {seed_}: {'; '.join(reasons)}" for r in summary["arms"]
           for seed_, reasons in r["did_not_learn"].items()],
@@ -308,26 +335,30 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
     reference_arm(arms, reference)
     for name, replaced in replaced_settings(config, arms).items():
         log(f"arm {name}: the config's {replaced_text(replaced)} replace its model's own settings")
+    check_summaries(root, "compare", "compare.json", ("arms", "tests"), SUMMARY_FILES)  # before any run
     starts = initial_checkpoints(arms, init_from)
     for name, start in starts.items():
-        if start is not None:
-            log(f"arm {name}: starts from {start}")
+        if start is not None or init_from is not None:
+            log(f"arm {name}: starts from {start or 'scratch (no checkpoint that fills its encoder)'}")
     results = run_jobs(compare_jobs(arms, seeds, starts), root, progress=progress, log=log)
     summary = summarise(arms, seeds, results, root, reference, config)
+    for row in summary["arms"]:  # what each arm started from: a checkpoint (its encoder loaded) or scratch
+        row["start"] = starts[row["arm"]] or "scratch"
     out = OutputFolder(root, resume=True)  # its runs resume; the summaries are this command's, written again
     with writing(root):
         out.save_json("compare.json", summary)
-        out.save_csv("compare.csv", ["arm", "model", "attention", *[f"seed_{s}" for s in seeds], "mean", "std",
-                                         "n_seeds", "status", "user_settings"],
-                  [[r["arm"], r["model"], r["attention"], *r["per_seed"], r["mean"], r["std"], r["n"], r["status"],
-                    replaced_text(r["user_settings"])] for r in summary["arms"]])
+        out.save_csv("compare.csv", ["arm", "model", "attention", "start", *[f"seed_{s}" for s in seeds], "mean",
+                                     "std", "n_seeds", "status", "user_settings"],
+                  [[r["arm"], r["model"], r["attention"], r["start"], *r["per_seed"], r["mean"], r["std"], r["n"],
+                    r["status"], replaced_text(r["user_settings"])] for r in summary["arms"]])
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]
         out.save_csv("compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
         plot_arms(summary, root / "compare.png")
         write_page(root, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
-                   [["arm", "mean", "std", "status"],
-                    *[[r["arm"], number(r["mean"]), number(r["std"]), r["status"]] for r in summary["arms"]]],
+                   [["arm", "start", "mean", "std", "status"],
+                    *[[r["arm"], r["start"], number(r["mean"]), number(r["std"]), r["status"]]
+                      for r in summary["arms"]]],
                    [t["note"] for t in summary["tests"] if t.get("note")], ["compare.png"])
     log(format_summary(summary))
     return summary

@@ -5,7 +5,9 @@ A :class:`Job` is one normal training run (the same :func:`medattn.train.fit` as
 own folder under the experiment's folder. :func:`run_jobs` runs them in order and is resumable: a job
 whose folder holds ``results.json`` is finished and skipped (its saved config must equal the job's, else
 a UserError names the keys); one with a checkpoint resumes from it (``fit(resume=True)``, which checks the
-config too); any other starts afresh (files of a run killed before its first checkpoint are replaced).
+config too); any other starts afresh (files of a run killed before its first checkpoint are replaced). A finished
+or resumed job must also have started from the checkpoint the job names (``--init-from``, or none), recorded in
+its ``start.json``: else a UserError says which start each has.
 Everything aggregated afterwards is read back from the run folders (``results.json`` and the per-case
 ``predictions_test.csv``), so a finished job and a job run now are treated alike.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +26,16 @@ import numpy as np
 
 from medattn import metrics
 from medattn.config import flatten, read_config_file, with_defaults
-from medattn.errors import UserError
+from medattn.errors import UserError, writing
 from medattn.metrics_regression import r2
 from medattn.metrics_survival import concordance_index
 from medattn.runtime.build import check_model_config
+from medattn.runtime.outputs import save_json
 from medattn.train.defaults import resolve_training
 from medattn.train.rundir import config_diff
 
+#: Beside each job's run: ``{"init_from": the checkpoint it started from, or null}``, written when it starts.
+START_FILE = "start.json"
 
 @dataclass
 class Job:
@@ -41,8 +47,16 @@ class Job:
     init_from: str | None = None
 
 
-def job_state(run_dir: Path, config: dict) -> str:
-    """``done`` (results.json, same config), ``resume`` (a checkpoint) or ``new``."""
+def job_state(run_dir: Path, config: dict, init_from: str | Path | None = None) -> str:
+    """``done`` (results.json, same config, same start), ``resume`` (a checkpoint, same start) or ``new``; a UserError
+    names what differs from the request."""
+    if (run_dir / "results.json").is_file() or _resumable(run_dir):
+        recorded = recorded_start(run_dir)
+        if recorded is not UNKNOWN and not same_start(recorded, init_from):
+            what = "finished" if (run_dir / "results.json").is_file() else "started"
+            raise UserError(f"{run_dir} holds a {what} run that starts from {recorded or 'scratch (no --init-from)'}, "
+                            f"this one from {init_from or 'scratch (no --init-from)'}: choose another --out or remove "
+                            f"that folder")
     if (run_dir / "results.json").is_file():  # saved resolved (medattn.train.defaults): compare it so
         requested = resolve_training(config)[0]
         planned = {k for k, v in flatten(requested).items() if v is None}  # null: the run's plan chose it
@@ -56,8 +70,38 @@ def job_state(run_dir: Path, config: dict) -> str:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")
         return "done"
-    checkpoints = run_dir / "checkpoints"
-    return "resume" if (checkpoints / "last").exists() or (checkpoints / "last.old").exists() else "new"
+    return "resume" if _resumable(run_dir) else "new"
+
+
+def _resumable(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` has a checkpoint to resume from."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return (checkpoints / "last").exists() or (checkpoints / "last.old").exists()
+
+
+#: :func:`recorded_start` of a run that records none (started before runs recorded it).
+UNKNOWN = object()
+
+
+def recorded_start(run_dir: Path):
+    """The checkpoint the run in ``run_dir`` started from (its :data:`START_FILE`, else its results.json's
+    ``init_from``), None for none, :data:`UNKNOWN` when it records nothing."""
+    for name, read in ((START_FILE, lambda data: data["init_from"]),
+                       ("results.json", lambda data: (data.get("init_from") or {}).get("from"))):
+        try:
+            start = read(json.loads((Path(run_dir) / name).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if start is None or isinstance(start, str):
+            return start
+    return UNKNOWN
+
+
+def same_start(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether two starts name the same checkpoint (both none, or the same path once made absolute)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_summaries(root: Path, command: str, marker: str, keys: tuple[str, ...], names: tuple[str, ...]) -> None:
@@ -84,8 +128,9 @@ def check_summaries(root: Path, command: str, marker: str, keys: tuple[str, ...]
 def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
     """Run every job in ``root / job.name`` (see the module docstring); returns each job's results.json.
 
-    Every job's config is checked (schema, model section) before the first one starts, so a typo in the
-    last arm fails at once instead of after hours."""
+    Every job's config is checked (schema, model section), and every finished or started job against its config and
+    start (:func:`job_state`), before the first one starts, so a typo in the last arm fails at once instead of after
+    hours."""
     from medattn.config import validate
     from medattn.data import build_datasets
     from medattn.explain.cases import case_pictures_for
@@ -97,12 +142,17 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
         job.config["out"] = str(root / job.name)
         validate(job.config, job.name)
         check_model_config(job.config["model"])
+    for job in jobs:  # a finished or started run of another config or start: refused before any job runs
+        job_state(root / job.name, job.config, job.init_from)
     results = []
     for number, job in enumerate(jobs, 1):
         run_dir = root / job.name
-        state = job_state(run_dir, job.config)
+        state = job_state(run_dir, job.config, job.init_from)
         log(f"[{number}/{len(jobs)}] {job.name}: " + {"done": "finished, skipped", "resume": "resuming",
                                                       "new": "training"}[state])
+        if state == "new":  # the start, kept beside the run (a resumed run's results.json records none)
+            with writing(run_dir):
+                save_json(run_dir / START_FILE, {"init_from": None if job.init_from is None else str(job.init_from)})
         if state != "done":
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
