@@ -22,15 +22,17 @@ from medattn.deploy.runtime import Runner
 CLASSES = ["background", "lesion"]
 
 
-def _threshold_runner(size, seen):
-    """A runner of a pointwise 'model' of input size ``size``: lesion where the voxel is over 100; ``seen`` collects
-    the shapes it is given."""
-    prep = Preprocessing("nifti_segmentation", "volume3d", "segmentation", 2, tuple(CLASSES), (1, *size))
+def _threshold_runner(size, seen, slice_axis=None):
+    """A runner of a pointwise 'model' of input size ``size``: lesion where the voxel is over 0.5; ``seen`` collects
+    the shapes it is given. ``slice_axis``: a 2D model trained on slices along that axis."""
+    kind = "volume3d" if slice_axis is None else "image2d"
+    prep = Preprocessing("nifti_segmentation", kind, "segmentation", 2, tuple(CLASSES), (1, *size),
+                         slice_axis=slice_axis)
 
     def run(batch):
         x = batch["input"]  # (B, 1, H, W, D)
         seen.append(tuple(x.shape))
-        lesion = (x > 100).float()
+        lesion = (x > 0.5).float()
         return torch.cat([1 - lesion, lesion], 1).numpy() * 0.9 + 0.05  # (B, 2, H, W, D)
 
     return Runner(prep, None, "test/threshold", "0" * 64, "memory", run)
@@ -55,6 +57,28 @@ def test_a_structure_outside_the_training_crop_is_segmented(tmp_path):
     assert table.notes == ["segmented 1 volume(s) larger than the model's 16 x 16 x 8 input whole, by sliding windows "
                            "of that size (overlap 0.5, Gaussian-weighted blending of the probabilities, MONAI's "
                            "sliding_window_inference convention)"]
+
+
+def test_a_slice_segmenter_segments_whole_slices_and_images(tmp_path):
+    """A 2D model of input 16 x 16 trained on axial slices: a 40 x 36 x 5 volume and a 30 x 44 image are segmented
+    in-plane by windows of 16 x 16 (every slice at once), corners included."""
+    from PIL import Image
+
+    volume = np.zeros((40, 36, 5), np.float32)
+    volume[0:3, 30:36, 1:3] = 500
+    volume[37:40, 0:2, 4] = 500
+    nib.save(nib.Nifti1Image(volume, np.diag([0.5, 0.5, 3.0, 1.0])), tmp_path / "vol.nii.gz")
+    image = np.zeros((30, 44), np.uint8)
+    image[26:30, 0:5] = 255
+    Image.fromarray(image).save(tmp_path / "slice.png")
+    seen = []
+    table = predict_files(_threshold_runner((16, 16), seen, slice_axis=2),
+                          [(tmp_path / "vol.nii.gz",), (tmp_path / "slice.png",)], label_dir=tmp_path / "maps")
+    np.testing.assert_array_equal(np.asarray(nib.load(table.rows[0][1]).dataobj), volume > 100)
+    np.testing.assert_array_equal(np.asarray(Image.open(table.rows[1][1])), image > 100)
+    assert table.rows[0][2] == 3 * 6 * 2 + 3 * 2
+    assert {s[2:4] for s in seen} == {(16, 16)} and (1, 1, 16, 16, 5) in seen  # in-plane windows, all slices at once
+    assert table.notes[-1].startswith("segmented 2 input(s) (in-plane) larger than the model's 16 x 16 input whole")
 
 
 def test_a_volume_within_the_training_size_takes_one_forward_as_before(tmp_path):

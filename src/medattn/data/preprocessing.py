@@ -180,23 +180,25 @@ def differences(trained: Preprocessing, other: Preprocessing) -> list[str]:
 
 
 def segments_whole_volumes(prep: Preprocessing) -> bool:
-    """Whether prediction gives this model whole volumes (a 3D segmentation model: padded up to its input size, never
-    cropped, then segmented by sliding windows of that size, :mod:`medattn.deploy.segmentation`)."""
+    """Whether prediction gives this model whole inputs: a 3D segmentation model's volumes, a slice segmenter's slices
+    (padded up to its input size, never cropped, then segmented by sliding windows of that size,
+    :mod:`medattn.deploy.segmentation`)."""
     spatial = input_kinds.of(prep.input_kind).spatial_dims
-    return prep.task_type == "segmentation" and spatial == 3 and prep.slice_axis is None
+    return prep.task_type == "segmentation" and (spatial == 3 or prep.slice_axis is not None)
 
 
 def file_loader(prep: Preprocessing, whole: bool = False):
     """record (paths, ``extra["side"]``) -> {"input": tensor}: the data layer's loader for this description;
-    a one-line UserError for a description no single file can follow (``unpredictable``). ``whole``: a 3D
-    segmentation model's volumes whole (:func:`segments_whole_volumes`)."""
+    a one-line UserError for a description no single file can follow (``unpredictable``). ``whole``: a segmentation
+    model's inputs uncropped (:func:`segments_whole_volumes`)."""
     if prep.unpredictable:
         raise UserError(prep.unpredictable)
+    whole = whole and segments_whole_volumes(prep)
     if prep.slice_axis is not None:
         from .readers.slices import SliceFileLoader
 
-        return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis)
-    if whole and segments_whole_volumes(prep):
+        return SliceFileLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, prep.slice_axis, whole)
+    if whole:
         from .readers.volumes import VolumeLoader
 
         return VolumeLoader(prep.spacing, tuple(prep.input_shape[1:]), prep.normalize, whole=True)

@@ -11,9 +11,10 @@ A 2D model trained on slices (``slice_axis``) segments a volume slice by slice, 
 slicing axis last ((h, w, S)); :func:`write_label_map` puts the axis back first. A 2D image file given to such
 a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only.
 
-A 3D segmentation model segments the **whole** input, never only its training crop: the volume is prepared uncropped
-(padded up to the model's input size where smaller, :class:`~medattn.data.readers.volumes.VolumeLoader` ``whole``) and,
-where it is larger than that size along an axis, predicted by sliding windows of the model's input size
+A segmentation model segments the **whole** input, never only its training crop: a 3D model's volume is prepared
+uncropped (padded up to the model's input size where smaller, :class:`~medattn.data.readers.volumes.VolumeLoader`
+``whole``), a slice model's volume or image uncropped in-plane, and, where it is larger than that size along an axis,
+predicted by sliding windows of the model's input size (a slice model's windows in-plane, every slice at once)
 (:func:`whole_volume_probabilities`): windows overlapping by half (:data:`~medattn.runtime.sliding.DEFAULT_OVERLAP`,
 nnU-Net's), their probabilities blended with a Gaussian importance map (MONAI's ``sliding_window_inference``
 conventions, :mod:`medattn.runtime.sliding`), the same for a checkpoint and an exported graph. A model trained on
@@ -37,21 +38,33 @@ from medattn.runtime.dicom_results import is_dicom_series
 
 
 def whole_volume_probabilities(runner, batch: dict) -> tuple[np.ndarray, bool]:
-    """A 3D segmentation model's probabilities (B, K, H, W, D) of a batch of whole volumes ``batch["input"]``
-    (B, 1, H, W, D) (:class:`~medattn.deploy.runtime.Runner` ``runner``), and whether sliding windows of the model's
-    input size made them (the module docstring): the runner's own forward where the volume fits that size, or where
-    the runner slides its own patch window."""
+    """A segmentation model's probabilities of one whole input ``batch["input"]`` (a 3D model's volume (1, 1, H, W, D)
+    -> (1, K, H, W, D); a slice model's volume (1, 1, H, W, S) -> (1, K, H, W, S), or image (1, 1, H, W)
+    -> (1, K, H, W)) by :class:`~medattn.deploy.runtime.Runner` ``runner``, and whether sliding windows of the model's
+    input size made them (the module docstring; a slice model's windows are in-plane, over all slices at once): the
+    runner's own forward where the input fits that size, or where the runner slides its own patch window."""
     from medattn.runtime.sliding import DEFAULT_OVERLAP, sliding_window_logits
 
     window = tuple(runner.preprocessing.input_shape[1:])
-    volumes = batch["input"]
-    if runner.window is not None or all(n <= m for n, m in zip(volumes.shape[2:], window)):
+    inputs = batch["input"]
+    if runner.window is not None or all(n <= m for n, m in zip(inputs.shape[2:], window)):
         return runner.probabilities(batch), False
 
-    def model(windows: torch.Tensor) -> torch.Tensor:  # (n, 1, *window) -> (n, K, *window) probabilities
-        return torch.from_numpy(np.asarray(runner.probabilities({**batch, "input": windows}), dtype=np.float32))
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(runner.probabilities({**batch, "input": x}), dtype=np.float32))
 
-    return sliding_window_logits(model, volumes, window, DEFAULT_OVERLAP).numpy(), True
+    if inputs.ndim == len(window) + 2:  # windows of the model's own input
+        return sliding_window_logits(run, inputs, window, DEFAULT_OVERLAP).numpy(), True
+    slices = inputs.shape[-1]  # a slice model's volume: the slices as channels, in-plane windows
+
+    def in_plane(windows: torch.Tensor) -> torch.Tensor:  # (n, S, h, w) -> (n, S K, h, w)
+        volumes = windows.permute(0, 2, 3, 1)[:, None]  # (n, 1, h, w, S)
+        return torch.cat([run(v[None])[0].permute(3, 0, 1, 2).flatten(0, 1)[None] for v in volumes])
+
+    planes = inputs[:, 0].permute(0, 3, 1, 2)  # (1, S, H, W)
+    blended = sliding_window_logits(in_plane, planes, window, DEFAULT_OVERLAP)  # (1, S K, H, W)
+    blended = blended.unflatten(1, (slices, -1)).permute(0, 2, 3, 4, 1)  # (1, K, H, W, S)
+    return blended.numpy(), True
 
 
 def sliding_note(count: int, prep: Preprocessing) -> str:
@@ -60,7 +73,8 @@ def sliding_note(count: int, prep: Preprocessing) -> str:
     from medattn.runtime.sliding import DEFAULT_OVERLAP
 
     size = " x ".join(map(str, prep.input_shape[1:]))
-    return (f"segmented {count} volume(s) larger than the model's {size} input whole, by sliding windows of that size "
+    what = "volume(s)" if prep.slice_axis is None else "input(s) (in-plane)"
+    return (f"segmented {count} {what} larger than the model's {size} input whole, by sliding windows of that size "
             f"(overlap {DEFAULT_OVERLAP:g}, Gaussian-weighted blending of the probabilities, MONAI's "
             f"sliding_window_inference convention)")
 
