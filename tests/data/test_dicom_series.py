@@ -56,8 +56,8 @@ def test_two_series_in_one_folder_are_refused_naming_both_or_one_is_chosen(tmp_p
     first = write_series(folder, planes(4), stack(np.asarray(AXIAL, float), 4), description="T1")
     second = write_series(folder, planes(6, 5, 7)[::-1], stack(np.asarray(AXIAL, float), 6, 1.5, (-10, 4, 20)),
                           description="T2")
-    with pytest.raises(UserError, match=r"study: holds 2 DICOM series, read one at a time: .*; choose one with "
-                                        r"--dicom-series UID \(or give each series its own folder\)") as refused:
+    with pytest.raises(UserError, match=r"study: holds 2 DICOM series, read one at a time: .*; give each series its "
+                                        r"own folder, or choose one with predict's --dicom-series UID") as refused:
         read_volume(folder)
     assert f"{first} (4 files, MR T1)" in str(refused.value) and f"{second} (6 files, MR T2)" in str(refused.value)
     for uid, count in ((first, 4), (second, 6)):

@@ -108,8 +108,8 @@ def _one_series(folder: Path, headers: list[tuple[Path, object]]) -> tuple[str, 
     if chosen:
         raise UserError(f"{folder}: holds {len(picked) or 'none'} of the series chosen by --dicom-series "
                         f"({', '.join(sorted(chosen))}), not one; it holds {listed}")
-    raise UserError(f"{folder}: holds {len(groups)} DICOM series, read one at a time: {listed}; choose one with "
-                    f"--dicom-series UID (or give each series its own folder)")
+    raise UserError(f"{folder}: holds {len(groups)} DICOM series, read one at a time: {listed}; give each series its "
+                    f"own folder, or choose one with predict's --dicom-series UID")
 
 
 def _vector(path: Path, ds, keyword: str, size: int) -> np.ndarray:
