@@ -112,6 +112,11 @@ def test_predict_refuses_a_series_with_a_missing_slice_in_one_line(unet, tmp_pat
     assert error.endswith("are 5.000 mm apart, the others 2.500 mm (a missing slice?); refused rather than put on a "
                           "wrong grid (--skip-bad leaves out files that cannot be read and lists them)")
     assert not (tmp_path / "p.csv").exists() and not list(tmp_path.rglob("*_labels.nii.gz"))  # nothing on a wrong grid
+    assert main(["predict", str(unet), str(tmp_path / "gap"), "--out", str(tmp_path / "s.csv"), "--skip-bad"]) == 0
+    with open(tmp_path / "s_skipped.csv", newline="") as f:
+        (skipped,) = list(csv.DictReader(f))
+    assert skipped["file"] == str(tmp_path / "gap") and "(a missing slice?)" in skipped["reason"]
+    assert not list(tmp_path.rglob("*_labels.nii.gz"))
 
 
 def test_one_series_of_two_is_segmented_on_its_own_grid(unet, tmp_path, capsys):
