@@ -379,8 +379,13 @@ def test_resume_of_a_run_killed_inside_its_first_last_checkpoint_trains_it_again
     assert [r["epoch"] for r in rows] == ["1", "2"] and rows[0] == {**killed[0], "seconds": rows[0]["seconds"]}
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "last"]
     assert (run / "notes.txt").read_text() == "the user's notes" and not (run / ".previous").exists()
-    # killed before even best: nothing of the run to train again from, and --resume says what to do
+    # killed before even best (inside its first best write): trained again from epoch 1 when config.yaml is the config
     (tmp_path / "early").mkdir()
     (tmp_path / "early/config.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match="differs from the run's saved config in .*data.kind"):
+        _fit(config, tmp_path / "early", resume=True)
+    # neither a checkpoint nor a config: --resume says what to do
+    (tmp_path / "early/config.yaml").unlink()
+    (tmp_path / "early/metrics.csv").write_text("epoch\n")
     with pytest.raises(UserError, match="stopped before its first resumable checkpoint .* again with --overwrite"):
         _fit(config, tmp_path / "early", resume=True)

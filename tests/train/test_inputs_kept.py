@@ -36,7 +36,7 @@ def test_a_config_inside_out_is_never_moved_or_replaced(tmp_path, capsys, comman
     run.mkdir()
     config = run / "config.yaml"
     config.write_text(USER_CONFIG)
-    for extra in ([], ["--overwrite"]):
+    for extra in ([], ["--overwrite"], ["--resume"]):
         line = _error(capsys, [command, str(config), *TINY, "--out", str(run), "--no-progress", *extra])
         assert f"CONFIG {config} lies inside --out {run}, where the run writes config.yaml" in line
         assert "already holds a run" not in line
@@ -65,27 +65,39 @@ def _killed_inside_first_last(run) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def test_the_train_command_resumes_a_run_killed_inside_its_first_last_checkpoint(tmp_path, capsys):
-    """`medattn train --resume` refused such a run ("start it again with --overwrite") although fit trains it again."""
+def _killed_inside_first_best(run) -> None:
+    """The state a SIGKILL inside the first ``checkpoints/best`` write leaves (no checkpoint, ``best`` half written
+    under its temporary name; config.yaml and metrics.csv written)."""
+    _killed_inside_first_last(run)
+    shutil.rmtree(run / "checkpoints/.last.tmp-99999")
+    os.replace(run / "checkpoints/best", run / "checkpoints/.best.tmp-99999")
+
+
+@pytest.mark.parametrize("kill", [_killed_inside_first_last, _killed_inside_first_best])
+def test_the_train_command_resumes_a_run_killed_inside_its_first_checkpoints(tmp_path, capsys, kill):
+    """`medattn train --resume` refused such a run ("start it again with --overwrite"); a config other than the one the
+    run saved is still refused."""
     run = tmp_path / "run"
     argv = ["train", "synthetic_cxr", *TINY, "eval.heatmaps=0", "--out", str(run), "--no-progress"]
     assert main(argv) == 0
-    _killed_inside_first_last(run)
+    kill(run)
     capsys.readouterr()
+    assert "differs from the run's saved config in train.lr" in _error(capsys, [*argv, "train.lr=0.5", "--resume"])
     assert main([*argv, "--resume"]) == 0
     assert "training it again from epoch 1" in capsys.readouterr().out
     assert json.loads((run / "results.json").read_text())["best_epoch"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "last"]
 
 
-def test_pretraining_killed_inside_its_first_last_checkpoint_resumes(tmp_path):
+@pytest.mark.parametrize("kill", [_killed_inside_first_last, _killed_inside_first_best])
+def test_pretraining_killed_inside_its_first_checkpoints_resumes(tmp_path, kill):
     """`medattn pretrain --resume` of such a run said there was no checkpoint to resume from."""
     bundle = image_bundle(16)
     config = load_config(None, ["data.kind=synthetic_cxr", "model.name=vit2d_tiny", "model.attention=seqnorm",
                                 "pretrain.epochs=1", "pretrain.batch_size=8", "train.threads=1"])
     whole = pretrain(config, bundle, tmp_path / "whole", progress=False, log=lambda m: None)
     pretrain(config, bundle, tmp_path / "cut", progress=False, log=lambda m: None)
-    _killed_inside_first_last(tmp_path / "cut")
+    kill(tmp_path / "cut")
     changed = load_config(None, ["data.kind=synthetic_cxr", "model.name=vit2d_tiny", "model.attention=seqnorm",
                                  "pretrain.epochs=1", "pretrain.batch_size=8", "train.threads=1", "pretrain.lr=0.5"])
     with pytest.raises(UserError, match="differs from the pretraining run's saved config"):

@@ -12,8 +12,8 @@ Run folder::
 
 The order of each epoch's batches comes from a generator seeded with ``seed`` and the epoch, and the masks from
 one seeded with ``seed`` and the step, so a resumed run continues with the batches and masks it would have had. A run
-killed inside its first checkpoint writes (``best`` written, ``last`` not) is pretrained again from epoch 1 by
-``--resume``, if its config is the one ``best`` saved.
+killed inside its first checkpoint writes (``best`` written and ``last`` not, or no checkpoint at all) is pretrained
+again from epoch 1 by ``--resume``, if its config is the one it saved (``best``'s, else config.yaml).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from medattn.threads import set_threads
 from medattn.train.loaders import seed_everything
 from medattn.train.model_notes import preset_design
 from medattn.train.optim import lr_at, param_groups
-from medattn.train.rundir import run_folder, stopped_before_last
+from medattn.train.rundir import config_diff, killed_run_config, run_folder
 
 from .data import pretraining_set
 from .mae import MaskedAutoencoder
@@ -114,8 +114,9 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
     run_dir = Path(run_dir)
     p, seed = config["pretrain"], config["seed"]
     device = open_device(config["train"]["device"])
-    if resume and stopped_before_last(run_dir):  # killed inside its first checkpoints: pretrained again from epoch 1
-        if checkpoint.load_meta(checkpoint.resolve(run_dir / "checkpoints" / "best"))["config"] != config:
+    killed = killed_run_config(run_dir, lambda best: checkpoint.load_meta(best)["config"]) if resume else None
+    if killed is not None:  # killed inside its first checkpoint writes: pretrained again from epoch 1
+        if config_diff(killed, config):
             raise UserError("--resume: the config differs from the pretraining run's saved config")
         log(f"{run_dir} stopped before its first resumable checkpoint: pretraining it again from epoch 1")
         resume, overwrite = False, True

@@ -65,7 +65,7 @@ from .model_notes import model_defaults, preset_design, size_warnings
 from .objectives import metric_fields, objective_for
 from .optim import EMA, make_optimizer, optimizer_step, step_schedule
 from .results import CasePictures, LateDataError, test_best
-from .rundir import RUN_FILES, run_folder, stopped_before_last
+from .rundir import RUN_FILES, killed_run_config, run_folder
 from .sampling import drop_instances, positive_weight, recipe_labels
 from .scoring import predict
 from .standardize import fit_feature_norm
@@ -88,9 +88,9 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     the model starts from another checkpoint's shared tensors, or from a plain weights file of a timm,
     DINO, MAE or MONAI ViT (:func:`medattn.models.pretrained.load_pretrained`; supervised runs).
 
-    ``resume`` of a run killed before its first resumable checkpoint (``checkpoints/best`` written, ``last`` not:
-    :func:`medattn.train.rundir.stopped_before_last`) trains it again from epoch 1 as an overwrite (the killed run's
-    files come back on failure), if the config is the one its best checkpoint saved.
+    ``resume`` of a run killed before its first resumable checkpoint (``checkpoints/best`` written and ``last`` not,
+    or no checkpoint at all: :func:`medattn.train.rundir.killed_run_config`) trains it again from epoch 1 as an
+    overwrite (the killed run's files come back on failure), if the config is the one it saved.
 
     ``train.*`` keys left null take the model's own values (:func:`medattn.train.defaults.resolve_training`);
     the run saves and reports the resolved config. ``started`` (``time.time()`` when the command began; default:
@@ -114,8 +114,8 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     run_dir = Path(run_dir)
     restart_of = None  # the saved config of a run --resume trains again from epoch 1
     if resume:
-        if stopped_before_last(run_dir):
-            restart_of = objective.saved_config(checkpoint.resolve(run_dir / "checkpoints" / "best"))
+        restart_of = killed_run_config(run_dir, objective.saved_config)
+        if restart_of is not None:
             resume, overwrite = False, True
         distributed.barrier()  # every rank has looked before the main rank sets a killed run aside
     replacing = overwrite and any((run_dir / name).exists() for name in RUN_FILES)

@@ -1,8 +1,9 @@
 """The run folder: one run at a time (a lock), ``--overwrite`` as a transaction, tidy after a kill.
 
 A run killed before its first ``checkpoints/last`` has nothing to resume: ``--resume`` trains it again from epoch 1
-when it holds a ``checkpoints/best`` of the same config (:func:`stopped_before_last`), and otherwise says to start
-it again with ``--overwrite``.
+when it holds a ``checkpoints/best`` of the same config (:func:`stopped_before_last`), or no checkpoint at all and a
+config.yaml of the same config (:func:`killed_before_best`: killed inside its first ``best`` write); a folder with
+neither gets "no checkpoint to resume from".
 
 A command's inputs are never written over (:func:`check_inputs`): a CONFIG, ``--init-from`` or any file the config
 names that lies where the run writes (``DIR/config.yaml``, ``DIR/checkpoints/...``) is refused before anything moves,
@@ -28,9 +29,10 @@ import contextlib
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-from medattn.config import flatten
+from medattn.config import flatten, read_config_file, with_defaults
 from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
 from medattn.runtime.outputs import remove
@@ -48,7 +50,7 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise UserError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"output folder {run_dir} is a file, not a folder")
-    if resume and not _resumable(run_dir) and not stopped_before_last(run_dir):
+    if resume and not _resumable(run_dir) and not stopped_before_last(run_dir) and not killed_before_best(run_dir):
         if any((run_dir / name).exists() for name in RUN_FILES):
             raise UserError(f"--resume: the run in {run_dir} stopped before its first resumable checkpoint "
                             f"({run_dir / 'checkpoints' / 'last'}), so there is no checkpoint to resume from: start "
@@ -63,9 +65,10 @@ def check_inputs(run_dir: Path, inputs: dict[str, object], resume: bool = False)
     """Refuse ``inputs`` (what the user calls each -> a path; non-paths and missing files are passed over) that lie
     where the run in ``run_dir`` writes or moves its files (:data:`RUN_FILES`, ``.previous``): the run would move them
     aside and delete them (``--overwrite``) or write over them. A resumed run leaves its ``config.yaml`` alone, so
-    ``--resume`` may read the run's own config."""
+    ``--resume`` of a run with a checkpoint may read the run's own config (a run trained again from epoch 1 writes
+    it)."""
     run_dir = Path(run_dir)
-    kept = [name for name in (*RUN_FILES, PREVIOUS) if not (resume and name == "config.yaml")]
+    kept = [name for name in (*RUN_FILES, PREVIOUS) if not (resume and _resumable(run_dir) and name == "config.yaml")]
     for label, value in inputs.items():
         if not isinstance(value, (str, Path)) or not str(value) or "\n" in str(value):
             continue
@@ -89,6 +92,27 @@ def config_inputs(config: dict, config_arg: str | None = None, init_from: str | 
     found: dict[str, object] = {"CONFIG": config_arg, "--init-from": init_from}
     found.update({k: v for k, v in flatten(config).items() if k != "out" and isinstance(v, str)})
     return found
+
+
+def killed_before_best(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run killed before any checkpoint (inside its first ``checkpoints/best`` write, or
+    earlier in epoch 1): its config.yaml written, no checkpoint, no run set aside (a killed ``--overwrite``, whose
+    previous run comes back instead)."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return (not _resumable(run_dir) and not any((checkpoints / name).is_dir() for name in ("best", "best.old"))
+            and (Path(run_dir) / "config.yaml").is_file() and not (Path(run_dir) / PREVIOUS).exists())
+
+
+def killed_run_config(run_dir: Path, saved_config: Callable[[Path], dict]) -> dict | None:
+    """The saved config of a run killed before its first resumable checkpoint, which ``--resume`` trains again from
+    epoch 1: its ``checkpoints/best``'s (read by ``saved_config``), or with no checkpoint at all its config.yaml's;
+    None when ``run_dir`` holds no such run."""
+    run_dir = Path(run_dir)
+    if stopped_before_last(run_dir):
+        return saved_config(checkpoint.resolve(run_dir / "checkpoints" / "best"))
+    if killed_before_best(run_dir):
+        return with_defaults(read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    return None
 
 
 def _resumable(run_dir: Path) -> bool:
