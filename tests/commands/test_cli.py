@@ -119,10 +119,17 @@ def _image_table(folder, n: int = 40) -> str:
     return str(folder / "c.yaml")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_predict_gives_the_probabilities_eval_gives_on_the_same_files(tmp_path, capsys, precision):
+@pytest.mark.parametrize("precision, bf16_hardware", [("fp32", None), ("bf16", True), ("bf16", False)],
+                         ids=["fp32", "bf16-cpu", "bf16-on-avx2-only-cpu"])
+def test_predict_gives_the_probabilities_eval_gives_on_the_same_files(tmp_path, capsys, monkeypatch, precision,
+                                                                      bf16_hardware):
     """One prediction path: predict on the test split's files equals eval's predictions_test.csv per file
-    (predict ignored the run's bf16 autocast before, off by up to 1e-3)."""
+    (predict ignored the run's bf16 autocast before, off by up to 1e-3). A bf16 run predicts in bf16 where the CPU
+    has bf16 hardware and in fp32 where it does not: both branches run on every CPU (the capability simulated)."""
+    if bf16_hardware is not None:
+        from medattn.runtime import device
+
+        monkeypatch.setattr(device, "bf16_in_hardware", lambda where: bf16_hardware)
     config = _image_table(tmp_path)
     run = tmp_path / "run"
     assert main(["train", config, f"train.precision={precision}", "--out", str(run), "--no-progress"]) == 0
