@@ -293,7 +293,8 @@ def format_summary(summary: dict) -> str:
 
 def plot_arms(summary: dict, path: Path):
     """``compare.png``: each arm's test metric per seed (points) and its mean (bar), arms that did not learn
-    hatched and named so; -> the axes (closed), for tests."""
+    hatched and named so, an arm started from a checkpoint labelled ``from <its name>``; -> the axes (closed), for
+    tests."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,7 +310,8 @@ def plot_arms(summary: dict, path: Path):
                  hatch="" if learned else "//", edgecolor="0.3", width=0.6)
         axis.plot([i] * len(values), values, "o", color="black", markersize=4)
     axis.set_xticks(range(len(arms)), [a["arm"] + ("" if a["status"] == "learned" else "\n(did not learn)")
-                                       for a in arms], fontsize=8)
+                                       + ("" if a.get("start", "scratch") == "scratch"
+                                          else f"\nfrom {Path(a['start']).name}") for a in arms], fontsize=8)
     axis.set_ylabel(f"test {label}")
     if summary["metric"] in ("auroc", "c_index"):  # chance
         axis.axhline(0.5, color="0.5", linestyle=":", linewidth=1)
