@@ -18,7 +18,9 @@ pooling weights, TransMIL's class-token attention). Writes to DIR, per file:
                      <stem>.png (the scores drawn on the tiles, over the slide's thumbnail with --slides)
 With `auto`, a SeqNorm bag longer than --chunk-size tiles is explained by rollout
 streamed in bounded memory (the gradient rule needs a backward over the whole bag). `summary.csv` lists
-every file with the method used and its probabilities. --colour-scale percentile ends the colours at the 1st and
+every file with the method used and its outputs as predict names them (prob_<class>; a survival model's risk; a
+regression model's pred_<target> in the table's units); a model whose run did not learn says so on the terminal and
+in a run_verdict column. --colour-scale percentile ends the colours at the 1st and
 99th percentiles of the map (99th of |values| for a signed map), so a few extreme tiles or voxels do not wash the
 rest out. --device picks where the model runs (default: the best this machine has), whatever device it was
 trained on. --slides DIR: a folder that does not exist is refused; a bag whose slide is not in it, or whose file of
