@@ -59,8 +59,9 @@ def _error(capsys, argv) -> str:
 
 # --- event columns written as words ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("yes, no, mapping", [("yes", "no", "{yes: 1, no: 0}"), ("True", "False", "{true: 1, false: 0}"),
-                                              ("dead", "alive", "{dead: 1, alive: 0}"), ("2", "1", "{2: 1, 1: 0}")])
+@pytest.mark.parametrize("yes, no, mapping", [
+    ("yes", "no", "{yes: 1, no: 0}"), ("True", "False", "{true: 1, false: 0}"), ("dead", "alive", "{dead: 1, alive: 0}"),
+    ("2", "1", "{2: 1, 1: 0}")])
 def test_an_event_column_of_words_is_mapped_by_event_values(tmp_path, yes, no, mapping):
     """data.event_values as a user writes it in YAML (yes/no and true/false read as bools by YAML 1.1)."""
     events = [yes if i % 3 == 0 else no for i in range(24)]
@@ -78,6 +79,25 @@ def test_an_event_column_of_words_without_a_mapping_is_refused_naming_0_1(tmp_pa
         build_datasets(data, seed=0)
     assert f"event '{yes}' in column 'os_event' is not 1 (event observed) or 0 (censored); map the column's values " \
            f"with data.event_values, e.g. {hint}" in str(error.value)
+
+
+def test_an_image_table_maps_its_event_column_too(tmp_path):
+    from writers import write_pillow
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(24):
+        write_pillow(tmp_path / f"i{i}.png", rng.integers(0, 255, (16, 16), dtype=np.uint8))
+        rows.append([f"i{i}.png", f"{1 + i:.1f}", "Yes" if i % 2 else "No"])
+    write_csv(tmp_path / "cases.csv", ["path", "t", "e"], rows)
+    cfg = {"kind": "image_table", "csv": str(tmp_path / "cases.csv"), "task_type": "survival", "time_column": "t",
+           "event_column": "e", "image_size": 16, "in_chans": 1, "val_fraction": 0.25, "test_fraction": 0.25}
+    with pytest.raises(UserError, match=r"event 'No' in column 'e' is not 1 \(event observed\) or 0 \(censored\); "
+                                        r"map the column's values with data.event_values, e.g. \{yes: 1, no: 0\}"):
+        build_datasets(cfg, seed=0)
+    bundle = build_datasets({**cfg, "event_values": yaml.safe_load("{yes: 1, no: 0}")}, seed=0)
+    labels = {r.id: int(r.label[1]) for split in (bundle.train, bundle.val, bundle.test) for r in split.records}
+    assert labels == {f"i{i}.png": i % 2 for i in range(24)}
 
 
 def test_event_values_are_checked(tmp_path):
@@ -161,7 +181,8 @@ def _titles(monkeypatch) -> list[str]:
 def test_survival_outputs_are_a_risk_in_explain(noise_runs, tmp_path, capsys, monkeypatch):
     from medattn.slides.heatmap import prediction_text
 
-    assert prediction_text([-0.02], ["0"], "survival") == "slide risk = -0.02 (log relative risk, higher = earlier event)"
+    assert prediction_text([-0.02], ["0"], "survival") == \
+        "slide risk = -0.02 (log relative risk, higher = earlier event)"
     titles = _titles(monkeypatch)
     bags = [str(noise_runs["survival"] / "feats" / f"s{i}.h5") for i in range(2)]
     assert main(["explain", str(noise_runs["survival"] / "run"), *bags, "--out", str(tmp_path / "x")]) == 0
