@@ -60,8 +60,8 @@ def _error(capsys, argv) -> str:
 # --- event columns written as words ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("yes, no, mapping", [
-    ("yes", "no", "{yes: 1, no: 0}"), ("True", "False", "{true: 1, false: 0}"), ("dead", "alive", "{dead: 1, alive: 0}"),
-    ("2", "1", "{2: 1, 1: 0}")])
+    ("yes", "no", "{yes: 1, no: 0}"), ("True", "False", "{true: 1, false: 0}"),
+    ("dead", "alive", "{dead: 1, alive: 0}"), ("2", "1", "{2: 1, 1: 0}")])
 def test_an_event_column_of_words_is_mapped_by_event_values(tmp_path, yes, no, mapping):
     """data.event_values as a user writes it in YAML (yes/no and true/false read as bools by YAML 1.1)."""
     events = [yes if i % 3 == 0 else no for i in range(24)]
