@@ -55,8 +55,8 @@ def encoder_problem(model: nn.Module, folder: Path) -> str | None:
     own = {name: tuple(t.shape) for name, t in model.state_dict().items() if not name.startswith(HEAD)}
     other = [name for name, shape in own.items() if name in stored and stored[name] != shape]
     if other:
-        return (f"it would load less than the encoder: {len(other)} of its tensors have another shape there "
-                f"({other[0]} {list(stored[other[0]])}, the model's {list(own[other[0]])})")
+        return (f"it would load less than the encoder: {len(other)} of the model's encoder tensors have another "
+                f"shape in it ({other[0]}: {list(stored[other[0]])} there, {list(own[other[0]])} in the model)")
     if not any(stored.get(name) == shape for name, shape in own.items()):
         return "it would load none of the encoder: no tensor outside the head shares a name and shape with the model"
     return None
