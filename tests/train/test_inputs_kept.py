@@ -43,6 +43,17 @@ def test_a_config_inside_out_is_never_moved_or_replaced(tmp_path, capsys, comman
         assert config.read_text() == USER_CONFIG and sorted(p.name for p in run.iterdir()) == ["config.yaml"]
 
 
+def test_resume_may_read_the_runs_own_config(tmp_path, capsys):
+    """A run with a checkpoint leaves its config.yaml alone when resumed, so `--resume` may be given it as CONFIG."""
+    run = tmp_path / "run"
+    assert main(["train", "synthetic_cxr", *TINY, "eval.heatmaps=0", "--out", str(run), "--no-progress"]) == 0
+    saved = (run / "config.yaml").read_text()
+    assert main(["train", str(run / "config.yaml"), "--out", str(run), "--resume", "--no-progress"]) == 0
+    assert (run / "config.yaml").read_text() == saved
+    line = _error(capsys, ["train", str(run / "config.yaml"), "--out", str(run), "--overwrite"])
+    assert "lies inside --out" in line and (run / "config.yaml").read_text() == saved
+
+
 def test_a_file_the_config_names_inside_out_is_refused(tmp_path, capsys):
     """Any input the config names (here the pool) that lies where the run writes is refused before anything moves."""
     run = tmp_path / "run"
