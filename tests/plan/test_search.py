@@ -14,9 +14,11 @@ from medattn.experiments.recipe import choose_recipe, planned_search, recipe_for
 from medattn.plan import fingerprint
 from medattn.plan.search import KNOBS, Candidate, SearchPlan, candidates, describe_search, halving_rounds, search_plan
 from medattn.train import fit
+from medattn.train.defaults import training_defaults
 
 BAG = ("model.name=vitwsi_small", "model.attention=seqnorm", "train.lr=null", "train.batch_size=1",
        "eval.bootstrap=0", "eval.heatmaps=0", "recipe.search=true")
+OWN = training_defaults("vitwsi_small")
 
 
 @pytest.fixture(scope="module")
@@ -26,25 +28,25 @@ def bags():
 
 def test_every_knob_applies_to_the_bag_transformer_and_none_to_an_image_vit(bags):
     found = fingerprint(bags)
-    found_candidates, keys = candidates(tiny_config(*BAG), found)
+    found_candidates, keys = candidates(tiny_config(*BAG), found, OWN)
     assert keys == [knob.key for knob in KNOBS]
-    assert len(found_candidates) == math.prod(len(knob.values(tiny_config(*BAG), found)) for knob in KNOBS)
+    assert len(found_candidates) == math.prod(len(knob.values(tiny_config(*BAG), found, OWN)) for knob in KNOBS)
     assert found_candidates[0].name.startswith("readout=max")  # the defaults first: presence for a binary task
-    assert candidates(tiny_config("train.lr=null"), fingerprint(image_bundle(12)))[1] == []
+    assert candidates(tiny_config("train.lr=null"), fingerprint(image_bundle(12)), OWN)[1] == []
 
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.key)
 def test_a_key_the_user_sets_is_never_searched(bags, knob):
     found = fingerprint(bags)
-    default = knob.values(tiny_config(*BAG), found)[-1]  # a value the defaults would not choose
+    default = knob.values(tiny_config(*BAG), found, OWN)[-1]  # a value the defaults would not choose
     config = with_values(tiny_config(*BAG), {knob.key: default})
-    found_candidates, keys = candidates(config, found)
+    found_candidates, keys = candidates(config, found, OWN)
     assert knob.key not in keys
     assert all(knob.key not in c.overrides for c in found_candidates)
 
 
 def test_the_paper_preset_keeps_its_class_token(bags):
-    keys = candidates(tiny_config(*BAG, "model.name=vitwsi_tiny"), fingerprint(bags))[1]
+    keys = candidates(tiny_config(*BAG, "model.name=vitwsi_tiny"), fingerprint(bags), OWN)[1]
     assert "model.kwargs.readout" not in keys and "train.lr" in keys
 
 
@@ -68,10 +70,10 @@ def test_the_halving_schedule_keeps_within_its_budget(n, epochs, budget):
 
 def test_auto_skips_small_splits_and_says_why(bags):
     config = tiny_config(*BAG, "recipe.search=auto")
-    plan = search_plan(config, fingerprint(bags), 10)
+    plan = search_plan(config, fingerprint(bags), 10, OWN)
     assert plan.skip and "16 training and 8 validation cases" in plan.skip
     assert "no search" in describe_search(plan)
-    assert "false" in search_plan(tiny_config(*BAG, "recipe.search=false"), fingerprint(bags), 10).skip
+    assert "false" in search_plan(tiny_config(*BAG, "recipe.search=false"), fingerprint(bags), 10, OWN).skip
 
 
 class CountingFit:
@@ -85,7 +87,8 @@ class CountingFit:
         assert kwargs.get("test") is False  # trials never read the test split
         self.calls.append(config)
         lr, readout = config["train"]["lr"], config["model"]["kwargs"].get("readout")
-        score = {"max": 0.6, "attention": 0.7}[readout] + (0.05 if lr > 5e-4 else 0) + 0.001 * config["train"]["epochs"]
+        score = {"max": 0.6, "attention": 0.7, "mean": 0.65}[readout] + (0.05 if lr > 5e-4 else 0)
+        score += 0.001 * config["train"]["epochs"]
         return {"metric": "auroc", "val_auroc": score}
 
 
@@ -109,7 +112,7 @@ def test_the_search_keeps_the_best_candidate_within_its_budget_and_records_it(ba
 def test_a_real_search_is_reproducible_and_the_run_records_it(tmp_path, bags):
     """Real trials on tiny bags: the same data and seed choose the same candidate with the same scores; the final
     run's config.yaml, results.json and summary name the choice and every candidate's score."""
-    config = tiny_config(*BAG, "train.epochs=4")
+    config = tiny_config(*BAG, "train.epochs=8")
     first = choose_recipe(config, bags, log=lambda m: None)
     second = choose_recipe(config, bags, log=lambda m: None)
     assert first["recipe"]["record"]["candidates"] == second["recipe"]["record"]["candidates"]

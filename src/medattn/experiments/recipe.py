@@ -25,12 +25,12 @@ from medattn.plan.search import ETA, SearchPlan, describe_search, search_plan
 
 def planned_search(config: dict, bundle: DataBundle) -> SearchPlan:
     """The search ``config`` gets on ``bundle`` (the plan's epochs E as the single run's length)."""
-    from medattn.train.defaults import resolve_training
+    from medattn.train.defaults import resolve_training, training_defaults
 
     found = fingerprint(bundle)
     resolved = resolve_training(config)[0]
     epochs = apply_plan(resolved, plan(resolved, found))["train"]["epochs"]
-    return search_plan(config, found, epochs)
+    return search_plan(config, found, epochs, training_defaults(config["model"]["name"]))
 
 
 def with_values(config: dict, overrides: dict) -> dict:

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from medattn.attention import build_attention
+from medattn.attention.base import is_traced
 
 
 class Mlp(nn.Module):
@@ -192,6 +193,45 @@ class FeatureStandardizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+
+
+class RunningStandardizer(nn.Module):
+    """Standardises a bag's pooled vector with running statistics of the training bags' pooled vectors::
+
+        z' = (z - m) / sqrt(v + eps)                      (B, D) -> (B, D)
+
+    m and v (buffers, per channel) follow the pooled vectors seen in training: their cumulative mean and variance
+    over the first 1 / ``momentum`` bags, then an exponential moving average (BatchNorm's running statistics, but
+    also used in training, so a batch of one bag works and evaluation is training's function). Why: a pooled vector
+    of hundreds of tiles varies little from bag to bag next to its size, so a head on it starts as a constant
+    predictor and learns only as its weights grow to 1 / (that variation) (issue 48's learning-dynamics finding);
+    standardised, the between-bag variation the head sees is of order one from the first step. In evaluation (and
+    in exported graphs) m and v are constants. Gradients do not flow through m and v.
+    """
+
+    def __init__(self, dim: int, momentum: float = 0.02, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.momentum, self.eps = momentum, eps
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def _update(self, z: torch.Tensor) -> None:
+        for row in z.detach().float():  # bag by bag: the same statistics whatever the batch size
+            if self.count == 0:  # the first bag sets the mean; the variance keeps its prior of one
+                self.mean.copy_(row)
+            else:  # Welford's update (unbiased variance), weights floored at the momentum
+                delta = row - self.mean
+                self.mean.add_(max(self.momentum, 1.0 / float(self.count + 1)) * delta)
+                rate = max(self.momentum, 1.0 / float(self.count))
+                self.var.mul_(1 - rate).add_(rate * delta * (row - self.mean))
+            self.count += 1
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if self.training and not is_traced():
+            self._update(z)
+        return (z - self.mean.to(z.dtype)) / torch.sqrt(self.var.to(z.dtype) + self.eps)
 
 
 class GatedAttentionPool(nn.Module):

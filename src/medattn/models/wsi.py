@@ -57,13 +57,18 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .layers import Encoder, FeatureStandardizer, GatedAttentionPool
+from .layers import Encoder, FeatureStandardizer, GatedAttentionPool, RunningStandardizer
 
 READOUTS = ("cls", "attention", "max", "mean", "proportion", "count")
 #: What question each pooling readout answers (docs/decisions.md, "Bag readout"): presence of a few positive tiles
 #: (max, attention), how large a share of the bag is positive (mean, proportion) or how many tiles are (count).
 READOUT_QUESTIONS = {"max": "presence", "attention": "presence", "mean": "proportion", "proportion": "proportion",
                      "count": "count", "cls": "bag moments"}
+#: The readouts whose pooled vector is standardised by default (``pool_norm=None``): with it the max readout left a
+#: constant predictor's loss in its first epoch on the realistic IHC regression bags, without it it sat there for 6
+#: (benchmarks/bag_learning_dynamics.py); attention pooling trained worse with it (its pooled vector moves as its
+#: weights sharpen, and the running statistics lag).
+POOL_NORM_READOUTS = ("max",)
 #: The count readout's unit: z is the soft number of positive tiles per COUNT_UNIT tiles' worth (a scale near 1).
 COUNT_UNIT = 100.0
 
@@ -90,7 +95,10 @@ class WSITransformer(nn.Module):
             ``feature_proj`` (:class:`~medattn.models.layers.FeatureStandardizer`, fitted by :mod:`medattn.train`).
         readout: one of :data:`READOUTS` (see the module docstring); ``pool_dim``: the attention pooling's hidden
             width (L of Ilse et al.), or the number of indicators of ``proportion`` and ``count`` (default
-            ``embed_dim // 2``).
+            ``embed_dim // 2``); ``pool_norm``: standardise a pooling readout's z with running statistics of the
+            training bags before the head (:class:`~medattn.models.layers.RunningStandardizer`; ignored with
+            ``readout="cls"``); None: on for the readouts of :data:`POOL_NORM_READOUTS` (max), where it was measured
+            to end the flat start (docs/decisions.md, "Bag readout").
 
     ``forward(features, mask=None, coords=None)``: (B, N, F) -> (B, num_classes) logits;
     ``forward_streaming(features, coords=None, chunk_size=32768)``: one bag (N, F) -> (1, num_classes), streamed.
@@ -103,7 +111,7 @@ class WSITransformer(nn.Module):
                  attention_kwargs: dict | None = None, qkv_bias: bool = True, drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0, pos_encoding: str = "none", coord_scale: float = 1.0,
                  activation_checkpointing: bool = False, standardize_features: bool = True, readout: str = "cls",
-                 pool_dim: int | None = None) -> None:
+                 pool_dim: int | None = None, pool_norm: bool | None = None) -> None:
         super().__init__()
         if pos_encoding not in ("none", "sincos"):
             raise ValueError(f"pos_encoding must be 'none' or 'sincos', got {pos_encoding!r}")
@@ -131,6 +139,9 @@ class WSITransformer(nn.Module):
             self.encoder.norm = nn.Identity()
         self.head = nn.Linear(self.pool.out_features if readout in ("proportion", "count") else embed_dim,
                               num_classes)
+        if pool_norm is None:
+            pool_norm = readout in POOL_NORM_READOUTS
+        self.pool_norm = RunningStandardizer(self.head.in_features) if pool_norm and readout != "cls" else nn.Identity()
         if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -166,7 +177,7 @@ class WSITransformer(nn.Module):
                 coords: torch.Tensor | None = None) -> torch.Tensor:
         if self.readout == "cls":
             return self.head(self.forward_features(features, mask, coords)[:, 0])
-        return self.head(self.pooled(features, mask, coords)[0])
+        return self.head(self.pool_norm(self.pooled(features, mask, coords)[0]))
 
     def pooled(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                coords: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -299,12 +310,12 @@ class WSITransformer(nn.Module):
         if self.readout == "max":
             chunks = (self.through_streamed_blocks(x, states)[0].amax(dim=0)
                       for x in self.stream_chunks(features, coords, chunk_size))
-            return self.head(torch.stack(list(chunks)).amax(dim=0, keepdim=True))
+            return self.head(self.pool_norm(torch.stack(list(chunks)).amax(dim=0, keepdim=True)))
         if self.readout in ("mean", "proportion", "count"):
             sums = sum(self.pooled_terms(self.through_streamed_blocks(x, states)[0]).sum(0)
                        for x in self.stream_chunks(features, coords, chunk_size))
             size = torch.tensor([float(features.shape[0])], device=sums.device, dtype=sums.dtype)
-            return self.head(self.finish_sums(sums.unsqueeze(0), size))
+            return self.head(self.pool_norm(self.finish_sums(sums.unsqueeze(0), size)))
         peak, total, weighted = None, None, None  # online softmax: running max, sum of exp(s - max), sum of weighted x
         for chunk in self.stream_chunks(features, coords, chunk_size):
             x = self.through_streamed_blocks(chunk, states)[0]  # (n_c, D')
@@ -315,4 +326,4 @@ class WSITransformer(nn.Module):
             total = e.sum() + (0.0 if total is None else rescale * total)
             weighted = e @ x + (0.0 if weighted is None else rescale * weighted)
             peak = new_peak
-        return self.head(self.encoder.norm((weighted / total).unsqueeze(0)))
+        return self.head(self.pool_norm(self.encoder.norm((weighted / total).unsqueeze(0))))

@@ -32,6 +32,7 @@ def keep_design(meta: dict, shapes: Shapes) -> None:
         _keep_vit_design(model_cfg, shapes)
     _keep_raw_features(model_cfg, shapes)
     _keep_class_token(model_cfg, shapes)
+    _keep_unnormalised_pool(model_cfg, shapes)
     _keep_unscaled_branches(model_cfg, meta.get("model_defaults", {}), shapes)
     _keep_patch_swin(model_cfg, meta.get("model_defaults", {}), shapes)
 
@@ -76,6 +77,23 @@ def _keep_class_token(model_cfg: dict, shapes: Shapes) -> None:
     readout = inspect.signature(cls).parameters.get("readout")
     if readout is not None and preset.get("readout", readout.default) != "cls" and "cls_token" in shapes():
         kwargs["readout"] = "cls"
+
+
+def _keep_unnormalised_pool(model_cfg: dict, shapes: Shapes) -> None:
+    """A bag transformer's checkpoint with a pooling readout written before the pooled vector was standardised
+    (2026-11-28, issue 48: no ``pool_norm.mean`` tensor) gets ``pool_norm: false`` and loads as what it is."""
+    kwargs = model_cfg["kwargs"]
+    if "pool_norm" in kwargs or model_cfg["name"] not in PRESETS:
+        return
+    from medattn.models.wsi import POOL_NORM_READOUTS
+
+    cls, preset = PRESETS[model_cfg["name"]]
+    parameters = inspect.signature(cls).parameters
+    if "pool_norm" not in parameters or preset.get("pool_norm") is not None:
+        return
+    readout = kwargs.get("readout", preset.get("readout", parameters["readout"].default))
+    if readout in POOL_NORM_READOUTS and "pool_norm.mean" not in shapes():
+        kwargs["pool_norm"] = False
 
 
 def _keep_raw_features(model_cfg: dict, shapes: Shapes) -> None:
