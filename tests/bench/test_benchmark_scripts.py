@@ -34,6 +34,7 @@ TOY_RUNS = {
     "pam_cpu_seconds.py": (["1000", "1"], "cpu_s_per_1M"),
     "pam_segmentation_training.py": (["--model-pair", "unet", "--seeds", "0", "--steps", "2", "--train-size", "2",
                                       "--val-size", "2", "--threads", "1"], "mean upamnet"),
+    "readout_questions.py": (["--out", "{out}/readout_questions.png"], "attention  200 tiles: r"),
     "real_size_bags.py": (["--tiles", "100", "--models", "seqnorm", "--phases", "train", "--repeats", "1",
                            "--threads", "1", "--out", "{out}"], "'phase': 'train'"),
     "residual_branch_scale.py": (["--preset", "vit2d_tiny", "--batch", "4", "--mechanisms", "seqnorm"],
@@ -51,6 +52,8 @@ SLOW = {"independent_survival.py", "validation_cost.py", "wsi_heatmap_mass.py"}
 
 #: script -> why it is only asked for --help here.
 HELP_ONLY = {
+    "bag_learning_dynamics.py": "trains on a realistic bag task folder (medattn realistic; minutes per readout)",
+    "family_table.py": "reads the compare folders of the realistic family (hours of runs)",
     "bag_statistics_probe.py": "reads a realistic ihc_bags folder (medattn realistic, a minute to write)",
     "paired_arms.py": "reads the run folders of two finished experiments",
     "diffusion_scaling.py": "run at a toy size by tests/diffusion/test_diffusion_bench.py",
