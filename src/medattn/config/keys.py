@@ -121,8 +121,11 @@ KEYS: dict[str, Key] = {
     "train.device": Key("auto", Rule("auto, cpu, mps, cuda or cuda:N",
                                      lambda v: isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None)),
     "train.skip_bad": Key(False, BOOLEAN),
-    "train.loss": Key(None, _choice(None, "dice_ce", "dice"),
-                      "null -> the task's (cross-entropy; segmentation: dice_ce); dice = soft Dice only"),
+    "train.loss": Key(None, _choice(None, "dice_ce", "dice", "cox", "discrete_time"),
+                      "null -> the task's (cross-entropy; segmentation: dice_ce; survival: cox); dice = soft Dice "
+                      "only; discrete_time = survival's logistic-hazard likelihood (trains at batch 1)"),
+    "train.time_bins": Key(4, _integer(1, 1000), "train.loss=discrete_time: intervals, edges at event-time quantiles"),
+    "train.event_balance": Key(False, BOOLEAN, "survival: every batch holds the training split's share of events"),
     "train.patch_size": Key(None, Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
                                        or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
                                                                       and all(_is_int(m) and m > 0 for m in v))),

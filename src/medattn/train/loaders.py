@@ -15,6 +15,7 @@ from medattn.errors import UserError
 from medattn.runtime import distributed
 
 from .sampling import ClassBalancedSampler
+from .survival_bags import EventBalancedSampler
 
 
 def seed_everything(seed: int) -> None:
@@ -47,14 +48,17 @@ def _collate_indexed(samples: list[dict]) -> dict:
 
 
 def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
-                balance: torch.Tensor | None = None) -> DataLoader:
+                balance: torch.Tensor | None = None, events: torch.Tensor | None = None) -> DataLoader:
     """A loader over this rank's share, in an order fixed by ``seed`` (and the epoch, via ``set_epoch``).
     With ``balance`` (the dataset's labels) samples are drawn class-balanced with replacement
-    (:class:`medattn.train.sampling.ClassBalancedSampler`, ``train.class_balance``)."""
+    (:class:`medattn.train.sampling.ClassBalancedSampler`, ``train.class_balance``); with ``events`` (N,) each batch
+    holds the split's share of events (:class:`medattn.train.survival_bags.EventBalancedSampler`)."""
     if len(dataset) == 0:
         raise UserError("a data split is empty")
     indexed = _Indexed(dataset)
-    if balance is not None:
+    if events is not None:
+        sampler = EventBalancedSampler(events, seed)
+    elif balance is not None:
         sampler = ClassBalancedSampler(balance, seed, distributed.world_size(), distributed.rank())
     else:
         sampler = DistributedSampler(indexed, num_replicas=distributed.world_size(), rank=distributed.rank(),

@@ -70,6 +70,7 @@ from .sampling import drop_instances, positive_weight, recipe_labels
 from .scoring import predict
 from .standardize import fit_feature_norm
 from .state import check_resume, improves, save_checkpoints, start_state
+from .survival_bags import forward_each, survival_training
 from .tasks import Batches, Built, TaskObjective, Validation, task_objective
 from .trainable import check_trainable
 
@@ -298,6 +299,7 @@ class Supervised:
         labels = recipe_labels(train_cfg, task, bundle.train)
         self.train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],  # the training
                                              positive_weight(labels, task.task_type, train_cfg["pos_weight"]))  # loss
+        self.per_bag, events = survival_training(self.train_objective, task, bundle.train, train_cfg)
         patch = sliding.patch_shape(config, task)
         # a model trained on patches is built for the patch (a ViT's position embeddings match it)
         model_task = replace(task, input_shape=(task.input_shape[0], *patch)) if patch else task
@@ -315,7 +317,7 @@ class Supervised:
         train_set = RandomPatches(bundle.train, patch, train_cfg["patch_foreground"]) if patch else bundle.train
         seed, workers = config["seed"], train_cfg["num_workers"]
         self.train_loader = make_loader(train_set, train_cfg["batch_size"], True, seed, workers,
-                                        balance=labels if train_cfg["class_balance"] else None)
+                                        balance=labels if train_cfg["class_balance"] else None, events=events)
         self.val_loader = make_loader(bundle.val, train_cfg["eval_batch_size"] or train_cfg["batch_size"], False,
                                       seed, workers)
         self.meta = checkpoint_meta(config, bundle)
@@ -339,7 +341,7 @@ class Supervised:
 
     def batch_loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, float, dict[str, float]]:
         with autocast(self.device, self.config["train"]["precision"]):
-            logits = forward(model, batch, self.task.input_kind)
+            logits = (forward_each if self.per_bag else forward)(model, batch, self.task.input_kind)
         return self.train_objective.loss(logits, batch["label"]), len(batch["id"]), {}
 
     def validate(self, model: nn.Module, epoch: int, progress: bool) -> Validation:

@@ -29,7 +29,7 @@ from medattn.runtime.predictor import probabilities
 
 from .predictions import Predictions
 from .regression_objective import Regression
-from .survival_objective import Survival
+from .survival_objective import SURVIVAL_LOSSES, Survival
 from .verdict import DICE_FLOOR, chance_halfwidth, constant_loss
 
 
@@ -167,7 +167,8 @@ Objective = Classification | Segmentation | Survival | Regression
 def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: float = 0.0,
                   pos_weight: torch.Tensor | None = None) -> Objective:
     """The loss, the validation score and the test report of a task type: the one place they are chosen.
-    ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses).
+    ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses, ``cox`` and
+    ``discrete_time`` survival losses).
     ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
     the loop scores validation and test with the plain loss, so losses compare across settings. Unlabelled data
     (the diffusion stages' volumes) have no objective here: a UserError."""
@@ -175,17 +176,22 @@ def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: floa
         raise UserError("the data kind gives unlabelled volumes, nothing a supervised model learns from: they train "
                         "the diffusion stages (task: diffusion_vqae or diffusion_transformer; docs/diffusion.md)")
     if task.task_type in ("survival", "regression"):
-        if loss is not None or label_smoothing or pos_weight is not None:
-            raise UserError(f"train.loss, train.label_smoothing and train.pos_weight do not apply to a "
-                            f"{task.task_type} task (leave them null / 0)")
-        return Survival(task) if task.task_type == "survival" else Regression(task)
+        if (loss is not None and (task.task_type == "regression" or loss not in SURVIVAL_LOSSES)) \
+                or label_smoothing or pos_weight is not None:
+            raise UserError(f"train.label_smoothing and train.pos_weight do not apply to a {task.task_type} task "
+                            f"(leave them null / 0); train.loss: null" + (f", {' or '.join(SURVIVAL_LOSSES)}"
+                                                                           if task.task_type == "survival" else ""))
+        return Survival(task, loss) if task.task_type == "survival" else Regression(task)
     if task.task_type == "segmentation":
         if label_smoothing or pos_weight is not None:
             raise UserError("train.label_smoothing and train.pos_weight apply to classification tasks; "
                             "this task is segmentation")
+        if loss not in (None, "dice_ce", "dice"):
+            raise UserError(f"train.loss={loss} is a survival loss; this task is segmentation (dice_ce or dice)")
         return Segmentation(task, loss)
     if loss is not None:
-        raise UserError(f"train.loss={loss} is a segmentation loss; this task is {task.task_type} (use null)")
+        raise UserError(f"train.loss={loss} is a segmentation or survival loss; this task is {task.task_type} "
+                        f"(use null)")
     return Classification(task, label_smoothing, pos_weight)
 
 

@@ -119,8 +119,11 @@ def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_k
     if plain.constant_name is None:  # segmentation: judged by its score alone
         return verdict.judge(rows, score_key, plain, best_epoch=best_epoch)
     labels = dataset_labels(bundle.train)
-    objective = objective_for(task, None, train_cfg["label_smoothing"],
-                              positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
+    weight = positive_weight(labels, task.task_type, train_cfg["pos_weight"])
+    objective = objective_for(task, train_cfg["loss"] if task.task_type == "survival" else None,
+                              train_cfg["label_smoothing"], weight)
+    if task.task_type == "survival":  # discrete_time: the intervals of the training labels
+        objective.fit(labels, train_cfg["time_bins"])
     weights = None
     if train_cfg["class_balance"]:  # every class drawn with equal total weight
         keys = class_keys(labels)

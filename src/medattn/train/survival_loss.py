@@ -102,3 +102,43 @@ def time_bin_index(time, edges: np.ndarray) -> np.ndarray:
     last inner edge (a test time beyond the training times included) fall in the last interval."""
     edges = np.asarray(edges, dtype=np.float64)
     return np.searchsorted(edges[1:-1], np.asarray(time, dtype=np.float64), side="right").astype(np.int64)
+
+
+def baseline_logits(time_bin: torch.Tensor, event: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """The per-interval hazard logits that minimise :func:`discrete_time_nll` for a constant risk -> (n_bins,).
+
+    With the loss's convention (a sample censored in interval j was at risk in 0..j-1 only), the maximum
+    likelihood hazard of interval k is ``d_k / n_k``: ``d_k`` the events in k, ``n_k`` the samples whose interval
+    is past k plus those with their event in k (the discrete Kaplan-Meier hazard). Returned as logits, the
+    hazards clipped to [1e-4, 1 - 1e-4] so an interval without events (or with only events) stays finite.
+    """
+    time_bin, observed = time_bin.long(), event.bool()
+    events = torch.bincount(time_bin[observed], minlength=n_bins).double()
+    past = torch.tensor([(time_bin > k).sum().item() for k in range(n_bins)], dtype=torch.float64)
+    hazard = (events / (past + events).clamp(min=1)).clamp(1e-4, 1 - 1e-4)
+    return torch.logit(hazard).float()
+
+
+def logistic_hazard_loss(risk: torch.Tensor, time_bin: torch.Tensor, event: torch.Tensor,
+                         baseline: torch.Tensor) -> torch.Tensor:
+    """:func:`discrete_time_nll` of a proportional-odds head: one risk per sample shifts every interval's logit.
+
+    ``risk`` (B,) the model's one output, ``baseline`` (T,) the training split's constant-risk logits
+    (:func:`baseline_logits`)::
+
+        logit h_bk = baseline_k + risk_b,      loss = discrete_time_nll(logits (B, T), time_bin, event)
+
+    Cox's discrete-time (proportional odds) model (JRSS B 34:187, 1972, section 6). Each hazard rises with the
+    risk, so the survival curve (:func:`survival_curves`) falls and the expected survival shortens monotonically
+    in it: the risk itself ranks patients (the C-index of ``risk`` is that of minus the expected survival). The
+    loss splits into per-sample terms, so it is defined for a batch of one bag.
+    """
+    logits = baseline.to(risk)[None, :] + risk[:, None]
+    return discrete_time_nll(logits, time_bin, event)
+
+
+def survival_curves(risk: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    """Per-patient survival at the end of each interval -> (B, T): ``S_bk = prod_{l <= k} (1 - sigmoid(baseline_l +
+    risk_b))`` (:func:`logistic_hazard_loss`'s model); ``risk`` (B,), ``baseline`` (T,)."""
+    logits = baseline.to(risk)[None, :] + risk[:, None]
+    return torch.exp(torch.cumsum(F.logsigmoid(-logits), dim=1))

@@ -6,7 +6,17 @@ Cox partial log-likelihood with Breslow's handling of tied times, per batch (Cox
     L = -(1 / E) sum_{i: event_i = 1} [ r_i - log sum_{j: t_j >= t_i} exp(r_j) ]         (E events in the batch)
 
 (:func:`medattn.train.survival_loss.cox_partial_likelihood`). The risk sets are those of the batch, so a batch
-needs at least two samples (:data:`Survival.min_batch_size`); the loss of a batch without an event is 0.
+needs at least two samples (:attr:`Survival.min_batch_size`); the loss of a batch without an event is 0. Bags of a
+batch run through the model one at a time (:func:`medattn.train.survival_bags.forward_each`), so the risk set spans
+bags of different sizes without padding.
+
+``train.loss: discrete_time`` trains instead with the logistic-hazard likelihood of a proportional-odds head
+(:func:`medattn.train.survival_loss.logistic_hazard_loss`): ``train.time_bins`` intervals with edges at the training
+event-time quantiles, their constant-risk logits fitted on the training split, the model's one output ``r`` added
+to every interval's logit. It splits into per-sample terms, so it trains at batch 1 (whole bags, one per step).
+The risk ``r`` is still the score (the hazards, hence minus the expected survival, rise monotonically with it);
+per-patient survival curves are :func:`medattn.train.survival_loss.survival_curves` of ``r`` and the fitted
+``baseline``. Validation and test are scored with the Cox loss whatever the training loss, so runs compare.
 
 Scores (:mod:`medattn.metrics_survival`): Harrell's C-index with a percentile bootstrap CI over patients (the
 validation score that keeps the best checkpoint), the log-rank test between the predicted high- and low-risk
@@ -23,7 +33,7 @@ from medattn.data.base import TaskInfo
 from medattn.metrics import UndefinedMetricError
 
 from .predictions import Predictions
-from .survival_loss import cox_partial_likelihood
+from .survival_loss import baseline_logits, cox_partial_likelihood, logistic_hazard_loss, time_bin_index, time_bins
 
 #: Random batches whose mean Cox loss at a constant risk is the learning verdict's floor.
 CONSTANT_DRAWS = 200
@@ -31,6 +41,8 @@ CONSTANT_DRAWS = 200
 CHANCE_PERMUTATIONS = 500
 #: Percentiles of a split's event times at which the time-dependent AUC is reported when ``eval.times`` is null.
 DEFAULT_TIME_PERCENTILES = (25, 50, 75)
+#: ``train.loss`` values of a survival task; the first is what null means.
+SURVIVAL_LOSSES = ("cox", "discrete_time")
 
 
 class Survival:
@@ -40,16 +52,33 @@ class Survival:
     constant_name = "a constant risk's"
     files = "predictions_test.csv km_test.png"
     outputs_are_probabilities = False  # Predictions.outputs: (N, 1) risk scores
-    min_batch_size = 2  # the Cox loss compares the samples of a batch
 
-    def __init__(self, task: TaskInfo) -> None:
-        self.task = task
+    def __init__(self, task: TaskInfo, loss: str | None = None) -> None:
+        self.task, self.loss_name = task, loss or SURVIVAL_LOSSES[0]
+        self.batch_coupled = self.loss_name == "cox"  # the loss compares the samples of a batch
+        self.min_batch_size = 2 if self.batch_coupled else 1
+        self.edges: np.ndarray | None = None  # discrete_time, once fitted: interval edges (T + 1,)
+        self.baseline: torch.Tensor | None = None  # and the constant-risk logits (T,)
+
+    def fit(self, labels: torch.Tensor, n_bins: int = 4) -> None:
+        """``discrete_time``: the ``n_bins`` intervals (edges at the event-time quantiles of the training labels
+        (N, 2)) and their constant-risk logits; from here on :meth:`loss` is the logistic-hazard likelihood."""
+        if self.loss_name != "discrete_time":
+            return
+        time, event = labels[:, 0].double().numpy(), labels[:, 1].bool().numpy()
+        self.edges = time_bins(time, event, n_bins)
+        self.baseline = baseline_logits(torch.from_numpy(time_bin_index(time, self.edges)),
+                                        torch.from_numpy(event), n_bins)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
-        """The batch's Cox loss; ``per_sample``: that loss repeated (B,) (the partial likelihood does not split
-        into per-sample terms), so a split's loss is the mean of its batches' losses weighted by their sizes."""
-        labels = labels.float()
-        loss = cox_partial_likelihood(logits[:, 0].float(), labels[:, 0], labels[:, 1])
+        """The batch's Cox loss (a fitted ``discrete_time`` objective: the logistic-hazard loss, the batch mean);
+        ``per_sample``: the Cox loss repeated (B,) (the partial likelihood does not split into per-sample terms),
+        so a split's loss is the mean of its batches' losses weighted by their sizes, whatever trained the model."""
+        labels, risk = labels.float(), logits[:, 0].float()
+        if self.baseline is not None and not per_sample:
+            bins = torch.from_numpy(time_bin_index(labels[:, 0].cpu().double().numpy(), self.edges))
+            return logistic_hazard_loss(risk, bins.to(risk.device), labels[:, 1], self.baseline)
+        loss = cox_partial_likelihood(risk, labels[:, 0], labels[:, 1])
         return loss.expand(len(logits)) if per_sample else loss
 
     def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +129,12 @@ class Survival:
     def constant_loss(self, labels: torch.Tensor, weights: torch.Tensor | None = None, batch_size: int = 1) -> float:
         """The mean Cox loss of a constant risk over :data:`CONSTANT_DRAWS` random training batches of
         ``batch_size`` (the loss depends on the risk-set sizes, so on the batch: this is the floor the training
-        loss is compared with). ``weights`` (class balance) do not apply to survival."""
+        loss is compared with); ``discrete_time``: the logistic-hazard loss of risk 0 over all training labels,
+        the intervals fitted on them. ``weights`` (class balance) do not apply to survival."""
+        if self.loss_name == "discrete_time":
+            fitted = Survival(self.task, self.loss_name)
+            fitted.fit(labels, len(self.baseline) if self.baseline is not None else 4)
+            return float(fitted.loss(torch.zeros(len(labels), 1), labels))
         generator = torch.Generator().manual_seed(0)
         n, size = len(labels), min(max(batch_size, 1), len(labels))
         total = 0.0
