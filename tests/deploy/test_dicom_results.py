@@ -121,6 +121,38 @@ def test_predict_writes_a_dicom_seg_equal_to_the_label_map_and_referencing_the_s
     assert len(new) == 4 and not new & {source.SOPInstanceUID, source.SeriesInstanceUID, *uids}
 
 
+def test_the_segmentation_report_gives_each_structures_volume_and_references_its_segment(series_and_model, capsys):
+    """Issue 51: beside the Segmentation, a TID 1500 SR: one volumetric group per class, its Volume in mm3 as the CSV
+    gives it, referencing that segment of the Segmentation; the evidence lists the series and the Segmentation."""
+    hd = pytest.importorskip("highdicom")
+    from test_dicom_report import evidence, items, numbers
+
+    root, series, uids, ck = series_and_model
+    assert main(["predict", str(ck), str(series), "--out", str(root / "report.csv")]) == 0
+    report = root / "report_labels" / "series_sr.dcm"
+    assert f"wrote 1 DICOM SR measurement report object(s) referencing their DICOM source: {report}" \
+        in capsys.readouterr().out
+    (row,) = _rows(root / "report.csv")
+    seg = hd.seg.segread(root / "report_labels" / "series_seg.dcm")
+    sr = hd.sr.srread(report)
+    groups = sr.content.get_volumetric_roi_measurement_groups()
+    assert [g.finding_type.meaning for g in groups] == CLASSES[1:]
+    for group, name in zip(groups, CLASSES[1:]):
+        (volume,) = group.get_measurements()
+        assert volume.name.meaning == "Volume" and volume.unit.value == "mm3"
+        assert volume.value == pytest.approx(float(row[f"volume_mm3_{name}"]), rel=1e-6)
+    ds = pydicom.dcmread(report)  # plain pydicom: values, units, references
+    assert numbers(ds) == [("Volume", pytest.approx(float(row[f"volume_mm3_{n}"]), rel=1e-6), "mm3")
+                           for n in CLASSES[1:]]
+    segments = [i.ReferencedSOPSequence[0] for i in items(ds, "IMAGE")]
+    assert [(s.ReferencedSOPInstanceUID, int(s.ReferencedSegmentNumber)) for s in segments] == [
+        (seg.SOPInstanceUID, 1), (seg.SOPInstanceUID, 2)]
+    source = pydicom.dcmread(series / "1-08.dcm")
+    assert evidence(ds) == {source.SeriesInstanceUID: set(uids), seg.SeriesInstanceUID: {seg.SOPInstanceUID}}
+    for keyword in (*PATIENT, "StudyInstanceUID"):
+        assert str(ds[keyword].value) == str(source[keyword].value), keyword
+
+
 @pytest.fixture(scope="module")
 def dicom_slide_bag(tmp_path_factory):
     """A DICOM whole-slide image (the synthetic TIFF pyramid as a folder of VL WSI instances, patient and study set),
@@ -198,6 +230,7 @@ def test_without_highdicom_the_commands_write_what_they_did_and_say_how_to_get_d
     printed = capsys.readouterr().out
     assert "DICOM Segmentation not written for 1 DICOM input(s): it needs highdicom (pip install " \
            "'medattn[dicom]')" in printed
+    assert "DICOM SR measurement report not written for 1 DICOM input(s): it needs highdicom" in printed
     assert sorted(p.name for p in (root / "plain_labels").iterdir()) == ["series_labels.nii.gz"]
     root, slide, bag, ck = dicom_slide_bag
     assert main(["explain", str(ck), str(bag), "--slides", str(slide.parent), "--out", str(root / "no_dicom")]) == 0

@@ -12,7 +12,9 @@ Classification CSV: file, probabilities, the predicted label (binary/multi-label
 threshold stored at training, Youden's J, or ``--threshold``), model id and checkpoint hash.
 Survival: a ``risk`` column (log relative risk, higher = earlier event); regression: ``pred_<target>`` columns in
 the targets' units. Segmentation: a NIfTI label map per file on the input's grid (``--label-dir``) and
-per-structure volumes in mm^3 in the CSV. ``--skip-bad`` lists unreadable files with their reasons in
+per-structure volumes in mm^3 in the CSV. A DICOM input also gets its results as a DICOM SR measurement report
+(TID 1500: probabilities, risk or volumes; ``--dicom-dir``) and a segmentation a DICOM Segmentation.
+``--skip-bad`` lists unreadable files with their reasons in
 ``<out>_skipped.csv`` instead of stopping. ``--patients SLIDE_TABLE`` joins each patient's slides into one bag, one
 row per patient with ``slides_used`` and ``slides_listed``; a patient whose table lists slides not given is refused
 (naming them) unless ``--partial-patients``. ``--device`` picks where a checkpoint runs (default: the best this
@@ -44,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out unreadable files and list them with reasons in <out>_skipped.csv")
     parser.add_argument("--label-dir", default=None,
                         help="segmentation: folder for the NIfTI label maps (default: <out>_labels beside the CSV)")
+    parser.add_argument("--dicom-dir", default=None,
+                        help="classification and survival models given DICOM inputs: folder for their DICOM SR "
+                             "measurement reports (default: <out>_dicom beside the CSV; a segmentation model's go "
+                             "beside its DICOM Segmentations in --label-dir)")
     parser.add_argument("--patients", default=None, metavar="SLIDE_TABLE",
                         help="bag models: join each patient's slides into one bag, as training did, by this slide "
                              "table (columns --patient-column, --filename-column); one row per patient")
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                           args.accept_features)  # bags made otherwise: refused before any output
     out = Path(args.out)
     label_dir = Path(args.label_dir) if args.label_dir else out.with_name(f"{out.stem}_labels")
+    dicom_dir = Path(args.dicom_dir) if args.dicom_dir else out.with_name(f"{out.stem}_dicom")
     folder = OutputFolder(out.parent, [p for paths in inputs for p in paths], args.overwrite)
     skipped = f"{out.stem}_skipped.csv"
     for name in (out.name, *([skipped] if args.skip_bad else [])):  # before any prediction
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with choose_series(args.dicom_series):
             table = predict_files(runner, inputs, args.batch_size, args.skip_bad, args.threshold, label_dir,
-                                  args.overwrite, names, accepted if args.accept_features else None)
+                                  args.overwrite, names, accepted if args.accept_features else None, dicom_dir)
     except BadInputFile as error:
         raise UserError(f"{error} (--skip-bad leaves out files that cannot be read and lists them)") from None
     if names is not None:  # how many of each patient's listed slides made its prediction
@@ -120,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     joined = f" (patients: {sum(map(len, inputs))} slides joined by {args.patients})" if names else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{joined}{tag}")
-    for note in table.notes:  # the DICOM Segmentations of DICOM series written, or why not
+    for note in table.notes:  # the DICOM Segmentations and SR reports of DICOM inputs written, or why not
         print(note)
     trained = f" (trained with train.device={runner.trained_device})" if runner.trained_device else ""
     print(f"ran on {runner.device}{trained}")

@@ -36,6 +36,7 @@ from medattn.data.base import collate
 from medattn.data.labels import NUMERIC_TASKS
 from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
 from medattn.runtime import learned
+from medattn.runtime.outputs import OutputFolder
 from medattn.runtime.threshold import resolve_thresholds
 
 from .format import learning_of
@@ -57,14 +58,17 @@ class PredictionTable:
 
 def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: int = 8, skip_bad: bool = False,
                   threshold: str | None = None, label_dir: Path | None = None, overwrite: bool = False,
-                  names: list[str] | None = None, accepted: dict[tuple, str] | None = None) -> PredictionTable:
+                  names: list[str] | None = None, accepted: dict[tuple, str] | None = None,
+                  dicom_dir: Path | None = None) -> PredictionTable:
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
     (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
     ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids, in a ``patient``
     column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file, in ``file``).
     ``accepted`` (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ
-    from the model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not)."""
+    from the model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not).
+    ``dicom_dir``: the folder of the DICOM SR reports of a classification or survival model's DICOM inputs (none
+    without it); a segmentation model's go beside its DICOM Segmentations in ``label_dir``."""
     prep = runner.preprocessing
     whole = segments_whole_volumes(prep)  # a 3D segmentation model segments every voxel, not its training crop
     dataset = inference_dataset(prep, inputs, skip_bad, names, whole)
@@ -82,6 +86,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
         table.header = ["file", "label_map", *[f"voxels_{n}" for n in names[1:]],
                         *[f"volume_mm3_{n}" for n in names[1:]], "model_id", "checkpoint_sha256"]
         maps, stems, dicom = _label_map_folder(runner, dataset, label_dir, overwrite)
+        reports = _reports(runner, dataset, maps, stems)
     else:
         sides = ["side"] if prep.split_sides else []
         outputs = [f"prob_{n}" for n in names]
@@ -94,6 +99,8 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
             decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
         table.header = [first, *sides, *outputs, *decision, "model_id", "checkpoint_sha256"]
+        reports = _reports(runner, dataset, None if dicom_dir is None else OutputFolder(
+            dicom_dir, [p for item in dataset.items for p in item.paths], overwrite))
     if accepted is not None:
         table.header.append("features_accepted")
     items = {item.id: item for item in dataset.items}
@@ -111,6 +118,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
             if segmentation:
                 labels = torch.from_numpy(np.asarray(p).argmax(0))  # inputs of one name get <name>, <name>_2, ...
                 out, voxels, volumes = write_label_map(labels, item.paths[0], prep, maps, stems[sample_id], dicom)
+                _report_sizes(reports, item, names, voxels, volumes, dicom.saved.get(stems[sample_id]))
                 sizes = [f"{v:.3f}" for v in volumes] if volumes is not None else [""] * len(voxels)
                 table.rows.append([str(item.paths[0]), str(out), *voxels, *sizes, *provenance,
                                    *([] if accepted is None else [""])])
@@ -122,11 +130,15 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                 decided = [names[int(np.argmax(p))]]
             else:
                 decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
+            _report_outputs(reports, item, prep, p, cut)
             sides = [item.side] if prep.split_sides else []
             table.rows.append([item.name, *sides, *probs, *decided, *provenance,
                                *([] if accepted is None else [accepted.get(tuple(item.paths), "")])])
     if segmentation:
         table.notes = dicom.notes() + ([sliding_note(slid, prep)] if slid else [])
+    if reports is not None:
+        reports[0].finish(reports[1])
+        table.notes += reports[0].notes()
     if reasons := learned.not_learned(learning_of(runner.source)):  # the run did not learn: said per row
         table.header.append(learned.COLUMN)
         table.rows = [[*row, learned.column_value(reasons)] for row in table.rows]
@@ -137,10 +149,10 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
 
 def _label_map_folder(runner: Runner, dataset, label_dir: Path | None, overwrite: bool):
     """The folder of a segmentation model's label maps (``label_dir``, default ``label_maps``) with every name claimed
-    before the first prediction: each input's label map and, for a DICOM series, its DICOM Segmentation (when
+    before the first prediction: each input's label map and, for a DICOM series or image, its DICOM Segmentation (when
     highdicom can write it) -> (the folder, the stem of each sample id, the DICOM Segmentation writer)."""
-    from medattn.runtime.dicom_results import SegmentationWriter, is_dicom_series
-    from medattn.runtime.outputs import OutputFolder
+    from medattn.runtime.dicom_report import is_dicom_input
+    from medattn.runtime.dicom_results import SegmentationWriter
 
     from .segmentation import label_map_name
 
@@ -151,9 +163,59 @@ def _label_map_folder(runner: Runner, dataset, label_dir: Path | None, overwrite
     dicom = SegmentationWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
     for item in dataset.items:
         maps.path(label_map_name(item.paths[0], prep, stems[item.id]))
-        if is_dicom_series(item.paths[0]) and dicom.available:
+        if is_dicom_input(item.paths[0]) and dicom.available:  # a DICOM series, or a 2D DICOM image
             maps.path(dicom.name(stems[item.id]))
     return maps, stems, dicom
+
+
+def _reports(runner: Runner, dataset, folder: OutputFolder | None, stems: dict | None = None):
+    """(the DICOM SR writer, ``folder``) for the DICOM inputs of ``dataset`` with every report's name claimed in
+    ``folder`` (each input's stem: ``stems`` by sample id, else a new one), or None when there is no DICOM input, no
+    folder, or the task has no report (regression)."""
+    from medattn.runtime.dicom_report import ReportWriter, is_dicom_input
+
+    prep = runner.preprocessing
+    dicom = [item for item in dataset.items if is_dicom_input(item.paths[0])]
+    if folder is None or not dicom or prep.task_type == "regression":
+        return None
+    writer = ReportWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
+    writer.stems = {}  # the first file of a sample -> the stem of its report (the two sides of a file share one)
+    for item in dicom:
+        if item.paths[0] not in writer.stems:
+            writer.stems[item.paths[0]] = stems[item.id] if stems else folder.stem_for(item.paths[0])
+            if writer.available:
+                folder.path(writer.name(writer.stems[item.paths[0]]))
+    return writer, folder
+
+
+def _report_outputs(reports, item, prep, p, cut) -> None:
+    """A classification or survival model's outputs ``p`` of ``item`` (thresholds ``cut``, or None) into its report."""
+    if reports is None or item.paths[0] not in reports[0].stems:
+        return
+    names, side = prep.output_names, item.side if prep.split_sides else None
+    if prep.task_type == "survival":
+        group = lambda w: w.risk(float(p[0]), side)  # noqa: E731
+    else:
+        predicted = names[int(np.argmax(p))] if prep.task_type == "multiclass" else None
+        group = lambda w: w.classification(names, [float(v) for v in p], side, cut, predicted)  # noqa: E731
+    reports[0].add(item.paths[0], reports[0].stems[item.paths[0]], group)
+
+
+def _report_sizes(reports, item, names, voxels, volumes, segmentation) -> None:
+    """A segmentation's sizes of ``item`` into its report: ``volumes`` in mm3, or, for a 2D image (``volumes`` None),
+    the areas of ``voxels`` in mm2 where the image states its PixelSpacing; ``segmentation``: its DICOM Segmentation."""
+    if reports is None or item.paths[0] not in reports[0].stems:
+        return
+    area = volumes is None
+    if area:
+        from medattn.runtime.dicom_report import source_headers
+
+        spacing = source_headers(item.paths[0])[0].get("PixelSpacing")
+        if spacing is None:
+            return  # no size in mm2 to give
+        volumes = [n * float(spacing[0]) * float(spacing[1]) for n in voxels]
+    reports[0].add(item.paths[0], reports[0].stems[item.paths[0]],
+                   lambda w: w.volumes(names, volumes, area), segmentation)
 
 
 def _left_out(dataset, items: dict) -> list[tuple[str, str]]:

@@ -9,7 +9,8 @@ of the input). A structure's volume is its voxel count times ``|det(affine[:3, :
 
 A 2D model trained on slices (``slice_axis``) segments a volume slice by slice, its map coming back with the
 slicing axis last ((h, w, S)); :func:`write_label_map` puts the axis back first. A 2D image file given to such
-a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only.
+a model gets a PNG label map (pixel value = class index) on the image's own size, its sizes in pixels only (and, a DICOM
+image, a DICOM Segmentation of that map referencing it).
 
 A segmentation model segments the **whole** input, never only its training crop: a 3D model's volume is prepared
 uncropped (padded up to the model's input size where smaller, :class:`~medattn.data.readers.volumes.VolumeLoader`
@@ -34,6 +35,7 @@ import torch
 
 from medattn.data.preprocessing import Preprocessing
 from medattn.data.readers.volumes import to_native_grid
+from medattn.runtime.dicom_report import is_dicom_input
 from medattn.runtime.dicom_results import is_dicom_series
 
 
@@ -110,7 +112,7 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, 
                     ) -> tuple[Path, list[int], list[float] | None]:
     """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written into ``out``
     (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`; for a DICOM series,
-    the same map also as a DICOM Segmentation by ``dicom``
+    or a 2D DICOM image, the same map also as a DICOM Segmentation by ``dicom``
     (:class:`~medattn.runtime.dicom_results.SegmentationWriter`, when given). Returns (the file, voxels per class
     1..K-1, mm^3 per class or None for 2D images)."""
     from medattn.data.readers.slices import is_volume_file
@@ -125,6 +127,8 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, 
         array = uncrop_or_unpad(labels.to(torch.int64), size).numpy().astype(np.uint8)
         with out.write(label_map_name(path, prep, stem)) as tmp:
             Image.fromarray(array).save(tmp, format="PNG")
+        if dicom is not None and is_dicom_input(path):  # a 2D DICOM image: its Segmentation too
+            dicom.write_image(array, path, prep.output_names, out, stem)
         return out.path(label_map_name(path, prep, stem)), structure_counts(array, prep.num_outputs), None
     if prep.slice_axis is not None:
         labels = labels.movedim(-1, prep.slice_axis)

@@ -87,6 +87,7 @@ class DicomWriter:
         self.written: list[Path] = []
         self.without_highdicom: list[str] = []  # sources whose object was not written: highdicom is missing
         self.refused: list[tuple[str, str]] = []  # (source, why its object cannot be made)
+        self.saved: dict = {}  # stem -> the dataset written (an SR references a Segmentation)
 
     @cached_property
     def hd(self):
@@ -152,6 +153,7 @@ class DicomWriter:
         with out.write(name) as tmp:
             dataset.save_as(tmp, enforce_file_format=True)
         self.written.append(out.path(name))
+        self.saved[stem] = dataset
         return name
 
 
@@ -170,8 +172,6 @@ class SegmentationWriter(DicomWriter):
         if self.hd is None:
             self.without_highdicom.append(str(series))
             return None
-        from pydicom.sr.codedict import codes
-
         from medattn.data.readers.dicom_series import series_geometry
 
         headers = [_identifiers_kept(ds) for ds in series_geometry(series).headers]  # as the volume was read
@@ -181,6 +181,37 @@ class SegmentationWriter(DicomWriter):
             self.refused.append((str(series), why))
             return None
         frames = np.ascontiguousarray(np.asarray(labels).transpose(2, 1, 0))  # (slices, rows, columns)
+        return self._segmentation([headers[i] for i in order], frames, series, class_names, out, stem)
+
+    def write_image(self, labels: np.ndarray, image: Path, class_names: list[str], out: OutputFolder,
+                    stem: str) -> str | None:
+        """A DICOM Segmentation of ``labels`` (rows, columns), the label map of the 2D DICOM image file ``image`` on
+        its own pixels (a slice model's map of one image), written into ``out`` as ``<stem>_seg.dcm``: one frame,
+        referencing the image. -> the name written, or None (recorded for :meth:`notes`)."""
+        if self.hd is None:
+            self.without_highdicom.append(str(image))
+            return None
+        import pydicom
+
+        source = _identifiers_kept(pydicom.dcmread(image))
+        why = next((f"the source has no {k} (it is copied, never made up)" for k in
+                    ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID") if not str(source.get(k, "") or "")),
+                   "")
+        size = (int(source.get("Rows", 0)), int(source.get("Columns", 0)))
+        if not why and np.asarray(labels).shape != size:
+            why = f"its label map is {np.asarray(labels).shape}, the image {size[0]} x {size[1]}"
+        if why:
+            self.refused.append((str(image), why))
+            return None
+        if "PixelSpacing" in source and "SliceThickness" not in source and "FrameOfReferenceUID" not in source:
+            del source.PixelSpacing  # a projection image: highdicom would write Pixel Measures it cannot read back
+        return self._segmentation([source], np.asarray(labels)[None], image, class_names, out, stem)
+
+    def _segmentation(self, sources: list, frames: np.ndarray, source: Path, class_names: list[str],
+                      out: OutputFolder, stem: str) -> str | None:
+        """The Segmentation of ``frames`` (one per dataset of ``sources``, rows by columns) of ``source``, written."""
+        from pydicom.sr.codedict import codes
+
         frames = frames.astype(np.uint8 if len(class_names) <= 256 else np.uint16)
         algorithm = self._algorithm()
         segments = [self.hd.seg.SegmentDescription(
@@ -190,9 +221,9 @@ class SegmentationWriter(DicomWriter):
             for k, name in enumerate(class_names[1:], start=1)]
         description = series_description("segmentation", self.synthetic)
         return self._save(lambda: self.hd.seg.Segmentation(
-            source_images=[headers[i] for i in order], pixel_array=frames, segmentation_type="BINARY",
+            source_images=sources, pixel_array=frames, segmentation_type="BINARY",
             segment_descriptions=segments, series_description=description, content_label="MEDATTN",
-            content_description=description, **self._equipment()), series, out, stem)
+            content_description=description, **self._equipment()), source, out, stem)
 
 
 def _slice_order(headers, affine: np.ndarray, shape: tuple[int, ...]) -> tuple[list[int], str]:
