@@ -88,17 +88,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
         maps, stems, dicom = _label_map_folder(runner, dataset, label_dir, overwrite)
         reports = _reports(runner, dataset, maps, stems)
     else:
-        sides = ["side"] if prep.split_sides else []
-        outputs = [f"prob_{n}" for n in names]
-        if prep.task_type in NUMERIC_TASKS:  # a risk score or values: nothing to decide
-            cut, decision = None, []
-            outputs = ["risk"] if prep.task_type == "survival" else [f"pred_{n}" for n in names]
-        elif prep.task_type == "multiclass":
-            cut, decision = None, ["pred_label"]
-        else:
-            cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
-            decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
-        table.header = [first, *sides, *outputs, *decision, "model_id", "checkpoint_sha256"]
+        cut, decision = _columns(runner, threshold, table, first)
         reports = _reports(runner, dataset, None if dicom_dir is None else OutputFolder(
             dicom_dir, [p for item in dataset.items for p in item.paths], overwrite))
     if accepted is not None:
@@ -145,6 +135,24 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
         table.notes.insert(0, learned.warning_line(reasons))
     table.bad = _left_out(dataset, items)
     return table
+
+
+def _columns(runner: Runner, threshold: str | None, table: PredictionTable, first: str):
+    """A classification, survival or regression model's CSV header into ``table`` (``first``: the column naming each
+    sample) -> (the thresholds, or None, the decision columns)."""
+    prep, names = runner.preprocessing, runner.preprocessing.output_names
+    outputs = [f"prob_{n}" for n in names]
+    if prep.task_type in NUMERIC_TASKS:  # a risk score or values: nothing to decide
+        cut, decision = None, []
+        outputs = ["risk"] if prep.task_type == "survival" else [f"pred_{n}" for n in names]
+    elif prep.task_type == "multiclass":
+        cut, decision = None, ["pred_label"]
+    else:
+        cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
+        decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
+    table.header = [first, *(["side"] if prep.split_sides else []), *outputs, *decision, "model_id",
+                    "checkpoint_sha256"]
+    return cut, decision
 
 
 def _label_map_folder(runner: Runner, dataset, label_dir: Path | None, overwrite: bool):
