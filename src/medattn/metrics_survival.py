@@ -173,8 +173,9 @@ def risk_groups(risk, cutoff: float | None = None) -> np.ndarray:
     return risk > (np.median(risk) if cutoff is None else cutoff)
 
 
-def _censoring_survival(time: np.ndarray, event: np.ndarray):
-    """The Kaplan-Meier estimate of the censoring distribution G(t) = P(C > t) as a step function of t.
+def censoring_steps(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Kaplan-Meier estimate of the censoring distribution G(t) = P(C > t) as steps: (distinct times u (M,),
+    G just after each (M,)); G = 1 before ``u[0]``.
 
     ``G(t) = prod_{u <= t} (1 - c_u / (n_u - d_u))``: censorings c_u are the "events", and the d_u events at u
     leave the risk set first (an event tied with a censoring happened before it). Beyond the last time G keeps
@@ -183,7 +184,13 @@ def _censoring_survival(time: np.ndarray, event: np.ndarray):
     unique, at_risk, deaths, censored = _counts(time, event)
     remaining = at_risk - deaths
     factor = 1 - np.divide(censored, remaining, out=np.zeros(len(unique)), where=censored > 0)
-    survival = np.concatenate([[1.0], np.cumprod(factor)])
+    return unique, np.cumprod(factor)
+
+
+def _censoring_survival(time: np.ndarray, event: np.ndarray):
+    """G(t) of :func:`censoring_steps` as a function of t."""
+    unique, steps = censoring_steps(time, event)
+    survival = np.concatenate([[1.0], steps])
     return lambda t: survival[np.searchsorted(unique, t, side="right")]
 
 

@@ -32,14 +32,31 @@ def _steps(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]
                                                                                      else 1.0]])
 
 
-def kaplan_meier_figure(time, event, high_risk, title: str = "", time_unit: str = "months",
-                        at_risk: bool = True):
+def events_text(count: int) -> str:
+    """``"1 event"``, ``"0 events"``, ``"12 events"``."""
+    return f"{count} event" if count == 1 else f"{count} events"
+
+
+def time_axis_label(column: str | None = None, unit: str | None = None) -> str:
+    """The time axis's label: the time column's name with its unit where known, ``"os_months (months)"``; the unit
+    is read from a word in the name (days, weeks, months, years) when not given; ``"time"`` without a name."""
+    if unit is None and column:
+        words = column.lower().replace("-", "_").replace(" ", "_").split("_")
+        found = [u for u in ("days", "weeks", "months", "years") if u in words or u[:-1] in words]
+        unit = found[0] if found else None
+    name = column or "time"
+    return f"{name} ({unit})" if unit else name
+
+
+def kaplan_meier_figure(time, event, high_risk, title: str = "", time_unit: str | None = None,
+                        at_risk: bool = True, time_label: str | None = None):
     """Kaplan-Meier curves of the low-risk (``high_risk`` False) and high-risk groups -> Figure.
 
     ``time``, ``event``, ``high_risk`` (N,) (:func:`medattn.metrics_survival.risk_groups` gives the last). The
     legend names each group with its size and events and the two-group log-rank p-value
     (:func:`~medattn.metrics_survival.logrank_test`; "n/a" where undefined); censored samples are marked "+".
-    ``at_risk``: the numbers at risk of each group under the x ticks. The x axis reads "time (``time_unit``)".
+    ``at_risk``: the numbers at risk of each group under the x ticks. The x axis reads ``time_label``, else
+    "time (``time_unit``)", else "time".
     """
     time, event = _arrays(time, event)
     high_risk = np.asarray(high_risk).astype(bool)
@@ -57,11 +74,12 @@ def kaplan_meier_figure(time, event, high_risk, title: str = "", time_unit: str 
             continue
         t, e = time[members], event[members]
         x, y = _steps(t, e)
-        ax.step(x, y, where="post", color=colour, label=f"{name} (n={members.sum()}, {e.sum()} events)")
+        ax.step(x, y, where="post", color=colour, label=f"{name} (n={members.sum()}, {events_text(int(e.sum()))})")
         censored = t[~e]
         steps_before = np.searchsorted(x[1:-1], censored, side="right")  # S at each censoring time
         ax.plot(censored, y[steps_before], "+", color=colour, markersize=6)
-    ax.set(xlabel=f"time ({time_unit})", ylabel="survival probability", ylim=(0, 1.02), xlim=(0, None))
+    ax.set(xlabel=time_label or time_axis_label(None, time_unit), ylabel="survival probability", ylim=(0, 1.02),
+           xlim=(0, None))
     ax.legend(title=f"log-rank {p_value}", loc="upper right", fontsize=8, title_fontsize=8)
     ax.set_title(wrap_title(title, 60), fontsize=9)
     fig.tight_layout()
@@ -110,6 +128,33 @@ def predicted_vs_true_figure(pred, true, name: str = "", unit: str = ""):
     ax.set_title(wrap_title(", ".join([f"{name}: n={len(pred)}" if name else f"n={len(pred)}", *scores]), 52),
                  fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fit_title(fig, ax.title)
+    return fig
+
+
+def calibration_figure(calibration: dict, title: str = "", time_label: str = "time"):
+    """Calibration at one time -> Figure: each risk group's mean predicted survival (x) against its Kaplan-Meier
+    observed survival (y) at ``calibration["time"]`` (:func:`medattn.metrics_survival_brier.calibration_at`), the
+    points labelled with the group's size and events, and the identity line (perfect calibration). Groups not
+    followed until that time are left out."""
+    fig = _figure(4.5, 4.5)
+    ax = fig.add_subplot()
+    ax.plot((0, 1), (0, 1), color="grey", linestyle=":", linewidth=1, label="perfect calibration")
+    seen = [g for g in calibration["groups"] if g["observed"] is not None]
+    ax.plot([g["predicted"] for g in seen], [g["observed"] for g in seen], "o-", color="C0",
+            label="risk groups (Kaplan-Meier)")
+    for g in seen:
+        ax.annotate(f"n={g['n']}, {events_text(g['events'])}", (g["predicted"], g["observed"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, -10))
+    error = calibration.get("error")
+    at = f"t = {calibration['time']:g}"
+    ax.set(xlim=(0, 1), ylim=(0, 1.02), aspect="equal", xlabel=f"predicted survival at {at}",
+           ylabel=f"Kaplan-Meier survival at {at}")
+    heading = ", ".join(v for v in (title, f"mean |predicted - observed| {error:.3f}" if error is not None else "")
+                        if v)
+    ax.set_title(wrap_title(heading, 52), fontsize=9)
+    ax.legend(loc="upper left", fontsize=8, title=f"t: {time_label}", title_fontsize=8)
     fig.tight_layout()
     fit_title(fig, ax.title)
     return fig

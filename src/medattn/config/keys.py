@@ -174,7 +174,12 @@ KEYS: dict[str, Key] = {
     "eval.times": Key(None, Rule("null or a list of positive numbers",
                                  lambda v: v is None or (isinstance(v, list) and 0 < len(v) <= 64
                                                          and all(_is_number(t) and t > 0 for t in v))),
-                      "survival: times (the table's unit) of the time-dependent AUC; null -> quartiles of event times"),
+                      "survival: times (the table's unit) of the time-dependent AUC and the Brier score; null -> "
+                      "quartiles of event times"),
+    "eval.risk_quantile": Key(0.5, Rule("a number between 0 and 1 (exclusive)",
+                                        lambda v: _is_number(v) and 0 < v < 1),
+                              "survival: the training risks' quantile that cuts the high- and low-risk groups "
+                              "(docs/survival.md)"),
     "eval.ci": Key(0.95, Rule("a number between 0 and 1 (exclusive)", lambda v: _is_number(v) and 0 < v < 1)),
     "eval.sliding_window": Key(None, Rule("null, true or false", lambda v: v is None or isinstance(v, bool)),
                                "segmentation: null -> on when train.patch_size is set (medattn.runtime.sliding)"),

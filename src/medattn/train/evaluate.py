@@ -11,6 +11,9 @@ precision and sliding windows) and writes to ``out``:
   calibration error and ``reliability_<split>.png`` (:mod:`medattn.clinical_metrics`);
 * with ``per_patient`` (``mean`` or ``max`` of a patient's probabilities): the same per patient, in files
   named ``<split>_patients`` (a patient is positive if any of its samples is);
+* survival: the Brier scores, integrated Brier score, calibration at a time (``calibration_<split>.png``) and
+  risk groups of :mod:`medattn.train.survival_report`, scored with the run's ``survival_reference.json`` (the
+  training split's Breslow baseline, censoring survival and risk cut);
 * ``eval.json`` with all of it.
 """
 
@@ -23,9 +26,11 @@ from medattn import clinical_metrics
 from medattn.errors import UserError, writing
 from medattn.runtime import distributed
 from medattn.runtime.checkpoint import task_from_dict, task_to_dict
+from medattn.survival_plots import time_axis_label
 
 from .objectives import Predictions, objective_for
-from .report import score_split
+from .report import score_split, survival_lines
+from .survival_report import REFERENCE_FILE, load_reference
 
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
@@ -75,7 +80,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     objective = objective_for(data_task, run_config["train"]["loss"])
     names = [split, *([f"{split}_patients"] if per_patient else [])]
     for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
-        for file in [*objective.files.split(), "reliability_test.png"]:
+        for file in [*objective.files.split(), "reliability_test.png", "calibration_test.png"]:
             target.path(file.replace("_test.", f"_{name}."))
     target.path("eval.json")
     batch_size = batch_size or run_config["train"]["eval_batch_size"] or run_config["train"]["batch_size"]
@@ -85,7 +90,12 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     result: dict = {}
     if distributed.is_main():
         with writing(out):
-            result = score_split(pred, data_task, split, out, config["eval"], config["seed"])
+            survival = load_reference(default_root) if data_task.task_type == "survival" else None  # issue 51
+            result = score_split(pred, data_task, split, out, config["eval"], config["seed"], survival=survival,
+                                 time_label=time_axis_label(config["data"].get("time_column")))
+            if data_task.task_type == "survival" and survival is None:
+                result["survival_notes"] = [f"no Brier score or calibration: {default_root} has no {REFERENCE_FILE} "
+                                            "(the training split's baseline hazard; runs from before issue 51)"]
             if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
                 result.update(clinical(pred, result, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
                 if per_patient:
@@ -168,7 +178,8 @@ def format_result(result: dict) -> str:
         return [f"  at threshold {p['threshold']:.3f} ({p['output']}): sensitivity {_rate(p['sensitivity'])}, "
                 f"specificity {_rate(p['specificity'])}" for p in scored.get("operating_point", [])]
 
-    lines = [metric(result, result["split"]), *operating(result)]
+    lines = [metric(result, result["split"]), *survival_lines(result), *result.get("survival_notes", [])[:1],
+             *operating(result)]
     if result.get("ece") is not None:
         lines.append(f"  expected calibration error {result['ece']:.3f} (reliability_{result['split']}.png)")
     patients = result.get("per_patient")

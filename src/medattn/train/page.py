@@ -15,7 +15,7 @@ from pathlib import Path
 
 from medattn.runtime.outputs import save_text
 
-from .report import recipe_text, span
+from .report import recipe_text, span, survival_lines
 
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;text-align:left}"
@@ -40,6 +40,9 @@ CAPTIONS = {
     "km_test.png": "Kaplan-Meier curves of the test cases the model ranks in the higher and the lower half of risk "
                    "(censored cases marked +, numbers at risk below); the title gives the C-index with its 95% "
                    "interval and n, the legend the log-rank p-value.",
+    "calibration_test.png": "Calibration at one time on the test split: each quarter of predicted survival's mean "
+                            "predicted survival against its Kaplan-Meier observed survival; the dotted line marks "
+                            "perfect calibration (docs/survival.md).",
     "predicted_test.png": "Predicted against true values on the test split; the line marks perfect agreement.",
     "training_curves.png": "Training curves: loss on the training and validation splits (left) and the validation "
                            "score (right) per epoch; the dashed line marks the kept epoch.",
@@ -120,6 +123,7 @@ def run_page(run_dir: Path, results: dict) -> Path:
             [f"test {ABBREVIATIONS.get(metric, metric)}",
              "undefined" if value is None else f"{value:.4f}{ci}, n={test.get('n')}"],
             *operating_rows(results.get("operating_point", [])),
+            *[["survival", line] for line in survival_lines(test)],
             ["learned", "yes" if results.get("learning", {}).get("learned", True) else "NO: not a result"],
             *([["recipe", recipe_text(results["recipe"])]] if results.get("recipe") else []),
             *[[name, provenance[key]] for name, key in (
@@ -128,5 +132,5 @@ def run_page(run_dir: Path, results: dict) -> Path:
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
-                      ["roc_test.png", "km_test.png", "predicted_test.png", "training_curves.png",
-                       *results.get("heatmaps", [])])
+                      ["roc_test.png", "km_test.png", "calibration_test.png", "predicted_test.png",
+                       "training_curves.png", *results.get("heatmaps", [])])

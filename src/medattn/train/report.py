@@ -18,15 +18,24 @@ from .objectives import Objective, Predictions, objective_for, output_names
 
 
 def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
-                label: str = "") -> dict:
+                label: str = "", survival: dict | None = None, time_label: str = "time") -> dict:
     """Score one split as the task's objective does (:func:`objective_for`) and write its files
-    (:func:`write_split`); -> the objective's result."""
+    (:func:`write_split`); -> the objective's result. ``survival``: the training split's reference
+    (:func:`medattn.train.survival_report.reference`) adds Brier scores, calibration and risk groups cut on
+    training data (``calibration_<split>.png``); ``time_label`` names the time axis of the figures."""
     result = objective_for(task).score(pred, split, eval_cfg, seed)
-    write_split(pred, task, split, Path(out_dir), result, label)
+    if task.task_type == "survival" and survival is not None and result.get("c_index") is not None:
+        from . import survival_report
+
+        result.update(survival_report.score(pred, survival, [float(t) for t in result["time_auc"]]))
+        heading = f"{label + ', ' if label else ''}{split}"
+        survival_report.write(result, Path(out_dir), split, heading, task.synthetic, time_label)
+    write_split(pred, task, split, Path(out_dir), result, label, time_label)
     return result
 
 
-def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, label: str = "") -> None:
+def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, label: str = "",
+                time_label: str = "time") -> None:
     """``predictions_<split>.csv`` (classification: probabilities; segmentation: Dice per case) and, where the
     AUROC is defined, ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
     if task.task_type == "segmentation":
@@ -34,9 +43,10 @@ def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, re
         return
     heading = f"{label + ', ' if label else ''}{split}"
     if task.task_type == "survival":
-        write_risks(pred, out_dir / f"predictions_{split}.csv")
+        cut = result.get("risk_groups", {}).get("cut")
+        write_risks(pred, out_dir / f"predictions_{split}.csv", cut)
         if result.get("c_index") is not None:
-            plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic)
+            plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic, time_label)
         return
     if task.task_type == "regression":
         write_values(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
@@ -88,12 +98,13 @@ def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
 
 
 
-def write_risks(pred: Predictions, path: Path) -> None:
+def write_risks(pred: Predictions, path: Path, cut: float | None = None) -> None:
     """Survival CSV: id, patient, time, event, the risk score (log relative risk; higher = earlier event) and
-    the risk group (``high`` above the split's median risk, :func:`medattn.metrics_survival.risk_groups`)."""
+    the risk group (``high`` above ``cut``, the training risks' median, else the split's own median,
+    :func:`medattn.metrics_survival.risk_groups`)."""
     from medattn.metrics_survival import risk_groups
 
-    high = risk_groups(pred.outputs[:, 0])
+    high = risk_groups(pred.outputs[:, 0], cut)
     rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:g}", int(pred.labels[i, 1]), f"{pred.outputs[i, 0]:.6f}",
              "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
     save_csv(path, ["id", "patient", "time", "event", "risk", "risk_group"], rows)
@@ -106,17 +117,20 @@ def write_values(pred: Predictions, names: list[str], path: Path) -> None:
     save_csv(path, ["id", "patient", *[f"true_{n}" for n in names], *[f"pred_{n}" for n in names]], rows)
 
 
-def plot_kaplan_meier(pred: Predictions, result: dict, path: Path, heading: str, synthetic: bool) -> None:
-    """``km_<split>.png``: Kaplan-Meier curves of the predicted high- and low-risk halves, titled with the
-    C-index and the log-rank p-value."""
+def plot_kaplan_meier(pred: Predictions, result: dict, path: Path, heading: str, synthetic: bool,
+                      time_label: str = "time") -> None:
+    """``km_<split>.png``: Kaplan-Meier curves of the predicted high- and low-risk groups (cut at the training
+    risks' median where ``result["risk_groups"]`` holds it, else at this split's median), titled with the C-index
+    and the log-rank p-value; the x axis reads ``time_label``."""
     from medattn.metrics_survival import risk_groups
     from medattn.survival_plots import kaplan_meier_figure
 
     ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
     title = f"{heading}: C-index {result['c_index']:.3f}{ci}, n={result['n']}"
     title += " (SYNTHETIC data)" if synthetic else ""
-    figure = kaplan_meier_figure(pred.labels[:, 0], pred.labels[:, 1].astype(bool), risk_groups(pred.outputs[:, 0]),
-                                 title, time_unit="the table's unit")
+    cut = result.get("risk_groups", {}).get("cut")
+    figure = kaplan_meier_figure(pred.labels[:, 0], pred.labels[:, 1].astype(bool),
+                                 risk_groups(pred.outputs[:, 0], cut), title, time_label=time_label)
     save_figure(path, figure, dpi=100)
     _close(figure)
 
@@ -236,6 +250,7 @@ def summary(results: dict, objective: Objective) -> str:
         f"best epoch     {results['best_epoch']} of {results['epochs']}  "
         f"(val {objective.metric_label} {results[f'val_{objective.metric}']:.4f})",
         objective.test_line(test),
+        *survival_lines(test),
         f"time           {results['elapsed_seconds']:.1f} s in all ({results['train_seconds']:.1f} s training and "
         f"validation; the rest reading data, building the model, testing)" if "elapsed_seconds" in results else
         f"time           {results['train_seconds']:.1f} s training and validation",
@@ -250,6 +265,13 @@ def summary(results: dict, objective: Objective) -> str:
         "=" * 72,
     ]
     return "\n".join(lines)
+
+
+def survival_lines(test: dict) -> list[str]:
+    """Brier scores, calibration and training-cut risk groups of a survival split (none for other tasks)."""
+    from .survival_report import lines
+
+    return lines(test)
 
 
 def append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:

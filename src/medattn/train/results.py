@@ -21,6 +21,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime import checkpoint, distributed
 from medattn.runtime.outputs import save_json
 from medattn.runtime.predictor import Predictor
+from medattn.survival_plots import time_axis_label
 
 from . import report, verdict
 from .loaders import make_loader
@@ -54,6 +55,11 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         test = predict(Predictor.for_run(model, config, task, device), test_loader, objective, "test", progress)
     except UserError as error:  # a file that changed since the check before training
         raise LateDataError(str(error)) from None
+    survival = None  # the training split's Breslow baseline, censoring survival and risk cut (issue 51)
+    if task.task_type == "survival":
+        from .survival_report import training_reference
+
+        survival = training_reference(model, config, bundle, objective, device, progress)
     if distributed.is_main():
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
@@ -65,7 +71,10 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):
-            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label)
+            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label,
+                                                 survival, time_axis_label(config["data"].get("time_column")))
+            if survival is not None:
+                save_json(run_dir / "survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
             if case_pictures is not None and objective.outputs_are_probabilities:  # the highest-scored test cases
                 try:
