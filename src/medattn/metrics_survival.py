@@ -80,6 +80,13 @@ def concordance_index(risk, time, event) -> float:
     return (concordant + tied / 2) / pairs
 
 
+def comparable_pairs(time, event) -> int:
+    """The number of comparable pairs of :func:`concordance_index` (i's event observed before j's time, or at it
+    with j censored): the C-index is the share of them ranked correctly, so it moves in steps of 1 / (2 pairs)."""
+    time, event = _arrays(time, event)
+    return _pair_counts(np.zeros(len(time)), time, event)[2]
+
+
 def _has_pair(time: np.ndarray, event: np.ndarray) -> bool:
     """Whether a comparable pair exists: the earliest event is comparable with every sample it precedes."""
     if not event.any():

@@ -8,6 +8,8 @@ data, deterministic for a given data set and config.
 ``intensity``          images and volumes: min, max, mean and std of the first ``SAMPLE`` training inputs as
                        the model sees them (after the reader's scaling and normalisation)
 ``bag_sizes``          bags: min, median and max instances per training bag (the whole bag, as stored)
+``survival``           survival tasks, per split: cases, events, censored and the C-index's comparable pairs
+                       (:func:`medattn.metrics_survival.comparable_pairs`)
 =====================  ====================================================================================
 """
 
@@ -34,6 +36,18 @@ def _bag_size(dataset, index: int) -> int:
     return int(dataset[index]["input"].shape[0])
 
 
+def survival_counts(dataset) -> dict:
+    """Cases, events, censored cases and comparable pairs of a survival split (labels ``[time, event]``)."""
+    from medattn.metrics_survival import comparable_pairs
+
+    if len(dataset) == 0:
+        return {"cases": 0, "events": 0, "censored": 0, "pairs": 0}
+    labels = dataset_labels(dataset).reshape(len(dataset), -1).double().numpy()
+    events = int(labels[:, 1].sum())
+    return {"cases": len(labels), "events": events, "censored": len(labels) - events,
+            "pairs": comparable_pairs(labels[:, 0], labels[:, 1].astype(bool))}
+
+
 def fingerprint(bundle: DataBundle) -> dict:
     """The fingerprint of ``bundle`` (module docstring); JSON-able."""
     task, train = bundle.task, bundle.train
@@ -42,6 +56,9 @@ def fingerprint(bundle: DataBundle) -> dict:
     if task.task_type in ("binary", "multilabel") and len(train):
         labels = dataset_labels(train).reshape(len(train), -1).float()
         found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]
+    if task.task_type == "survival":
+        found["survival"] = {name: survival_counts(split) for name, split in
+                             (("train", train), ("val", bundle.val), ("test", bundle.test))}
     if input_kinds.of(task.input_kind).instances:
         sizes = np.array([_bag_size(train, i) for i in range(len(train))])
         found["bag_sizes"] = {"min": int(sizes.min()), "median": int(np.median(sizes)), "max": int(sizes.max())}

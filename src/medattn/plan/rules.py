@@ -7,6 +7,9 @@ Rules (each measured on the realistic benchmark, docs/realistic.md, "The plan"):
   config's batch size, within [``MIN_EPOCHS``, ``MAX_EPOCHS``]. A ViT trained from scratch on a few hundred images
   needs several times the steps a CNN does: at 30 epochs (360 steps, 180 slices, batch 16) SeqNorm's train loss
   stayed near a constant predictor's.
+* survival, every split: a split with fewer than ``MIN_EVENTS`` events or ``MIN_PAIRS`` comparable pairs cannot
+  measure a C-index (none without a pair; few pairs make it move in steps of 1 / (2 pairs), so 2 validation patients
+  read 1.000 at every epoch): a note (docs/survival.md, "The plan").
 * bags, ``data.max_instances``: not planned (null = whole bags) but checked: a limit below the largest training bag
   is reported with the share of a bag it keeps, since a finding in 2% of the tiles can then be missed in an epoch.
 """
@@ -23,6 +26,10 @@ from .search import TASK_QUESTIONS, pooling_readout, readouts
 #: optimizer steps a run should take, by model family
 TARGET_STEPS = {"transformer": 1800, "other": 600}
 MIN_EPOCHS, MAX_EPOCHS = 20, 300
+#: A survival split with fewer events or comparable pairs than these cannot measure a C-index (docs/survival.md).
+MIN_EVENTS, MIN_PAIRS = 10, 100
+SPLIT_KEYS = {"train": "data.val_fraction", "val": "data.val_fraction", "test": "data.test_fraction"}
+SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
 FAMILY_TEXT = {"transformer": "a transformer", "other": "a model without attention"}
 
 
@@ -61,6 +68,7 @@ def plan(config: dict, found: dict) -> list[Decision]:
         decisions.append(Decision("model.kwargs.readout", readout, f"a {found['task_type']} task asks "
                                   f"{TASK_QUESTIONS.get(found['task_type'], 'whether a finding is present')}: the "
                                   f"{readout} readout answers it (docs/decisions.md, 'Bag readout')"))
+    decisions += survival_notes(config, found)
     if input_kinds.of(found["input_kind"]).instances:
         largest, limit = found["bag_sizes"]["max"], config["data"].get("max_instances")
         if limit is not None and limit < largest:
@@ -71,6 +79,29 @@ def plan(config: dict, found: dict) -> list[Decision]:
             decisions.append(Decision("data.max_instances", None, f"whole bags: the largest training bag holds "
                                       f"{largest} instances", False))
     return decisions
+
+
+def survival_notes(config: dict, found: dict) -> list[Decision]:
+    """A note for each split of a survival task too small to measure a C-index: fewer than :data:`MIN_EVENTS`
+    events or :data:`MIN_PAIRS` comparable pairs (the C-index moves in steps of ``1 / (2 pairs)``)."""
+    notes = []
+    for split, counts in found.get("survival", {}).items():
+        if counts["cases"] == 0 or (counts["events"] >= MIN_EVENTS and counts["pairs"] >= MIN_PAIRS):
+            continue
+        pairs = counts["pairs"]
+        effect = ("no C-index can be measured on it" if pairs == 0 else
+                  f"its C-index moves in steps of {1 / (2 * pairs):.3g} and can read 1.000 by chance")
+        picks = ", and it picks the kept epoch" if split == "val" else ""
+        key = SPLIT_KEYS[split]
+        notes.append(Decision(key, config["data"].get(key.split(".")[1]), f"WARNING: the {SPLIT_NAMES[split]} split "
+                              f"holds {counts['cases']} cases, {_events(counts['events'])}, {pairs} comparable "
+                              f"pair{'' if pairs == 1 else 's'} (fewer than {MIN_EVENTS} events or {MIN_PAIRS} "
+                              f"pairs): {effect}{picks}; give it more cases", False))
+    return notes
+
+
+def _events(count: int) -> str:
+    return f"{count} event" if count == 1 else f"{count} events"
 
 
 def apply(config: dict, decisions: list[Decision]) -> dict:
@@ -97,7 +128,9 @@ def as_records(decisions: list[Decision]) -> list[dict]:
 def describe(found: dict, decisions: list[Decision]) -> str:
     """The fingerprint and the plan as ``medattn plan`` prints them."""
     lines = ["fingerprint:"]
-    lines += [f"  {key}: {value}" for key, value in found.items()]
+    lines += [f"  {key}: {value}" for key, value in found.items() if key != "survival"]
+    lines += [f"  survival {split}: {c['cases']} cases, {_events(c['events'])}, {c['censored']} censored, {c['pairs']} "
+              f"comparable pair{'' if c['pairs'] == 1 else 's'}" for split, c in found.get("survival", {}).items()]
     lines.append("plan (keys the config leaves null; notes on values it sets):")
     lines += [f"  {d.key} = {d.value}{'' if d.applied else '  [as configured]'}: {d.reason}" for d in decisions]
     if not decisions:
