@@ -103,3 +103,25 @@ def test_plan_counts_events_per_split_and_warns_where_no_c_index_can_be_measured
     text = describe(found, plan(config, found))
     assert "  survival val: 2 cases, 1 event, 1 censored, 1 comparable pair" in text
     assert "WARNING: the validation split" in text
+
+
+def _results(c_index: float, ibs: float | None) -> dict:
+    return {"metric": "c_index", "data": "wsi_bags", "synthetic": False, "model": "abmil_small", "attention": None,
+            "run_dir": "r", "test": {"c_index": c_index, **({"ibs": {"value": ibs}} if ibs is not None else {})}}
+
+
+def test_cv_and_compare_report_the_integrated_brier_score():
+    from medattn.experiments.compare import format_summary, summarise
+    from medattn.experiments.cv import summarise_folds
+
+    folds = summarise_folds([_results(0.7, 0.15), _results(0.8, 0.11), _results(0.75, None)])
+    row = next(r for r in folds["rows"] if r["structure"] == "integrated Brier score")
+    assert row["per_fold"] == [0.15, 0.11, None] and row["mean"] == pytest.approx(0.13) and row["n"] == 2
+    arms = {name: {"model": {"name": name, "attention": None}, "eval": {"bootstrap": 0, "ci": 0.95}, "seed": 0}
+            for name in ("a", "b")}
+    summary = summarise(arms, [0, 1, 2], [_results(0.7, 0.20), _results(0.72, 0.18), _results(0.71, 0.19),
+                                          _results(0.75, 0.15), _results(0.74, 0.16), _results(0.78, 0.12)], None)
+    assert summary["arms"][1]["ibs_per_seed"] == [0.15, 0.16, 0.12]
+    test = next(t for t in summary["tests"] if t["test"].endswith("integrated Brier score"))
+    assert test["difference"] == pytest.approx(-0.0466667, abs=1e-6) and test["p_value"] is not None
+    assert "integrated Brier score (lower is better), mean (std) over seeds: a 0.190 (0.010)" in format_summary(summary)

@@ -14,7 +14,8 @@ compare.json, with the reasons, and is left out of the paired tests (a test row 
 tested against the reference arm (the first, or ``reference``), difference = arm - reference:
 
 * **paired t-test over seeds**: scipy's ``ttest_rel`` on the per-seed test metrics (n = seeds; with 3
-  seeds it can only see large, consistent differences);
+  seeds it can only see large, consistent differences); survival: also on the per-seed integrated Brier scores
+  (:mod:`medattn.train.survival_report`; lower is better, so a negative difference favours the arm);
 * **paired bootstrap over patients**: the mean over seeds of the difference of the test metric on the
   same test cases (:func:`medattn.metrics.paired_bootstrap`: patients resampled within each seed's test
   set, both arms together, ``eval.bootstrap`` resamples); its percentile interval at ``eval.ci`` and a
@@ -43,7 +44,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder, save_figure
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
-from .runs import Job, check_summaries, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
+from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
 T_TEST = "paired t-test over seeds"
 BOOTSTRAP = "paired bootstrap over patients within each seed's test set"
@@ -224,13 +225,16 @@ def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root
     reference = reference_arm(arms, reference)
     replaced = replaced_settings(config, arms) if config is not None else {}
     per_arm = {name: results[i * len(seeds):(i + 1) * len(seeds)] for i, name in enumerate(names)}
-    rows = []
+    rows, first_metric = [], results[0]["metric"]
     for name in names:
         values = [metric_of(r) for r in per_arm[name]]
         failed = {s: learning_of(r) for s, r in zip(seeds, per_arm[name]) if learning_of(r)}
         rows.append({"arm": name, "model": arms[name]["model"]["name"], "attention": arms[name]["model"]["attention"],
                      "per_seed": values, **mean_std(values), "status": status_of(failed), "did_not_learn": failed,
                      "user_settings": replaced.get(name, {})})
+        if first_metric == "c_index":  # issue 51: the integrated Brier score per seed, lower is better
+            rows[-1]["ibs_per_seed"] = [ibs_of(r) for r in per_arm[name]]
+            rows[-1]["ibs"] = mean_std(rows[-1]["ibs_per_seed"])
     by_arm = {row["arm"]: row for row in rows}
     eval_cfg, seed = arms[reference]["eval"], arms[reference]["seed"]
     tests = []
@@ -245,6 +249,10 @@ def summarise(arms: dict[str, dict], seeds: list[int], results: list[dict], root
             continue
         tests.append({"arm": name, "reference": reference, **t_test(by_arm[reference]["per_seed"],
                                                                      by_arm[name]["per_seed"])})
+        if "ibs" in by_arm[name]:
+            tests.append({"arm": name, "reference": reference, **t_test(by_arm[reference]["ibs_per_seed"],
+                                                                         by_arm[name]["ibs_per_seed"]),
+                          "test": f"{T_TEST}, integrated Brier score"})
         if eval_cfg["bootstrap"]:
             reference_dirs = [root / reference / f"seed_{s}" for s in seeds]
             arm_dirs = [root / name / f"seed_{s}" for s in seeds]
@@ -282,6 +290,8 @@ def format_summary(summary: dict) -> str:
         format_table(arms, [("arm", "arm", ""), ("start", "start", ""), *[(s, s, ".3f") for s in seeds],
                             ("summary", "mean (std)", ""),
                             ("status", "status", ""), ("settings", "the config's values over the model's own", "")]),
+        *(["integrated Brier score (lower is better), mean (std) over seeds: " + ", ".join(
+            f"{r['arm']} {mean_std_text(r['ibs'])}" for r in summary["arms"])] if "ibs" in summary["arms"][0] else []),
         *[f"{r['arm']}: did not learn in seed {seed_}: {'; '.join(reasons)}" for r in summary["arms"]
           for seed_, reasons in r["did_not_learn"].items()],
         "", f"paired tests against {summary['reference']} (difference = arm - {summary['reference']}, "

@@ -24,7 +24,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
-from .runs import Job, check_summaries, learning_of, mean_std, mean_std_text, metric_of, run_jobs
+from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, run_jobs
 
 
 def fold_jobs(config: dict, folds: int) -> list[Job]:
@@ -45,9 +45,10 @@ def fold_jobs(config: dict, folds: int) -> list[Job]:
 def summarise_folds(results: list[dict]) -> dict:
     """Per-fold test metrics and their mean (std) over folds, from the folds' results.json (in fold order).
 
-    Rows: the metric (``AUROC``, ``C-index``, ``R^2``), or ``overall`` (the mean foreground Dice of the fold's test
-    part) then one row per foreground structure (its Dice over the fold's test cases). ``did_not_learn``: fold -> the
-    reasons its run did not learn (:mod:`medattn.train.verdict`); such folds are named under the table."""
+    Rows: the metric (``AUROC``, ``C-index`` and the integrated Brier score, ``R^2``), or ``overall`` (the mean
+    foreground Dice of the fold's test part) then one row per foreground structure (its Dice over the fold's test
+    cases). ``did_not_learn``: fold -> the reasons its run did not learn (:mod:`medattn.train.verdict`); such folds
+    are named under the table."""
     metric = results[0]["metric"]
     name = "overall" if metric == "dice" else ABBREVIATIONS.get(metric, metric)
     rows = [{"structure": name, "per_fold": [metric_of(r) for r in results]}]
@@ -55,6 +56,8 @@ def summarise_folds(results: list[dict]) -> dict:
         names = list(results[0]["test"]["dice_per_class"])[1:]  # background first, left out
         rows += [{"structure": name, "per_fold": [r["test"]["dice_per_class"].get(name) for r in results]}
                  for name in names]
+    if metric == "c_index":  # and how wrong the predicted survival is over time (issue 51; lower is better)
+        rows.append({"structure": "integrated Brier score", "per_fold": [ibs_of(r) for r in results]})
     for row in rows:
         row.update(mean_std(row["per_fold"]))
     first = results[0]

@@ -233,6 +233,12 @@ def metric_of(results: dict) -> float | None:
     return results["test"].get(results["metric"])
 
 
+def ibs_of(results: dict) -> float | None:
+    """The integrated Brier score of a survival run's results.json (``test.ibs.value``; None where it was not
+    measured, :mod:`medattn.train.survival_report`)."""
+    return (results["test"].get("ibs") or {}).get("value")
+
+
 def learning_of(results: dict) -> list[str]:
     """Why a run did not learn (:mod:`medattn.train.verdict`), from its results.json; empty when it learned
     (or was written before runs were judged)."""
