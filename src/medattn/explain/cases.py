@@ -80,12 +80,17 @@ def case_slide(dataset, index: int, kind: input_kinds.InputKind, slides: str | P
 
 def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, labels: np.ndarray, ids: list[str],
                   task, out_dir: Path, title: str, count: int,
-                  slides: str | Path | None = None) -> tuple[list[str], list[str]]:
+                  slides: str | Path | None = None, config: dict | None = None) -> tuple[list[str], list[str]]:
     """Write ``heatmaps/<rank>.png`` for the ``count`` highest-scored cases of ``dataset`` (``probabilities``
     (N, K) and ``labels`` in dataset order, as the test's predictions) into ``out_dir``; -> (the paths written,
     relative to ``out_dir``; warnings). ``slides``: the folder of the scanner files of a bag data set's slides
     (:func:`case_slide`); a case whose slide is not drawn there gets a warning saying why and is drawn on a blank
-    canvas. Nothing for segmentation (explain explains class predictions) or ``count`` 0."""
+    canvas. Nothing for ``count`` 0. Segmentation (``probabilities``: the test's Dice per case and class): the best and
+    worst cases' label maps over their inputs (:mod:`medattn.explain.segmentation_cases`; with the run's ``config``)."""
+    if task.task_type == "segmentation" and config is not None:
+        from .segmentation_cases import segmentation_cases
+
+        return segmentation_cases(model, dataset, probabilities, ids, task, out_dir, title, count, config)
     if count <= 0 or task.task_type == "segmentation" or len(probabilities) == 0:
         return [], []
     probabilities = np.asarray(probabilities).reshape(len(probabilities), -1)
@@ -116,5 +121,5 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
 
 def case_pictures_for(config: dict) -> Callable[..., tuple[list[str], list[str]]]:
     """:func:`case_heatmaps` for a run of ``config``: bags drawn over their slides in ``data.slides_dir`` (null: on
-    a blank canvas)."""
-    return functools.partial(case_heatmaps, slides=config["data"].get("slides_dir"))
+    a blank canvas); a segmentation run's best and worst cases predicted as its test was."""
+    return functools.partial(case_heatmaps, slides=config["data"].get("slides_dir"), config=config)

@@ -76,10 +76,11 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             if survival is not None:
                 save_json(run_dir / "survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
-            if case_pictures is not None and objective.outputs_are_probabilities:  # the highest-scored test cases
-                try:
-                    results["heatmaps"], drawn = case_pictures(model, bundle.test, test.outputs,
-                                                               report.class_labels(test.labels, task), test.ids,
+            if case_pictures is not None and (objective.outputs_are_probabilities or task.task_type == "segmentation"):
+                try:  # the highest-scored test cases; a segmentation's best and worst (by Dice)
+                    labels = report.class_labels(test.labels, task) if objective.outputs_are_probabilities else \
+                        test.labels
+                    results["heatmaps"], drawn = case_pictures(model, bundle.test, test.outputs, labels, test.ids,
                                                                task, run_dir, label, config["eval"]["heatmaps"])
                     results["warnings"] += drawn  # e.g. a slide not found: that case drawn on a blank canvas
                 except Exception as error:  # a picture for the page must never cost a finished run its results
