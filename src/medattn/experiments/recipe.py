@@ -11,6 +11,7 @@ fails with a UserError (e.g. it diverged) scores nothing and is out of the searc
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -107,10 +108,9 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
                 log(f"recipe: round {round_number}, {candidate.name}: best validation score "
                     f"{'none' if score is None else f'{score:.4f}'} in {epochs} epochs")
             ranked = sorted(alive, key=lambda c: -_last(scores[c.name]))  # stable: ties keep the earlier
-            alive = ranked[:max(1, -(-len(alive) // ETA))]
+            alive = ranked[:math.ceil(len(alive) / ETA)]
     winner = alive[0]
-    chosen = _trial_config(config, winner.overrides, config["train"]["epochs"])
-    chosen["train"]["epochs"], chosen["eval"] = config["train"]["epochs"], config["eval"]
+    chosen = with_values(config, winner.overrides)
     chosen["recipe"] = {**config["recipe"], "record": {
         "searched": True, "chosen": winner.name, "values": winner.overrides, "keys": search.knobs,
         "budget": search.budget, "single_run_epochs": search.epochs, "trial_epochs": search.trial_epochs,
