@@ -2,7 +2,7 @@
 
   medattn wsi tile SLIDES... --out TILES_DIR        coordinates (CSV), metadata (JSON), grid thumbnail (PNG)
   medattn wsi extract SLIDES... --out FEATURES_DIR  <slide stem>.h5 per slide (CLAM or STAMP layout, for wsi_bags)
-  medattn wsi synthetic OUT_DIR                     SYNTHETIC demo slides with slide and clinical tables
+  medattn wsi synthetic OUT_DIR [--format F]        SYNTHETIC demo slides (tiff, dicom, ome-tiff) with tables
 
 SLIDES are slide files or folders of them (SVS, NDPI, MRXS, tiled TIFF, ... through OpenSlide).
 `extract` tiles by itself unless given --tiles, defaults to the weight-free descriptor, skips slides
@@ -34,14 +34,16 @@ corner in pixels); with --layout stamp, `feats` and `coords` in microns. Both re
 in microns and pixels, mpp and the tiling settings. Without --tiles it tiles by itself (same options and filter
 as `wsi tile`). A slide already done with the same settings is skipped, one done otherwise refused (--overwrite).
 Under torchrun each process takes its share of the slides (RANK, WORLD_SIZE). See docs/slides.md."""
-SYNTHETIC_DESCRIPTION = """Write SYNTHETIC demo slides (not tissue): medattn wsi synthetic DIR [--count N].
+SYNTHETIC_DESCRIPTION = """Write SYNTHETIC demo slides (not tissue): medattn wsi synthetic DIR [--count N] [--format F].
 
-Small pyramidal tiled TIFFs at 1 um per pixel (stroma and nuclei blobs, one out of focus, a dust smudge; a planted
-tumour region on every other slide), slide_table.csv (PATIENT, FILENAME) and clinical_table.csv (PATIENT, TUMOUR)
-beside them and truth/<stem>.npz (the ground-truth masks), as the packaged config synthetic_slides reads them
-after `wsi extract`. Each slide's TIFF description marks it SYNTHETIC; `wsi tile` and `wsi extract` carry the mark
-into the tiles' JSON and the bags' HDF5 attribute `synthetic`. Nothing here is a statement about real slides. See
-docs/slides.md."""
+Small pyramidal slides at 1 um per pixel (stroma and nuclei blobs, one out of focus, a dust smudge; a planted
+tumour region on every other slide) as tiled TIFFs (default), DICOM whole-slide images (--format dicom: per slide a
+folder of one VL Whole Slide Microscopy instance per level) or OME-TIFFs (--format ome-tiff), with
+slide_table.csv (PATIENT, FILENAME) and clinical_table.csv (PATIENT, TUMOUR) beside them and truth/<stem>.npz (the
+ground-truth masks), as the packaged config synthetic_slides reads them after `wsi extract`. Each slide's
+description (TIFF ImageDescription, OME Description, DICOM ImageComments) marks it SYNTHETIC; `wsi tile` and `wsi
+extract` carry the mark into the tiles' JSON and the bags' HDF5 attribute `synthetic`. Nothing here is a statement
+about real slides. See docs/slides.md."""
 
 #: The options of the tiling settings (``slides.settings.TileSettings``): (field, type, help); the flag is the field
 #: with dashes, its default the field's.
@@ -110,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synthetic.add_argument("--count", type=int, default=8,
                            help="number of slides, every other with a tumour (default %(default)s)")
     synthetic.add_argument("--seed", type=int, default=0, help="seed of the generated slides (default %(default)s)")
+    synthetic.add_argument("--format", choices=("tiff", "dicom", "ome-tiff"), default="tiff",
+                           help="tiff: generic tiled TIFF (OpenSlide; default); dicom: per slide a folder of DICOM "
+                                "VL Whole Slide Microscopy instances (wsidicom); ome-tiff: .ome.tif, the pyramid in "
+                                "SubIFDs (tifffile)")
     synthetic.add_argument("--overwrite", action="store_true",
                            help="replace slides and tables of the same names already in the folder")
     synthetic.set_defaults(wsi_run=run_synthetic)
@@ -209,8 +215,11 @@ def run_synthetic(args: argparse.Namespace) -> int:
     if (args.out is None) == (args.out_option is None):
         raise UserError("give the output folder once: medattn wsi synthetic DIR, or --out DIR")
     out = args.out or args.out_option
-    paths = write_synthetic_cohort(out, args.count, args.seed, overwrite=args.overwrite)
-    print(f"wrote {len(paths)} SYNTHETIC slides, slide_table.csv and clinical_table.csv to {out}")
+    paths = write_synthetic_cohort(out, args.count, args.seed, overwrite=args.overwrite, format=args.format)
+    what = {"tiff": "tiled TIFF", "dicom": "DICOM whole-slide image (a folder of .dcm instances each)",
+            "ome-tiff": "OME-TIFF"}[args.format]
+    print(f"wrote {len(paths)} SYNTHETIC slides ({what}: {paths[0].name}, ...), slide_table.csv and "
+          f"clinical_table.csv to {out}")
     return 0
 
 

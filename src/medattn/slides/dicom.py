@@ -4,8 +4,11 @@ A DICOM slide is a folder of instances, one per pyramid level (and label, overvi
 scanners and PACS export them (``pip install 'medattn[slides]'`` brings wsidicom). :class:`DicomSlide` opens the
 folder (given the folder or any ``.dcm`` file in it) with wsidicom, takes its first pyramid's levels in order of
 size, and reads regions frame by frame, so a patch never reads a level whole. Microns per pixel come from the
-base level's Pixel Spacing (millimetres in the file), as ``openslide.mpp-x`` / ``-y``. Folders of several slides
-(different series) are refused by wsidicom's own check, with its reason.
+base level's Pixel Spacing (millimetres in the file), as ``openslide.mpp-x`` / ``-y``; its ImageComments as
+``dicom.ImageComments``. Folders of several slides (different series) are refused by wsidicom's own check, with its
+reason.
+
+:func:`write_dicom_slide` writes a pyramid as such a folder (``medattn wsi synthetic --format dicom``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class DicomSlide(PyramidSlide):
         self.level_dimensions = tuple((level.size.width, level.size.height) for level in self._levels)
         mpp = self._levels[0].mpp  # micrometres per pixel (wsidicom converts the file's millimetres)
         self.properties = {} if mpp is None else {"openslide.mpp-x": str(mpp.width), "openslide.mpp-y": str(mpp.height)}
+        try:  # the base level's ImageComments (a SYNTHETIC slide's mark, medattn.slides.synthetic.is_synthetic)
+            comments = self._levels[0].datasets[0].as_dataset().get("ImageComments", "")
+        except Exception:  # wsidicom's own errors for a header it reads otherwise
+            comments = ""
+        if comments:
+            self.properties["dicom.ImageComments"] = str(comments)
 
     def _level_region(self, level: int, x: int, y: int, width: int, height: int) -> np.ndarray:
         """RGB (height, width, 3) of ``level`` at level pixels (x, y); 255 outside the image."""
@@ -62,3 +71,81 @@ class DicomSlide(PyramidSlide):
 
     def close(self) -> None:
         self._wsi.close()
+
+
+#: The SOP class of VL Whole Slide Microscopy Image Storage.
+WSI_STORAGE = "1.2.840.10008.5.1.4.1.1.77.1.6"
+
+
+def write_dicom_slide(out, levels: list[np.ndarray], mpp: float, description: str, patient: str = "",
+                      tile: int = 256) -> list[Path]:
+    """A pyramid (``levels``: (H, W, 3) uint8, the base first, at ``mpp`` um per pixel) as one DICOM whole-slide image
+    in the :class:`~medattn.runtime.outputs.OutputFolder` ``out`` (the slide's own folder): one VL Whole Slide
+    Microscopy Image instance per level, ``level<k>.dcm``, of one study, series and frame of reference, TILED_FULL
+    frames of ``tile`` pixels in row-major order, JPEG baseline (YBR_FULL_422, as most scanners store them), Pixel
+    Spacing in millimetres; ``description`` as ImageComments and SeriesDescription, ``patient`` as PatientID.
+    Every name is checked before the first is written. -> the files."""
+    from pydicom.uid import generate_uid
+
+    names = [f"level{k}.dcm" for k in range(len(levels))]
+    for name in names:
+        out.path(name)
+    shared = {"StudyInstanceUID": generate_uid(), "SeriesInstanceUID": generate_uid(),
+              "FrameOfReferenceUID": generate_uid(), "PatientID": patient, "PatientName": patient,
+              "ImageComments": description, "SeriesDescription": description[:64],
+              "ContainerIdentifier": patient or "1"}
+    for k, (name, level) in enumerate(zip(names, levels)):
+        with out.write(name) as tmp:
+            _level(level, levels[0].shape[1] / level.shape[1], tile, mpp, shared, k).save_as(tmp,
+                                                                                            enforce_file_format=True)
+    return [out.folder / name for name in names]
+
+
+def _level(rgb: np.ndarray, downsample: float, tile: int, mpp: float, shared: dict, number: int):
+    """One level of :func:`write_dicom_slide` as a pydicom dataset."""
+    import io
+
+    from PIL import Image
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEGBaseline8Bit, generate_uid
+
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = WSI_STORAGE, generate_uid()
+    ds.file_meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds.SOPClassUID, ds.SOPInstanceUID = WSI_STORAGE, ds.file_meta.MediaStorageSOPInstanceUID
+    for keyword, value in shared.items():
+        setattr(ds, keyword, value)
+    ds.Modality, ds.Manufacturer, ds.SeriesNumber, ds.InstanceNumber = "SM", "medattn", 1, number + 1
+    ds.ImageType = ["ORIGINAL" if number == 0 else "DERIVED", "PRIMARY", "VOLUME",
+                    "NONE" if number == 0 else "RESAMPLED"]
+    h, w, _ = rgb.shape
+    across, down = -(-w // tile), -(-h // tile)
+    padded = np.full((down * tile, across * tile, 3), 255, np.uint8)
+    padded[:h, :w] = rgb
+    frames = padded.reshape(down, tile, across, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, tile, 3)
+    ds.Rows = ds.Columns = tile
+    ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows, ds.NumberOfFrames = w, h, len(frames)
+    ds.DimensionOrganizationType, ds.TotalPixelMatrixFocalPlanes, ds.NumberOfOpticalPaths = "TILED_FULL", 1, 1
+    ds.SamplesPerPixel, ds.PlanarConfiguration, ds.PhotometricInterpretation = 3, 0, "YBR_FULL_422"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.LossyImageCompression, ds.LossyImageCompressionMethod = "01", "ISO_10918_1"
+    spacing = mpp * downsample / 1000  # millimetres
+    measures = Dataset()
+    measures.PixelSpacing, measures.SliceThickness = [spacing, spacing], 0.001
+    groups = Dataset()
+    groups.PixelMeasuresSequence = [measures]
+    ds.SharedFunctionalGroupsSequence = [groups]
+    ds.ImagedVolumeWidth, ds.ImagedVolumeHeight, ds.ImagedVolumeDepth = w * spacing, h * spacing, 0.001
+    path = Dataset()
+    path.OpticalPathIdentifier = "0"
+    ds.OpticalPathSequence = [path]
+    encoded = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, format="JPEG", quality=95, subsampling=1)  # 1: 4:2:2
+        encoded.append(buffer.getvalue())
+    ds.PixelData = encapsulate(encoded)
+    ds["PixelData"].VR = "OB"
+    return ds

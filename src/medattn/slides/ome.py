@@ -6,7 +6,9 @@ so it would see one full-resolution level. :class:`OmeTiffSlide` reads the first
 pyramid levels with tifffile (``pip install 'medattn[slides]'``): RGB brightfield images (axes ``YXS``, 8 bits),
 tiled or in strips. Regions are decoded tile by tile, so a patch never reads a level whole; a thumbnail reads the
 smallest level that serves it. Microns per pixel come from the OME-XML ``Pixels`` element (``PhysicalSizeX`` and
-``PhysicalSizeY`` with their units; micrometres when the unit is not stated), as ``openslide.mpp-x`` / ``-y``.
+``PhysicalSizeY`` with their units; micrometres when the unit is not stated), as ``openslide.mpp-x`` / ``-y``; the
+Image's Description as ``ome.Description``. :func:`write_ome_tiff` writes a pyramid as an OME-TIFF (``medattn wsi
+synthetic --format ome-tiff``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ MICRONS = {"µm": 1.0, "um": 1.0, "nm": 1e-3, "mm": 1e3, "cm": 1e4, "m": 1e6}
 
 def is_ome_tiff(path: Path) -> bool:
     return Path(path).name.lower().endswith(SUFFIXES)
+
+
+def _description(ome_xml: str | None) -> dict[str, str]:
+    """``ome.Description``: the first Description in the OME-XML (a SYNTHETIC slide's mark), where it has one."""
+    try:
+        root = ElementTree.fromstring(ome_xml or "")
+    except ElementTree.ParseError:
+        return {}
+    text = next((element.text for element in root.iter() if element.tag.endswith("}Description")
+                 or element.tag == "Description"), None)
+    return {"ome.Description": text} if text else {}
 
 
 def _mpp(ome_xml: str | None) -> dict[str, str]:
@@ -63,7 +76,7 @@ class OmeTiffSlide(PyramidSlide):
                             f"slides are 8-bit RGB images (axes YXS)")
         self._pages = [level.keyframe for level in series.levels]
         self.level_dimensions = tuple((page.imagewidth, page.imagelength) for page in self._pages)
-        self.properties = _mpp(self._file.ome_metadata)
+        self.properties = {**_mpp(self._file.ome_metadata), **_description(self._file.ome_metadata)}
         self._whole: dict[int, np.ndarray] = {}  # levels stored in strips, read once
 
     def _level_region(self, level: int, x: int, y: int, width: int, height: int) -> np.ndarray:
@@ -99,3 +112,21 @@ class OmeTiffSlide(PyramidSlide):
 
     def close(self) -> None:
         self._file.close()
+
+
+def write_ome_tiff(out, name: str, levels: list[np.ndarray], mpp: float | None, description: str = "",
+                   tile: int = 256) -> Path:
+    """A pyramid (``levels``: (H, W, 3) uint8, the base first, at ``mpp`` um per pixel) as the OME-TIFF ``name`` in
+    the :class:`~medattn.runtime.outputs.OutputFolder` ``out`` (atomically): the base level, its smaller levels in
+    SubIFDs, tiled, deflate; ``PhysicalSizeX``/``Y`` in micrometres and ``description`` as the Image's Description in
+    the OME-XML. -> the file."""
+    tifffile = require("tifffile", "writing OME-TIFF slides")
+    metadata = {"axes": "YXS", "Description": description}
+    if mpp:
+        metadata.update(PhysicalSizeX=mpp, PhysicalSizeY=mpp, PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
+    options = {"tile": (tile, tile), "photometric": "rgb", "compression": "zlib", "compressionargs": {"level": 1}}
+    with out.write(name) as tmp, tifffile.TiffWriter(tmp, bigtiff=True, ome=True) as tif:
+        tif.write(levels[0], subifds=len(levels) - 1, metadata=metadata, **options)
+        for level in levels[1:]:
+            tif.write(level, subfiletype=1, metadata=None, **options)
+    return out.folder / name

@@ -31,6 +31,10 @@ TRUTH_DIR = "truth"
 #: The start of the TIFF ImageDescription of every slide written here (OpenSlide: property tiff.ImageDescription):
 #: the mark that follows the data, to the tiles' JSON and the bags' HDF5 attribute :data:`SYNTHETIC_ATTR`.
 SYNTHETIC_MARK = "SYNTHETIC slide written by medattn (not tissue)"
+#: The slide properties that hold a slide's description, one per format (:func:`is_synthetic`).
+DESCRIPTIONS = ("tiff.ImageDescription", "ome.Description", "dicom.ImageComments")
+#: The formats :func:`write_synthetic_cohort` writes: format -> the name of the slide of stem ``{}`` (DICOM: a folder).
+FORMATS = {"tiff": "{}.tif", "ome-tiff": "{}.ome.tif", "dicom": "{}"}
 #: The HDF5 attribute (and tiles' JSON key) that says a bag comes from a SYNTHETIC slide: True there.
 SYNTHETIC_ATTR = "synthetic"
 
@@ -101,9 +105,11 @@ def render(shape=(1536, 2048), tumour: bool = True, seed: int = 0) -> tuple[np.n
 
 
 def is_synthetic(slide) -> bool:
-    """Whether an open slide (OpenSlide) was written by :func:`write_synthetic_slide`: its ImageDescription starts
-    with :data:`SYNTHETIC_MARK`."""
-    return str(getattr(slide, "properties", {}).get("tiff.ImageDescription", "")).startswith(SYNTHETIC_MARK)
+    """Whether an open slide (OpenSlide, or a reader of :data:`~medattn.slides.reader.OTHER_READERS`) was written
+    here: its description (TIFF ImageDescription, OME Description, DICOM ImageComments) starts with
+    :data:`SYNTHETIC_MARK`."""
+    properties = getattr(slide, "properties", {})
+    return any(str(properties.get(key, "")).startswith(SYNTHETIC_MARK) for key in DESCRIPTIONS)
 
 
 def bag_is_synthetic(path: Path) -> bool:
@@ -122,16 +128,22 @@ def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 
     tifffile = require("tifffile", "writing a synthetic slide")
 
     with atomic(path) as tmp, tifffile.TiffWriter(tmp) as tif:
-        level = rgb
-        for k in range(levels):
-            if k:
-                h, w = level.shape[0] // 4 * 4, level.shape[1] // 4 * 4
-                level = level[:h, :w].reshape(h // 4, 4, w // 4, 4, 3).mean(axis=(1, 3)).round().astype(np.uint8)
+        for k, level in enumerate(pyramid_levels(rgb, levels)):
             extra = ({"resolution": (1e4 / (mpp * 4**k),) * 2, "resolutionunit": "CENTIMETER"} if mpp else
                      {"resolutionunit": "NONE"})
             tif.write(level, tile=(tile, tile), photometric="rgb", compression="zlib", compressionargs={"level": 1},
                       subfiletype=1 if k else 0, metadata=None,
                       **({"description": description} if description and not k else {}), **extra)
+
+
+def pyramid_levels(rgb: np.ndarray, levels: int = 3) -> list[np.ndarray]:
+    """(H, W, 3) uint8 -> ``levels`` levels, level k downsampled 4^k by block means (the base first)."""
+    pyramid = [rgb]
+    for _ in range(1, levels):
+        level = pyramid[-1]
+        h, w = level.shape[0] // 4 * 4, level.shape[1] // 4 * 4
+        pyramid.append(level[:h, :w].reshape(h // 4, 4, w // 4, 4, 3).mean(axis=(1, 3)).round().astype(np.uint8))
+    return pyramid
 
 
 def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=(1536, 2048),
@@ -145,34 +157,63 @@ def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=
 
 
 def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1536, 2048),
-                           overwrite: bool = False) -> list[Path]:
+                           overwrite: bool = False, format: str = "tiff") -> list[Path]:
     """``count`` SYNTHETIC slides ``slide_000.tif``... in ``folder``, every other one with a tumour, plus
     ``slide_table.csv`` (PATIENT, FILENAME) and ``clinical_table.csv`` (PATIENT, TUMOUR 0/1) in the
     layout of the ``wsi_bags`` data kind, so extracted features train with ``medattn train``, and the
     ground truth of each slide as ``truth/<stem>.npz`` (:func:`load_truth`).
 
+    ``format`` (:data:`FORMATS`): ``tiff`` (generic tiled TIFF, OpenSlide), ``ome-tiff`` (``slide_000.ome.tif``, the
+    pyramid in SubIFDs, :func:`medattn.slides.ome.write_ome_tiff`) or ``dicom`` (a folder ``slide_000/`` of VL Whole
+    Slide Microscopy instances, one per level, :func:`medattn.slides.dicom.write_dicom_slide`); the same pixels and
+    pyramid in each, marked SYNTHETIC in the format's description. FILENAME is the stem ``wsi extract`` names the
+    slide's bag by (``slide_000.ome`` for an OME-TIFF).
+
     The output policy (:class:`~medattn.runtime.outputs.OutputFolder`): an existing file of one of these names is
     refused unless ``overwrite`` (every name checked before the first slide is written); each file is written
     atomically."""
+    from ..errors import UserError
+
+    if format not in FORMATS:
+        raise UserError(f"--format {format!r}: one of {', '.join(FORMATS)}")
     out = OutputFolder(folder, overwrite=overwrite)
     truth = OutputFolder(out.folder / TRUTH_DIR, overwrite=overwrite)
-    stems = [f"slide_{i:03d}" for i in range(count)]
-    for stem in stems:
-        out.path(f"{stem}.tif")
-        truth.path(f"{stem}.npz")
+    names = [FORMATS[format].format(f"slide_{i:03d}") for i in range(count)]
+    for name in names:
+        out.path(name)
+        truth.path(f"{Path(name).stem}.npz")
     out.path("slide_table.csv")
     out.path("clinical_table.csv")
     paths, rows = [], []
-    for i, stem in enumerate(stems):
-        with out.write(f"{stem}.tif") as tmp:
-            slide = write_synthetic_slide(tmp, tumour=i % 2 == 1, seed=seed * 100_003 + i, shape=shape)
+    for i, name in enumerate(names):
+        stem, patient, tumour = Path(name).stem, f"patient_{i:03d}", i % 2 == 1
+        masks = _write_slide(out, name, format, tumour, seed * 100_003 + i, shape, patient)
         with truth.write(f"{stem}.npz") as tmp:
-            np.savez_compressed(tmp, **{name: getattr(slide, name) for name in MASKS})
-        paths.append(out.folder / f"{stem}.tif")
-        rows.append((f"patient_{i:03d}", stem, int(i % 2 == 1)))
+            np.savez_compressed(tmp, **{key: masks[key] for key in MASKS})
+        paths.append(out.folder / name)
+        rows.append((patient, stem, int(tumour)))
     out.save_csv("slide_table.csv", ("PATIENT", "FILENAME"), ((p, s) for p, s, _ in rows))
     out.save_csv("clinical_table.csv", ("PATIENT", "TUMOUR"), ((p, t) for p, _, t in rows))
     return paths
+
+
+def _write_slide(out: OutputFolder, name: str, format: str, tumour: bool, seed: int, shape, patient: str) -> dict:
+    """One SYNTHETIC slide of :func:`write_synthetic_cohort` as ``name`` in ``out`` in ``format`` -> its masks."""
+    if format == "tiff":
+        with out.write(name) as tmp:
+            slide = write_synthetic_slide(tmp, tumour=tumour, seed=seed, shape=shape)
+        return {key: getattr(slide, key) for key in MASKS}
+    rgb, masks = render(shape, tumour, seed)
+    levels, description = pyramid_levels(rgb, 3), f"{SYNTHETIC_MARK}; seed {seed}"
+    if format == "dicom":
+        from .dicom import write_dicom_slide
+
+        write_dicom_slide(OutputFolder(out.folder / name, overwrite=out.overwrite), levels, 1.0, description, patient)
+    else:
+        from .ome import write_ome_tiff
+
+        write_ome_tiff(out, name, levels, 1.0, description)
+    return masks
 
 
 def load_truth(slide: Path) -> dict[str, np.ndarray]:
