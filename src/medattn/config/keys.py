@@ -170,7 +170,8 @@ KEYS: dict[str, Key] = {
                          "a CSV of unlabelled files (the data's path column) read like the training split"),
     "eval.bootstrap": Key(1000, _integer(0, 1_000_000), "resamples for the test AUROC's confidence interval"),
     "eval.heatmaps": Key(3, _integer(0, 100), "test cases whose heatmaps report.html shows, the highest-scored "
-                                              "first (medattn.explain.cases; 0: none)"),
+                                              "first (medattn.explain.cases; 0: none); segmentation: that many of "
+                                              "the best and of the worst by Dice, their label maps"),
     "eval.times": Key(None, Rule("null or a list of positive numbers",
                                  lambda v: v is None or (isinstance(v, list) and 0 < len(v) <= 64
                                                          and all(_is_number(t) and t > 0 for t in v))),
