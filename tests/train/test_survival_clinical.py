@@ -72,6 +72,10 @@ def test_a_survival_run_reports_brier_calibration_and_training_cut_groups(tmp_pa
     assert evaluated["brier"] == pytest.approx(test["brier"], abs=1e-9)
     assert evaluated["ibs"]["value"] == pytest.approx(test["ibs"]["value"], abs=1e-9)
     assert (tmp_path / "eval" / "calibration_test.png").is_file()
+    (run / "survival_reference.json").unlink()  # a run from before issue 51: the C-index alone, and why
+    assert main(["eval", str(run), str(path), "--out", str(tmp_path / "eval_old")]) == 0
+    assert "no Brier score or calibration" in capsys.readouterr().out
+    assert "brier" not in json.loads((tmp_path / "eval_old" / "eval.json").read_text())
 
 
 class _Split(list):
