@@ -123,7 +123,7 @@ def run_page(run_dir: Path, results: dict) -> Path:
             [f"test {ABBREVIATIONS.get(metric, metric)}",
              "undefined" if value is None else f"{value:.4f}{ci}, n={test.get('n')}"],
             *operating_rows(results.get("operating_point", [])),
-            *[["survival", line] for line in survival_lines(test)],
+            *[[part.strip() for part in line.split("  ", 1)] for line in survival_lines(test)],  # Brier, calibration
             ["learned", "yes" if results.get("learning", {}).get("learned", True) else "NO: not a result"],
             *([["recipe", recipe_text(results["recipe"])]] if results.get("recipe") else []),
             *[[name, provenance[key]] for name, key in (
