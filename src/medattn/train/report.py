@@ -27,7 +27,7 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
     if task.task_type == "survival" and survival is not None and result.get("c_index") is not None:
         from . import survival_report
 
-        result.update(survival_report.score(pred, survival, [float(t) for t in result["time_auc"]]))
+        result.update(survival_report.score(pred, survival, survival_report.times_of(pred, eval_cfg)))
         heading = f"{label + ', ' if label else ''}{split}"
         survival_report.write(result, Path(out_dir), split, heading, task.synthetic, time_label)
     write_split(pred, task, split, Path(out_dir), result, label, time_label)
@@ -258,7 +258,7 @@ def summary(results: dict, objective: Objective) -> str:
           if results.get("defaults") else []),
         *([f"recipe         {recipe_text(results['recipe'])}"] if results.get("recipe") else []),
         f"files          config.yaml metrics.csv training_curves.png checkpoints/best {objective.files} results.json "
-        f"report.html",
+        f"report.html" + (" calibration_test.png survival_reference.json" if test.get("calibration") else ""),
         *([f"VERDICT        did not learn: this run is not a result ({len(results['learning']['reasons'])} "
            f"reason(s) below)"] if not results.get("learning", {}).get("learned", True) else []),
         *(f"WARNING        {warning}" for warning in results.get("warnings", [])),

@@ -109,6 +109,15 @@ def score(pred: Predictions, ref: dict, times: list[float]) -> dict:
     return found
 
 
+def times_of(pred: Predictions, eval_cfg: dict) -> list[float]:
+    """The times of the Brier scores: ``eval.times``, else those of the time-dependent AUC (the quartiles of the
+    split's event times, :mod:`medattn.train.survival_objective`)."""
+    from .survival_objective import _default_times
+
+    _, time, event = _columns(pred)
+    return [float(t) for t in eval_cfg.get("times") or _default_times(time, event)]
+
+
 def groups(risk: np.ndarray, time: np.ndarray, event: np.ndarray, ref: dict) -> dict:
     """The split cut at the training ``ref["cut"]``: sizes and events per group and the log-rank test (None where
     one group is empty or it is undefined)."""
