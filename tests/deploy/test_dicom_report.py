@@ -170,3 +170,32 @@ def test_a_slice_segmenter_given_a_2d_dicom_image_writes_its_segmentation_and_ar
     segments = [(i.ReferencedSOPSequence[0].ReferencedSOPInstanceUID,
                  int(i.ReferencedSOPSequence[0].ReferencedSegmentNumber)) for i in items(ds, "IMAGE")]
     assert segments == [(seg.SOPInstanceUID, 1), (seg.SOPInstanceUID, 2)]
+
+
+def test_a_multiclass_report_names_the_predicted_class_and_left_right_models_report_each_half(tmp_path, capsys):
+    hd = pytest.importorskip("highdicom")
+    write_dx(tmp_path / "a.dcm", np.random.default_rng(2).integers(0, 4000, (20, 24)))
+    names = ["normal", "benign", "malignant"]
+    task = TaskInfo("multiclass", "image2d", 3, (1, 16, 16), names)
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_cxr", ["model.name=resnet2d_tiny", "model.attention=null"], task,
+                         mean=[0.5], std=[0.25])
+    a = str(tmp_path / "a.dcm")
+    assert main(["predict", str(ck), a, a, "--out", str(tmp_path / "m.csv")]) == 0  # one file twice: one report
+    (group,) = hd.sr.srread(tmp_path / "m_dicom" / "a_sr.dcm").content.get_image_measurement_groups()
+    row = rows(tmp_path / "m.csv")[0]
+    assert [(m.name.meaning, m.value) for m in group.get_measurements()] == [
+        (f"probability of {n}", pytest.approx(float(row[f"prob_{n}"]), abs=1e-6)) for n in names]
+    (decision,) = group.get_qualitative_evaluations()
+    assert (decision.name.meaning, decision.value.meaning) == ("predicted class", row["pred_label"])
+    write_series(tmp_path / "breast", planes(8, 16, 24), stack((1, 0, 0, 0, 1, 0), 8))
+    task = TaskInfo("binary", "volume3d", 1, (1, 16, 12, 8), ["cancer"])
+    ck = save_checkpoint(tmp_path / "ck3", "synthetic_breast_mri", ["model.name=resnet3d_tiny",
+                                                                     "model.attention=null"], task,
+                         normalize="zscore", split_sides=True)
+    assert main(["predict", str(ck), str(tmp_path / "breast"), "--out", str(tmp_path / "s.csv")]) == 0
+    capsys.readouterr()
+    sides = {row["side"]: float(row["prob_cancer"]) for row in rows(tmp_path / "s.csv")}
+    assert sorted(sides) == ["left", "right"]
+    groups = hd.sr.srread(tmp_path / "s_dicom" / "breast_sr.dcm").content.get_image_measurement_groups()
+    assert {g.tracking_identifier: g.get_measurements()[0].value for g in groups} == {
+        f"medattn classification ({side} half)": pytest.approx(p, abs=1e-6) for side, p in sides.items()}

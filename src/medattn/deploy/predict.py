@@ -206,7 +206,7 @@ def _report_outputs(reports, item, prep, p, cut) -> None:
     else:
         predicted = names[int(np.argmax(p))] if prep.task_type == "multiclass" else None
         group = lambda w: w.classification(names, [float(v) for v in p], side, cut, predicted)  # noqa: E731
-    reports[0].add(item.paths[0], reports[0].stems[item.paths[0]], group)
+    reports[0].add(item.paths[0], reports[0].stems[item.paths[0]], group, key=side)
 
 
 def _report_sizes(reports, item, names, voxels, volumes, segmentation) -> None:
@@ -223,7 +223,7 @@ def _report_sizes(reports, item, names, voxels, volumes, segmentation) -> None:
             return  # no size in mm2 to give
         volumes = [n * float(spacing[0]) * float(spacing[1]) for n in voxels]
     reports[0].add(item.paths[0], reports[0].stems[item.paths[0]],
-                   lambda w: w.volumes(names, volumes, area), segmentation)
+                   lambda w: w.volumes(names, volumes, area), segmentation, key="sizes")
 
 
 def _left_out(dataset, items: dict) -> list[tuple[str, str]]:

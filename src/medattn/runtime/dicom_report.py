@@ -67,11 +67,16 @@ class ReportWriter(DicomWriter):
     def __init__(self, model_id: str, checkpoint_sha256: str, synthetic: bool) -> None:
         super().__init__(model_id, checkpoint_sha256, synthetic)
         self.pending: dict[str, tuple[Path, list, object]] = {}  # stem -> (source, group makers, segmentation)
+        self._keys: set = set()  # (stem, key) of the groups added
 
-    def add(self, source: Path, stem: str, group, segmentation=None) -> None:
+    def add(self, source: Path, stem: str, group, segmentation=None, key=None) -> None:
         """Results of input ``source`` (outputs named ``stem``): ``group`` makes one measurement group (a function
-        of the writer, e.g. ``lambda w: w.classification(...)``); ``segmentation``: the DICOM Segmentation of it."""
+        of the writer, e.g. ``lambda w: w.classification(...)``); ``segmentation``: the DICOM Segmentation of it.
+        ``key`` (a side, or what the group holds): a file given twice adds its group of one key once."""
         _, groups, seg = self.pending.setdefault(stem, (Path(source), [], None))
+        if (stem, key) in self._keys:
+            return
+        self._keys.add((stem, key))
         groups.append(group)
         if segmentation is not None:
             self.pending[stem] = (Path(source), groups, segmentation)
