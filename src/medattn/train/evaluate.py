@@ -30,7 +30,7 @@ from medattn.survival_plots import time_axis_label
 
 from .objectives import Predictions, objective_for
 from .report import score_split, survival_lines
-from .survival_report import REFERENCE_FILE, load_reference
+from .survival_report import load_reference
 
 
 def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: str | Path | None = None,
@@ -93,9 +93,6 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
             survival = load_reference(default_root) if data_task.task_type == "survival" else None  # issue 51
             result = score_split(pred, data_task, split, out, config["eval"], config["seed"], survival=survival,
                                  time_label=time_axis_label(config["data"].get("time_column")))
-            if data_task.task_type == "survival" and survival is None:
-                result["survival_notes"] = [f"no Brier score or calibration: {default_root} has no {REFERENCE_FILE} "
-                                            "(the training split's baseline hazard; runs from before issue 51)"]
             if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
                 result.update(clinical(pred, result, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
                 if per_patient:

@@ -30,6 +30,9 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
         result.update(survival_report.score(pred, survival, survival_report.times_of(pred, eval_cfg)))
         heading = f"{label + ', ' if label else ''}{split}"
         survival_report.write(result, Path(out_dir), split, heading, task.synthetic, time_label)
+    elif task.task_type == "survival" and result.get("c_index") is not None:
+        result["survival_notes"] = ["no Brier score or calibration: the run folder has no survival_reference.json "
+                                    "(the training split's baseline hazard; runs from before issue 51)"]
     write_split(pred, task, split, Path(out_dir), result, label, time_label)
     return result
 
