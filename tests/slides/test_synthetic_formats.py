@@ -83,9 +83,26 @@ def test_a_dicom_slide_of_the_cohort_is_a_study_of_its_patient_and_is_not_writte
     assert [h.ImageType[2] for h in headers] == ["VOLUME"] * 3
     assert {h.SOPClassUID for h in headers} == {"1.2.840.10008.5.1.4.1.1.77.1.6"}
     assert len({h.StudyInstanceUID for h in headers}) == len({h.SeriesInstanceUID for h in headers}) == 1
-    assert {h.PatientID for h in headers} == {"patient_001"}
+    assert {(h.PatientID, str(h.PatientName)) for h in headers} == {("patient_001", "SYNTHETIC^patient_001")}
     assert headers[0].ImageComments.startswith("SYNTHETIC slide written by medattn")
     before = folder.joinpath("level0.dcm").stat().st_mtime_ns
     assert main(["wsi", "synthetic", str(cohorts / "dicom"), "--count", "2", "--format", "dicom"]) == 2
     assert f"{cohorts / 'dicom' / 'slide_000'} exists and this command did not write it" in capsys.readouterr().err
     assert folder.joinpath("level0.dcm").stat().st_mtime_ns == before
+
+
+def test_explain_annotates_a_synthetic_dicom_slide_of_the_cohort(cohorts, capsys):
+    """The DICOM slides take explain's DICOM bulk annotations of the tile scores, copying their patient."""
+    hd = pytest.importorskip("highdicom")
+    from engine_data import save_checkpoint
+    from medattn.data.base import TaskInfo
+
+    task = TaskInfo("binary", "bag", 1, (32,), ["tumour"], synthetic=True)
+    ck = save_checkpoint(cohorts / "ck", "synthetic_wsi", ["model.name=vitwsi_tiny", "model.attention=seqnorm"], task)
+    out = cohorts / "maps"
+    assert main(["explain", str(ck), str(cohorts / "dicom_bags" / "slide_001.h5"), "--slides", str(cohorts / "dicom"),
+                 "--out", str(out)]) == 0
+    assert "1 of 1 bag map(s) drawn on their slide" in capsys.readouterr().out
+    annotations = hd.ann.annread(out / "slide_001_tiles.dcm")
+    assert annotations.PatientID == "patient_001" and str(annotations.PatientName) == "SYNTHETIC^patient_001"
+    assert annotations.SeriesDescription.startswith("medattn output SYNTHETIC")

@@ -83,7 +83,8 @@ def write_dicom_slide(out, levels: list[np.ndarray], mpp: float, description: st
     in the :class:`~medattn.runtime.outputs.OutputFolder` ``out`` (the slide's own folder): one VL Whole Slide
     Microscopy Image instance per level, ``level<k>.dcm``, of one study, series and frame of reference, TILED_FULL
     frames of ``tile`` pixels in row-major order, JPEG baseline (YBR_FULL_422, as most scanners store them), Pixel
-    Spacing in millimetres; ``description`` as ImageComments and SeriesDescription, ``patient`` as PatientID.
+    Spacing in millimetres; ``description`` as ImageComments and SeriesDescription, ``patient`` as PatientID (and
+    PatientName ``SYNTHETIC^<patient>``).
     Every name is checked before the first is written. -> the files."""
     from pydicom.uid import generate_uid
 
@@ -91,7 +92,8 @@ def write_dicom_slide(out, levels: list[np.ndarray], mpp: float, description: st
     for name in names:
         out.path(name)
     shared = {"StudyInstanceUID": generate_uid(), "SeriesInstanceUID": generate_uid(),
-              "FrameOfReferenceUID": generate_uid(), "PatientID": patient, "PatientName": patient,
+              "FrameOfReferenceUID": generate_uid(), "PatientID": patient,
+              "PatientName": f"SYNTHETIC^{patient}" if patient else "",
               "ImageComments": description, "SeriesDescription": description[:64],
               "ContainerIdentifier": patient or "1"}
     for k, (name, level) in enumerate(zip(names, levels)):
