@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import __version__
 from .dicom_results import LONG_STRING, SCHEME, DicomWriter, _identifiers_kept, series_description
 from .outputs import OutputFolder
 
@@ -73,7 +74,7 @@ class ReportWriter(DicomWriter):
         """Results of input ``source`` (outputs named ``stem``): ``group`` makes one measurement group (a function
         of the writer, e.g. ``lambda w: w.classification(...)``); ``segmentation``: the DICOM Segmentation of it.
         ``key`` (a side, or what the group holds): a file given twice adds its group of one key once."""
-        _, groups, seg = self.pending.setdefault(stem, (Path(source), [], None))
+        _, groups, _ = self.pending.setdefault(stem, (Path(source), [], None))
         if (stem, key) in self._keys:
             return
         self._keys.add((stem, key))
@@ -110,6 +111,7 @@ class ReportWriter(DicomWriter):
         evidence = headers + ([segmentation] if segmentation is not None else [])
 
         def build():
+            """The SR dataset (highdicom's errors are caught by :meth:`_save`)."""
             made = [make(self) for make in groups]  # a group, or a list of groups (volumes: one per class)
             report = self.hd.sr.MeasurementReport(
                 observation_context=context, procedure_reported=codes.SCT.ImagingProcedure,
@@ -124,14 +126,8 @@ class ReportWriter(DicomWriter):
     def _algorithm_id(self):
         """highdicom's TID 4019 algorithm identification: medattn, its version, the model's id and checkpoint hash."""
         return self.hd.sr.AlgorithmIdentification(
-            name="medattn", version=self._version,
+            name="medattn", version=__version__,
             parameters=[f"model_id={self.model_id}", f"checkpoint_sha256={self.checkpoint_sha256}"])
-
-    @property
-    def _version(self) -> str:
-        from medattn import __version__
-
-        return __version__
 
     def _concept(self, value: str, meaning: str):
         return self.hd.sr.CodedConcept(value, SCHEME, meaning[:LONG_STRING])
