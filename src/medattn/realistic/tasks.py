@@ -9,6 +9,8 @@ formats with a patient-level split and a config that trains on them.
 ``ihc_survival``   the same bags with a hot-spot burden per patient that raises the hazard: overall survival
                    in months with censoring (``task_type: survival``, :mod:`.outcomes`)
 ``ihc_regression`` the same bags, the burden setting a biomarker level (``task_type: regression``)
+``ihc_rare``,      more bag members of the family (another tissue and extractor, rare and diffuse findings, a count
+``retina_*``       target, bags up to 20,000 tiles): :mod:`.bag_tasks`
 =================  ==========================================================================================
 
 Every task is generated deterministically from ``(seed, cohort)``: cohort ``a`` is the development cohort,
@@ -130,7 +132,7 @@ _BAG_TARGET = {"binary": {"label_columns": "label"},
                "regression": {"task_type": "regression", "label_columns": outcomes.SCORE_COLUMN}}
 
 
-def _bag_task(name: str, description: str, spec: BagSpec, task_type: str = "binary") -> Task:
+def _bag_task(description: str, spec: BagSpec, task_type: str = "binary") -> Task:
     """A bag member of the family (:mod:`.bag_tasks`): ``vitwsi_small`` with SeqNorm on its CLAM bags."""
     target = dict(_BAG_TARGET[task_type])
     if spec.target == "count":
@@ -149,7 +151,7 @@ TASKS: dict[str, Task] = {
                          {"kind": "volume_table", "csv": "cases.csv", "label_columns": "label",
                           "patient_column": "patient", "split_column": "split", "target_size": [32, 32, 16]},
                          "vit3d_small", {"batch_size": 8}),
-    **{name: _bag_task(name, *entry) for name, entry in {
+    **{name: _bag_task(*entry) for name, entry in {
         "ihc_bags": ("IHC tile-feature bags with a DAB hot spot", BagSpec("ihc")),
         "ihc_survival": ("IHC tile-feature bags whose DAB hot-spot burden raises the hazard (overall survival)",
                          BagSpec("ihc", target="share"), "survival"),
