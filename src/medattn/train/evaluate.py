@@ -77,7 +77,9 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     default_root = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     out = Path(out or default_root / f"eval_{config['name']}_{split}")
     target = _output_folder(out, trained, config["data"], overwrite)
-    objective = objective_for(data_task, run_config["train"]["loss"])
+    # regression: outputs in units by the checkpoint's training targets, never the evaluated table's (issue 49)
+    objective = objective_for(replace(data_task, target_mean=task.target_mean, target_std=task.target_std),
+                              run_config["train"]["loss"])
     names = [split, *([f"{split}_patients"] if per_patient else [])]
     for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
         for file in [*objective.files.split(), "reliability_test.png", "calibration_test.png"]:
@@ -122,7 +124,8 @@ def _check_fits(data_task, task, data_prep, trained_prep) -> None:
         raise UserError(f"the data ({data_task.task_type}, {data_task.input_kind}, {data_task.num_outputs} output(s), "
                         f"input {data_task.input_shape}) does not fit the checkpoint's task ({task.task_type}, "
                         f"{task.input_kind}, {task.num_outputs} output(s), input {task.input_shape})")
-    changed = [] if None in (data_prep, trained_prep) else differences(trained_prep, data_prep)
+    changed = [] if None in (data_prep, trained_prep) else [  # the training targets' scale is the checkpoint's
+        key for key in differences(trained_prep, data_prep) if key not in ("target_mean", "target_std")]
     if changed:  # the model would see inputs prepared unlike its training data
         key = changed[0]
         raise UserError(f"the data config prepares inputs unlike the checkpoint's training: {key} is "
