@@ -465,5 +465,6 @@ def test_a_per_case_csv_keeps_the_values_its_metric_was_computed_from(task, tmp_
 
 def test_print_the_case_counts():
     """The closing note's table: command x task type x input kind -> cases (run with -s to see it)."""
+    print(f"\n{'command':22s} {'task type':11s} {'input':9s} cases")
     for (command, task, kind), count in sorted(CASES.items()):
         print(f"{command:22s} {task:11s} {kind:9s} {count}")
