@@ -19,8 +19,15 @@ from medattn.models import create_model
 from medattn.runtime.predictor import forward
 from medattn.train.objectives import objective_for
 from medattn.train.survival_bags import EventBalancedSampler, forward_each
-from medattn.train.survival_loss import (baseline_logits, cox_partial_likelihood, discrete_time_nll,
-                                         logistic_hazard_loss, survival_curves, time_bin_index, time_bins)
+from medattn.train.survival_loss import (
+    baseline_logits,
+    cox_partial_likelihood,
+    discrete_time_nll,
+    logistic_hazard_loss,
+    survival_curves,
+    time_bin_index,
+    time_bins,
+)
 
 KIND = "bag"
 
@@ -115,7 +122,7 @@ def test_the_baseline_is_the_constant_risk_optimum_and_curves_fall_with_risk():
     for k in range(3):
         d = int(((bins == k) & torch.from_numpy(event)).sum())
         n = int((bins > k).sum()) + d
-        assert float(torch.sigmoid(baseline[k])) == pytest.approx(min(max(d / n, 1e-4), 1 - 1e-4), rel=1e-5)
+        assert torch.sigmoid(baseline[k]).item() == pytest.approx(min(max(d / n, 1e-4), 1 - 1e-4), rel=1e-5)
     loss = logistic_hazard_loss(torch.zeros(10, dtype=torch.float64), bins, torch.from_numpy(event), baseline)
     assert torch.autograd.grad(loss, baseline)[0].abs().max() < 1e-4  # stationary (up to the clip of an empty bin)
     curves = survival_curves(torch.tensor([-1.0, 0.0, 1.0]), baseline.detach().float())

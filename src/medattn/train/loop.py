@@ -294,7 +294,7 @@ class Supervised:
         if train_cfg["batch_size"] < getattr(self.objective, "min_batch_size", 1):
             raise UserError(f"a {task.task_type} task compares the samples of a batch (Cox partial likelihood): "
                             f"train.batch_size must be at least {self.objective.min_batch_size}, got "
-                            f"{train_cfg['batch_size']}")
+                            f"{train_cfg['batch_size']} (or train.loss=discrete_time, which trains at batch 1)")
         self.fields = metric_fields(self.objective)
         labels = recipe_labels(train_cfg, task, bundle.train)
         self.train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],  # the training
