@@ -298,7 +298,7 @@ def test_eval_on_a_table_of_other_units_keeps_the_checkpoints_units(kind, cases)
     rows = _rows(out / "predictions_test.csv")
     ids = [r["id"] for r in rows]
     outputs = np.array([case.predicted[i] for i in ids])
-    np.testing.assert_allclose([case.values(r) for r in rows], outputs, rtol=6e-6)
+    np.testing.assert_allclose([case.values(r) for r in rows], outputs, rtol=1e-6)
     labels = np.array([shifted[i] for i in ids])
     _check("regression", json.loads((out / "eval.json").read_text()), labels, outputs)
     assert json.loads((out / "eval.json").read_text())["r2"] < -50  # 100 units off on a spread of a few: no fit
@@ -324,10 +324,8 @@ def test_train_reports_the_reference_metric_of_its_test_predictions(task, kind, 
     np.testing.assert_allclose([_written_labels(task, kind, r) for r in rows], labels, rtol=1e-5,
                                err_msg="the per-case CSV's labels are not the table's")
     outputs = np.array([case.values(r) for r in rows])
-    # regression values are written to 6 significant digits (test_a_regression_csv_keeps_float32_precision): the
-    # reference of the rounded outputs is within 1e-4 of the R^2 of the outputs themselves at these scales
-    expected = reference(task, labels, outputs)
-    assert reported(task, case.results["test"]) == pytest.approx(expected, abs=1e-4 if task == "regression" else 1e-6)
+    expected = reference(task, labels, outputs)  # the CSV holds float32's round trip (9 significant digits)
+    assert reported(task, case.results["test"]) == pytest.approx(expected, abs=1e-6)
     CASES["train", task, kind] += 1
 
 
@@ -437,10 +435,6 @@ def test_explain_gives_predicts_outputs(task, kind, cases):
     CASES["explain", task, kind] += 1
 
 
-@pytest.mark.xfail(strict=True, reason="predictions_<split>.csv writes regression values (true_, pred_) to 6 "
-                   "significant digits and survival times with :g (train/report.py write_values, write_risks): a "
-                   "target or time of 7+ digits is rounded, so the CSV no longer gives the reported metric (fix: "
-                   ":.9g, float32's round trip)")
 @pytest.mark.parametrize("task", ["regression", "survival"])
 def test_a_per_case_csv_keeps_the_values_its_metric_was_computed_from(task, tmp_path):
     """Follow-up times in minutes (three years: 1.5 million) or a target of seven digits: the CSV's values must be

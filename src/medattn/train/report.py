@@ -108,14 +108,15 @@ def write_risks(pred: Predictions, path: Path, cut: float | None = None) -> None
     from medattn.metrics_survival import risk_groups
 
     high = risk_groups(pred.outputs[:, 0], cut)
-    rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:g}", int(pred.labels[i, 1]), f"{pred.outputs[i, 0]:.6f}",
-             "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
+    rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:.9g}", int(pred.labels[i, 1]),
+             f"{pred.outputs[i, 0]:.6f}", "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
     save_csv(path, ["id", "patient", "time", "event", "risk", "risk_group"], rows)
 
 
 def write_values(pred: Predictions, names: list[str], path: Path) -> None:
-    """Regression CSV: id, patient, the true and the predicted value of every target."""
-    rows = [[sample_id, pred.patients[i], *[f"{v:.6g}" for v in pred.labels[i]], *[f"{v:.6g}" for v in pred.outputs[i]]]
+    """Regression CSV: id, patient, the true and the predicted value of every target (9 significant digits: float32's
+    round trip, so a target of seven digits is written as it was scored)."""
+    rows = [[sample_id, pred.patients[i], *[f"{v:.9g}" for v in pred.labels[i]], *[f"{v:.9g}" for v in pred.outputs[i]]]
             for i, sample_id in enumerate(pred.ids)]
     save_csv(path, ["id", "patient", *[f"true_{n}" for n in names], *[f"pred_{n}" for n in names]], rows)
 
