@@ -184,7 +184,7 @@ CASES = {
                                         r"clini.csv row 14: .*x.h5: no features dataset", N),
     "HDF5 of another feature width": lambda t: (
         bags(t, [["X", write_h5(t / "f" / "x.h5", np.ones((3, 5), np.float32)).stem]], [["X", 1]]),
-        r"different feature dimensions: 4 \(clini.csv row 2\), 5 \(clini.csv row 14\)", None),
+        r"different feature dimensions: \S*s0.h5 has 4, \S*x.h5 has 5", None),  # the two files, not rows (issue 49)
     "HDF5 declares 3,000,000 rows, stores 1,024": lambda t: (
         bags(t, [["X", _partial_h5(t / "f" / "x.h5")]], [["X", 1]]),
         r"clini.csv row 14: .*x.h5: dataset 'features' declares 3000000 rows but the file stores data for 1024", N),
