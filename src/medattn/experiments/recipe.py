@@ -21,6 +21,7 @@ from medattn.data.base import DataBundle
 from medattn.errors import UserError
 from medattn.plan import apply as apply_plan
 from medattn.plan import fingerprint, plan
+from medattn.plan.rules import set_key
 from medattn.plan.search import ETA, SearchPlan, describe_search, search_plan
 
 
@@ -38,13 +39,7 @@ def with_values(config: dict, overrides: dict) -> dict:
     """A copy of ``config`` with ``overrides`` (dotted key -> value) set (``model.kwargs`` made where absent)."""
     out = copy.deepcopy(config)
     for key, value in overrides.items():
-        *sections, leaf = key.split(".")
-        node = out
-        for section in sections:
-            if node.get(section) is None:
-                node[section] = {}
-            node = node[section]
-        node[leaf] = value
+        set_key(out, key, value)
     return out
 
 

@@ -111,14 +111,20 @@ def apply(config: dict, decisions: list[Decision]) -> dict:
     planned = copy.deepcopy(config)
     for decision in decisions:
         if decision.applied:
-            *sections, key = decision.key.split(".")
-            node = planned
-            for section in sections:
-                if node.get(section) is None:  # model.kwargs may be absent or null
-                    node[section] = {}
-                node = node[section]
-            node[key] = decision.value
+            set_key(planned, decision.key, decision.value)
     return planned
+
+
+def set_key(config: dict, key: str, value) -> None:
+    """Set the dotted ``key`` (``model.kwargs.readout``) of ``config`` in place, making a section that is absent or
+    null (``model.kwargs``)."""
+    *sections, leaf = key.split(".")
+    node = config
+    for section in sections:
+        if node.get(section) is None:
+            node[section] = {}
+        node = node[section]
+    node[leaf] = value
 
 
 def as_records(decisions: list[Decision]) -> list[dict]:
