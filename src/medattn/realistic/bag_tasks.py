@@ -9,7 +9,7 @@ task               tissue   tiles a bag   finding        question (target)
 ``ihc_survival``   IHC      200-1200      share 0-10%    overall survival driven by the share (survival)
 ``ihc_regression`` IHC      200-1200      share 0-10%    a biomarker level set by the share (regression)
 ``retina_diffuse`` retina   50-400        15-30% faint   presence of a diffuse finding (binary)
-``retina_count``   retina   200-2000      0-60 tiles     the number of lesion tiles (regression of a count)
+``retina_count``   retina   100-600       0-60 tiles     the number of lesion tiles (regression of a count)
 ``retina_large``   retina   2000-20000    0.5-5%         presence in very large bags (binary)
 =================  =======  ============  =============  =========================================================
 

@@ -5,7 +5,7 @@ A patient's bag is ``n`` tiles of 32 x 32 px cut at random places inside the fie
 excluded) under a random flip and quarter turn, with the patient's own brightness and colour balance (each RGB
 channel x U(0.85, 1.15)), as two cameras differ.
 
-* **finding**: a tile is "positive" when it holds 1-3 small dark-red spots (haemorrhage-like, radius 1-2.5 px,
+* **finding**: a tile is "positive" when it holds 2-4 small dark-red spots (haemorrhage-like, radius 1.5-3.5 px,
   green and blue darkened by ``strength``, red by half as much): a local texture, not a whole-tile stain shift;
 * **features** (96 per tile, :func:`conv_features`): a fixed random two-layer convolutional network (3x3 conv, ReLU,
   4x4 average pooling, 3x3 conv, ReLU), the global mean and maximum of each map: a stand-in for a pretrained CNN
@@ -34,10 +34,10 @@ def tile_corners(image: np.ndarray, n: int, rng: np.random.Generator) -> np.ndar
 
 
 def _plant_spots(tile: np.ndarray, strength: float, rng: np.random.Generator) -> None:
-    """1-3 dark-red spots, in place, in one float (32, 32, 3) tile."""
+    """2-4 dark-red spots, in place, in one float (32, 32, 3) tile."""
     yy, xx = np.mgrid[:TILE, :TILE]
-    for _ in range(int(rng.integers(1, 4))):
-        cy, cx, r = rng.uniform(4, TILE - 4), rng.uniform(4, TILE - 4), rng.uniform(1.0, 2.5)
+    for _ in range(int(rng.integers(2, 5))):
+        cy, cx, r = rng.uniform(4, TILE - 4), rng.uniform(4, TILE - 4), rng.uniform(1.5, 3.5)
         spot = np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r ** 2))[..., None]  # (32, 32, 1)
         tile *= 1 - spot * strength * np.array([0.5, 1.0, 1.0])
 
