@@ -1,0 +1,10 @@
+"""The vocabulary floor: the project's nouns as registered classes that every layer above asks.
+
+It sits just above :mod:`medattn.errors` and imports nothing else of medattn (numpy at most; torch only inside the
+functions that build a tensor), so the data layer, the metrics, the runtime, training and the commands can all
+look a noun up here instead of comparing its name.
+
+* :mod:`medattn.vocabulary.task_types`: :class:`~medattn.vocabulary.task_types.TaskType`, one class per task type
+  (binary, multi-class, multi-label, segmentation, survival, regression, unlabelled), registered in
+  :data:`~medattn.vocabulary.task_types.TASK_TYPES`; :func:`~medattn.vocabulary.task_types.task_type` looks one up.
+"""
