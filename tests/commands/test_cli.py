@@ -79,7 +79,7 @@ def test_skip_bad_reports_the_count(tmp_path, capsys):
 def test_demo_quick(tmp_path, capsys):
     """The demo's files; with --jobs 2 each run trains in a worker process of its own, to the numbers it gets
     when trained here, one after the other."""
-    from medattn.commands.demo import demo_jobs, train_job
+    from medattn.experiments.demo import demo_jobs, train_job
 
     jobs = demo_jobs(["synthetic_wsi"], quick=True, seed=0, threads=1)
     serial = [train_job(job, tmp_path / "serial" / job["mechanism"], progress=False) for job in jobs[:2]]
@@ -290,7 +290,7 @@ def test_catalogue_names_resolve_to_the_registered_classes():
 
 
 def test_demo_table_rounds_the_auroc_of_a_run_that_learned_nothing():
-    from medattn.commands.demo import COLUMNS, format_table
+    from medattn.experiments.demo import COLUMNS, format_table
 
     rows = [{"task": "synthetic_cxr", "task_label": "CXR", "mechanism": m, "auroc": 0.4567891, "ci_low": 0.3,
              "ci_high": 0.6, "did_not_learn": "within chance" if m == "seqnorm" else ""} for m in COLUMNS]

@@ -105,7 +105,8 @@ def test_eval_keeps_an_earlier_evaluation_unless_overwrite(tmp_path, capsys):
 def _fake_demo(monkeypatch) -> list[str]:
     """``medattn demo`` without training: each run folder gets a results file and a ROC figure, the scaling section
     nothing. Returns the run folders trained, in order."""
-    from medattn.commands import demo
+    from medattn.bench import demo_scaling
+    from medattn.experiments import demo
 
     trained = []
 
@@ -121,7 +122,7 @@ def _fake_demo(monkeypatch) -> list[str]:
         return ""
 
     monkeypatch.setattr(demo, "train_job", train_job)
-    monkeypatch.setattr(demo, "scaling_section", scaling_section)
+    monkeypatch.setattr(demo_scaling, "scaling_section", scaling_section)
     return trained
 
 
@@ -157,7 +158,7 @@ def test_demo_replaces_only_what_an_earlier_demo_wrote(tmp_path, monkeypatch, ca
 def test_demo_recognises_a_report_folder_written_before_the_manifest(tmp_path, monkeypatch):
     import json
 
-    from medattn.commands.demo import DATA_NOTE, MANIFEST
+    from medattn.experiments.demo import DATA_NOTE, MANIFEST
 
     _fake_demo(monkeypatch)
     out = tmp_path / "report"
