@@ -10,7 +10,7 @@
 # backward: softmax, SimA, SeqNorm and binary-hamming at N = 1k to 64k, SeqNorm and binary-hamming as `torch` and
 # `triton` rows); scaling_b1/, scaling_b4/ (the vit2d training step at 224 and 1024 px, bf16, eager, batch 1 and 4);
 # targets.txt and targets/ (benchmarks/kernel_targets.py: each target of the issue, met or not); a log per step;
-# then packs RESULTS into RESULTS.tar.gz. Figures go to docs/performance.md "CUDA kernels (Triton)" with the commit.
+# then packs RESULTS into RESULTS.tar.gz. Figures go to docs/performance-kernels.md "CUDA kernels (Triton)" with the commit.
 # DEVICE, SEQ_LENS, RESOLUTIONS and TESTS (0: no pytest steps) change the run (tests/bench run it on the CPU, tiny).
 set -u
 cd "$(dirname "$0")/.."

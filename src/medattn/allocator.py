@@ -3,7 +3,7 @@
 glibc serves every block of 32 MiB and more with a fresh ``mmap`` and returns it to the kernel when it
 is freed, so each large tensor a training step allocates is page-faulted in (and zeroed by the kernel)
 again at every step. At 2048 px (N = 16,385 tokens) that was 2.9 million page faults and 17 s of system
-time in a 40 s step, 12 GB zeroed per step (docs/performance.md, "Freed memory kept for reuse"). Huge
+time in a 40 s step, 12 GB zeroed per step (docs/performance-training.md, "Freed memory kept for reuse"). Huge
 pages (``glibc.malloc.hugetlb=1``) cut the number of faults, not the zeroing, and did not shorten that step.
 
 The mode ``reuse`` takes every block from the heap (``mmap_max = 0``) and keeps freed heap memory in the

@@ -14,7 +14,7 @@ from medattn.attention.seqnorm_fused import seqnorm_core
 from medattn.bench.casts import CastRecorder
 from references import seqnorm_core_reference
 
-#: The stated tolerance (docs/performance.md, the bf16 core): relative Frobenius error of the output and of the
+#: The stated tolerance (docs/performance-training.md, the bf16 core): relative Frobenius error of the output and of the
 #: gradients against float64 at most two bf16 roundings (unit roundoff 2^-8). Measured: 2.4-3.0e-3 for the output,
 #: 2.9-4.0e-3 for the gradients, where rounding the exact output to bf16 alone gives 1.7e-3.
 TOLERANCE = 2.0 ** -7

@@ -8,7 +8,7 @@ runs first in its process; where other test modules imported medattn before, :fu
 file in a process of its own and the tests here skip. With a GPU the same tests run the compiled kernels on CUDA
 tensors.
 
-Tolerances (docs/performance.md, "CUDA kernels (Triton)"): relative Frobenius error of the output and of every
+Tolerances (docs/performance-kernels.md, "CUDA kernels (Triton)"): relative Frobenius error of the output and of every
 gradient at most 1e-5 for float32 inputs and 2^-7 (two bf16 roundings, as tests/attention/test_seqnorm_bf16.py) for
 bf16 inputs, against float64 on the same inputs. Sizes are tiny: the interpreter runs every block operation in NumPy.
 """
