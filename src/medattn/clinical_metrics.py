@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 AGGREGATIONS = ("mean", "max")
 
@@ -52,7 +53,7 @@ def operating_point(probs: np.ndarray, labels: np.ndarray, thresholds: list[floa
 
 def _calibration_pairs(probs: np.ndarray, labels: np.ndarray, task_type: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """(predicted probability, observed 0/1) pairs: one per output, or the top label's for multi-class."""
-    if task_type == "multiclass":
+    if task_types.of(task_type).class_index:
         top = probs.argmax(1)
         return [(probs[np.arange(len(top)), top], (top == labels).astype(float))]
     return [(probs[:, k], labels[:, k].astype(float)) for k in range(probs.shape[1])]
@@ -85,8 +86,9 @@ def plot_reliability(probs: np.ndarray, labels: np.ndarray, task_type: str, path
 
     fig, (ax, hist) = plt.subplots(2, 1, figsize=(4.5, 5.5), height_ratios=[3, 1], sharex=True)
     pairs = _calibration_pairs(probs, labels, task_type)
+    top = task_types.of(task_type).class_index
     for k, (predicted, observed) in enumerate(pairs):
-        label = "top label" if task_type == "multiclass" else names[k] if names and k < len(names) else f"output {k}"
+        label = "top label" if top else names[k] if names and k < len(names) else f"output {k}"
         if len(np.unique(observed)) == 2:
             rate, mean = calibration_curve(observed, predicted, n_bins=bins, strategy="uniform")
             ax.plot(mean, rate, "o-", label=label)
@@ -116,7 +118,7 @@ def aggregate_patients(probs: np.ndarray, labels: np.ndarray, patients: list[str
     order = list(index)
     reduce = np.mean if how == "mean" else np.max
     out_probs = np.stack([reduce(probs[index[p]], axis=0) for p in order])
-    if task_type == "multiclass":
+    if task_types.of(task_type).class_index:
         out_labels = []
         for p in order:
             values = set(labels[index[p]].tolist())

@@ -32,6 +32,7 @@ import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 
 class UndefinedMetricError(UserError):
@@ -40,7 +41,7 @@ class UndefinedMetricError(UserError):
 
 def _missing_class(probs: np.ndarray, labels: np.ndarray, task_type: str, names: list[str]) -> str | None:
     """A sentence naming the output whose labels hold one class only, or None when AUROC is defined."""
-    if task_type == "multiclass":
+    if task_types.of(task_type).class_index:
         present = set(np.unique(labels).tolist())
         absent = [i for i in range(probs.shape[1]) if i not in present]
         if absent:
@@ -59,26 +60,29 @@ def _name(names: list[str], index: int) -> str:
 
 
 def _score(probs: np.ndarray, labels: np.ndarray, task_type: str) -> float:
-    if task_type == "binary":
-        return float(roc_auc_score(labels[:, 0], probs[:, 0]))
-    if task_type == "multiclass":
+    kind = task_types.of(task_type)
+    if kind.class_index:
         return float(roc_auc_score(labels, probs, multi_class="ovr", average="macro", labels=range(probs.shape[1])))
+    if kind.fixed_outputs == 1:
+        return float(roc_auc_score(labels[:, 0], probs[:, 0]))
     return float(roc_auc_score(labels, probs, average="macro"))
 
 
 def _check(probs: np.ndarray, labels: np.ndarray, task_type: str) -> tuple[np.ndarray, np.ndarray]:
     probs = np.asarray(probs, dtype=np.float64)
     labels = np.asarray(labels)
-    if task_type not in ("binary", "multiclass", "multilabel"):
-        raise ValueError(f"task_type must be binary, multiclass or multilabel, got {task_type!r}")
+    kind = task_types.of(task_type)
+    if not kind.classes:
+        raise ValueError(f"task_type must be one of {', '.join(task_types.names_where('classes'))}, got "
+                         f"{task_type!r}")
     if probs.ndim != 2 or probs.shape[0] != labels.shape[0] or probs.shape[0] == 0:
         raise ValueError(f"probs must be (N, K) with N = len(labels) > 0, got {probs.shape} and {labels.shape}")
-    if task_type == "multiclass" and labels.ndim != 1:
+    if kind.class_index and labels.ndim != 1:
         raise ValueError(f"multi-class labels must be (N,) class indices, got shape {labels.shape}")
-    if task_type != "multiclass" and labels.shape != probs.shape:
+    if not kind.class_index and labels.shape != probs.shape:
         raise ValueError(f"labels must match probs' shape {probs.shape}, got {labels.shape}")
-    if task_type == "binary" and probs.shape[1] != 1:
-        raise ValueError(f"a binary task has one output, got {probs.shape[1]}")
+    if kind.fixed_outputs is not None and probs.shape[1] != kind.fixed_outputs:
+        raise ValueError(f"{kind.noun} has one output, got {probs.shape[1]}")
     return probs, labels
 
 
@@ -158,7 +162,7 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
 
     probs, labels = _check(probs, labels, task_type)
     names = names or []
-    onehot = np.eye(probs.shape[1])[labels] if task_type == "multiclass" else labels
+    onehot = np.eye(probs.shape[1])[labels] if task_types.of(task_type).class_index else labels
     fig, ax = plt.subplots(figsize=(4.5, 4.5))
     for k in range(probs.shape[1]):
         if len(np.unique(onehot[:, k])) < 2:

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.runtime.outputs import OutputFolder
     from medattn.runtime.threshold import parse_thresholds
     from medattn.text import write_csv
+    from medattn.vocabulary import task_types
 
     runner = open_model(args.checkpoint, args.device)
     prep = runner.preprocessing
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--patients joins a patient's slides for bag models; this one takes {prep.input_kind}")
         inputs, names, counts = patient_bags([paths[0] for paths in inputs], Path(args.patients),
                                              args.patient_column, args.filename_column, args.partial_patients)
-    if args.threshold is not None and prep.task_type not in ("binary", "multilabel"):
+    if args.threshold is not None and not task_types.of(prep.task_type).thresholds:
         raise UserError(f"--threshold is for binary and multi-label models; this one is {prep.task_type}")
     if args.threshold is not None:
         parse_thresholds(args.threshold, prep.num_outputs)  # every argument before the outputs are checked

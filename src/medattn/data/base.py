@@ -23,17 +23,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import Dataset
 
+from ..vocabulary.task_types import TASK_TYPES as TYPES
+from ..vocabulary.task_types import task_type
 from .input_kinds import KINDS
 
 if TYPE_CHECKING:
     from .preprocessing import Preprocessing
 
-TASK_TYPES = ("binary", "multiclass", "multilabel", "segmentation", "survival", "regression", "unlabelled")
-#: The task type of the data kinds without labels (``catalogue.UNLABELLED_KINDS``, the diffusion stages' volumes):
-#: no outputs, nothing a supervised objective trains on.
-UNLABELLED = "unlabelled"
-#: Task types whose labels are classes (0/1 per output or a class index): thresholds, ROC curves, class balance.
-CLASSIFICATION_TASKS = ("binary", "multiclass", "multilabel")
+#: The stored names of the task types (:mod:`medattn.vocabulary.task_types`, where each is a class).
+TASK_TYPES = tuple(TYPES)
 #: The stored names of the input kinds (:mod:`medattn.data.input_kinds`, where each is a class).
 INPUT_KINDS = tuple(KINDS)
 
@@ -69,20 +67,11 @@ class TaskInfo:
             raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {self.input_kind!r}")
 
 
-def task_problem(task_type: str, num_outputs: int, class_names: list[str]) -> str | None:
+def task_problem(task_type_name: str, num_outputs: int, class_names: list[str]) -> str | None:
     """What makes a task's type, output count and class names contradict one another (an edited checkpoint or
-    exported file), or None: binary has 1 output; multi-class and segmentation at least 2; class names, when
-    given, name every output (binary: the positive class, or both classes)."""
-    if task_type == "binary" and num_outputs != 1:
-        return f"a binary task has 1 output, not {num_outputs}"
-    if task_type == "survival" and num_outputs != 1:
-        return f"a survival task has 1 output (the risk), not {num_outputs}"
-    if task_type in ("multiclass", "segmentation") and num_outputs < 2:
-        return f"a {task_type} task has at least 2 outputs, not {num_outputs}"
-    allowed = (0, 1, 2) if task_type == "binary" else (0, 1) if task_type == "survival" else (0, num_outputs)
-    if len(class_names) not in allowed:
-        return f"{len(class_names)} class name(s) for {num_outputs} output(s) of a {task_type} task"
-    return None
+    exported file), or None (:meth:`~medattn.vocabulary.task_types.TaskType.problem`: binary has 1 output; multi-class
+    and segmentation at least 2; class names, when given, name every output (binary: the positive class, or both))."""
+    return task_type(task_type_name).problem(num_outputs, class_names)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import copy
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from ..errors import UserError
+from ..vocabulary import task_types
 from .base import DataBundle
 from .splits import SPLIT_KEYS, assign_splits
 from .synthetic_base import SyntheticDataset
@@ -57,7 +58,7 @@ def pooled_folds(bundle: DataBundle, split_cfg: dict, seed: int, kind: str) -> D
     for i in range(len(pool)):
         sample = pool[i]
         patients.append(sample.get("patient", sample["id"]))
-        keys.append("" if bundle.task.task_type == "segmentation" else str(sample["label"].tolist()))
+        keys.append("" if task_types.of(bundle.task.task_type).voxel_labels else str(sample["label"].tolist()))
     names = assign_splits(patients, keys, {"val_fraction": 0.15, **split_cfg}, seed)
     roles = {name: [i for i, n in enumerate(names) if n == name] for name in ("train", "val", "test")}
     if not roles["val"]:

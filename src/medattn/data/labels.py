@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import UserError
-from .base import CLASSIFICATION_TASKS
+from ..vocabulary.task_types import TASK_TYPES, TaskType, names_where, task_type
 from .options import require
 
 if TYPE_CHECKING:
     from .tables import Record
 
 #: Task types a label table can describe (segmentation labels come as label maps, not columns).
-TABLE_TASKS = (*CLASSIFICATION_TASKS, "survival", "regression")
+TABLE_TASKS = names_where("table")
 #: Task types whose label cells are real numbers (a follow-up time, a biomarker level), not class numbers.
-NUMERIC_TASKS = ("survival", "regression")
+NUMERIC_TASKS = names_where("numeric")
 
 log = logging.getLogger("medattn.data")
 
@@ -48,47 +48,31 @@ class LabelSpec:
     class_names: list[str]
     num_outputs: int
 
+    @property
+    def kind(self) -> TaskType:
+        """The task type (:mod:`medattn.vocabulary.task_types`)."""
+        return task_type(self.task_type)
+
     def tensor(self, values: list[float]) -> torch.Tensor:
-        """Parsed cells -> the label tensor; ValueError when they do not fit the task. Survival: ``[time, event]``
-        with time >= 0 and event 0 (censored) or 1 (observed); regression: the values as they are. A value beyond
-        float32's range (the tensors' dtype) is refused, as it would become inf."""
-        if self.task_type in NUMERIC_TASKS:
+        """Parsed cells -> the label tensor (:meth:`~medattn.vocabulary.task_types.TaskType.tensor`); ValueError when
+        they do not fit the task. Survival: ``[time, event]`` with time >= 0 and event 0 (censored) or 1 (observed);
+        regression: the values as they are. A value beyond float32's range (the tensors' dtype) is refused, as it
+        would become inf."""
+        if self.kind.numeric:
             _check_float32(values)
-        if self.task_type == "survival":
-            time, event = values
-            if time < 0:
-                raise ValueError(f"follow-up time {time:g} is negative")
-            if event not in (0.0, 1.0):
-                raise ValueError(f"event {event:g} is not 0 (censored) or 1 (event observed); map other codes with "
-                                 f"data.event_values, e.g. {{2: 1, 1: 0}}")
-            return torch.tensor(values, dtype=torch.float32)
-        if self.task_type == "regression":
-            return torch.tensor(values, dtype=torch.float32)
-        if self.task_type == "multiclass":
-            if values[0] >= self.num_outputs:
-                raise ValueError(f"label {int(values[0])} is out of range for {self.num_outputs} classes")
-            return torch.tensor(int(values[0]), dtype=torch.int64)
-        if any(v not in (0.0, 1.0) for v in values):
-            shown = int(values[0]) if len(values) == 1 else [int(v) for v in values]
-            raise ValueError(f"label {shown} is not 0/1, as a {self.task_type} task needs")
-        return torch.tensor(values, dtype=torch.float32)
+        return self.kind.tensor(values, self.num_outputs)
 
     def targets(self, train: Sequence[Record]) -> dict:
         """``TaskInfo``'s ``target_mean`` and ``target_std`` for regression: per target over the training records
         (population std; a constant target gets 1, so it is only centred); empty for other tasks."""
-        if self.task_type != "regression" or not train:
+        if not train:
             return {}
-        values = torch.stack([r.label for r in train]).double()
-        std = values.std(0, correction=0)
-        std = torch.where(std > 0, std, torch.ones_like(std))
-        return {"target_mean": values.mean(0).tolist(), "target_std": std.tolist()}
+        return self.kind.targets(torch.stack([r.label for r in train]))
 
     def stratum(self, label: torch.Tensor) -> str:
         """The key splits stratify by (:func:`medattn.data.splits.assign_splits`): the label of a class, the event
         flag of a survival label (so events spread over the splits), nothing for regression."""
-        if self.task_type == "survival":
-            return str(int(label[1]))
-        return "" if self.task_type == "regression" else str(label.tolist())
+        return self.kind.stratum(label)
 
 
 #: The largest float32: label tensors are float32, so a larger time or target would become inf.
@@ -108,9 +92,10 @@ def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None,
     """Label cells -> numbers (class indices when ``classes`` names them; any finite number for survival and
     regression, :data:`NUMERIC_TASKS`; a survival event cell through ``events``, :func:`event_values`); ValueError
     with the reason."""
-    if task_type == "survival" and len(cells) == 2:
+    kind = TASK_TYPES.get(task_type)
+    if kind and kind.events and len(cells) == 2:
         return [_finite(cells[0], columns[0]), _event(cells[1], columns[1], events or {})]
-    if task_type in NUMERIC_TASKS:
+    if kind and kind.numeric:
         return [_finite(cell, column) for column, cell in zip(columns, cells)]
     values = []
     for column, cell in zip(columns, cells):
@@ -127,6 +112,16 @@ def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None,
             raise ValueError(f"label {cell!r} in column {column!r} is not a non-negative integer")
         values.append(value)
     return values
+
+
+def _declared(name) -> TaskType | None:
+    """The task type a config declares (``data.task_type``), None where it declares none (inferred from the labels);
+    a UserError for a type a label table cannot describe."""
+    if name is None:
+        return None
+    if name not in TABLE_TASKS:
+        raise UserError(f"task_type must be one of {TABLE_TASKS}, got {name!r}")
+    return task_type(name)
 
 
 def _finite(cell: str, column: str) -> float:
@@ -151,7 +146,7 @@ def event_values(cfg: dict) -> dict[str, float] | None:
     given = cfg.get("event_values")
     if given is None:
         return None
-    if cfg.get("task_type") != "survival":
+    if not getattr(_declared(cfg.get("task_type")), "events", False):
         raise UserError("data.event_values maps the event column of a survival task; set task_type: survival")
     if not isinstance(given, dict) or not given:
         raise UserError(f"data.event_values must map the event column's values to 1 (event) or 0 (censored), e.g. "
@@ -191,7 +186,7 @@ def label_columns(cfg: dict, kind: str) -> list[str]:
     """The label columns a table config names: ``label_columns`` (one or several); for ``task_type: survival``
     the ``time_column`` (follow-up time, any unit) and ``event_column`` (1 event, 0 censored; other values through
     ``event_values``, :func:`event_values`), in that order."""
-    if cfg.get("task_type") != "survival":
+    if not getattr(_declared(cfg.get("task_type")), "events", False):
         if any(cfg.get(key) is not None for key in ("time_column", "event_column", "event_values")):
             raise UserError(f"data kind {kind!r}: time_column, event_column and event_values describe a survival "
                             f"task; set task_type: survival")
@@ -221,16 +216,8 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
     fit are rejected by :meth:`LabelSpec.tensor`; an inferred class set is checked by
     :func:`inferred_class_problems`.
     """
-    if task_type is not None and task_type not in TABLE_TASKS:
-        raise UserError(f"task_type must be one of {TABLE_TASKS}, got {task_type!r}")
-    if task_type == "survival":
-        if len(columns) != 2:
-            raise UserError(f"a survival task needs a time and an event column, got {columns}")
-        return LabelSpec("survival", [], 1)
-    if task_type == "regression":
-        return LabelSpec("regression", list(columns), len(columns))
-    seen = {v for row in values for v in row}
     if task_type is None:
+        seen = {v for row in values for v in row}
         if len(columns) > 1:
             task_type = "multilabel"
         elif classes is not None:
@@ -239,14 +226,9 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
             task_type = "binary" if num_classes == 2 else "multiclass"
         else:
             task_type = "binary" if seen <= {0.0, 1.0} else "multiclass"
-    if task_type != "multilabel" and len(columns) != 1:
-        raise UserError(f"a {task_type} task needs one label column, got {columns}")
-    if task_type == "multiclass":
-        count = len(classes) if classes is not None else int(num_classes or (max(seen, default=0) + 1))
-        names = list(classes) if classes is not None else [str(i) for i in range(count)]
-        return LabelSpec("multiclass", names, count)
-    names = [classes[1]] if task_type == "binary" and classes is not None else list(columns)
-    return LabelSpec(task_type, names, len(columns))
+    kind = _declared(task_type)
+    names, count = kind.table_spec(columns, classes, num_classes, {v for row in values for v in row})
+    return LabelSpec(kind.name, names, count)
 
 
 def inferred_class_problems(values: list[list[float]], wheres: list[str], column: str, spec: LabelSpec,
@@ -258,7 +240,7 @@ def inferred_class_problems(values: list[list[float]], wheres: list[str], column
     is a :class:`UserError`. The inferred classes and their counts are logged as a warning, so an
     inferred task never goes unseen.
     """
-    if declared or spec.task_type != "multiclass":
+    if declared or not spec.kind.class_index:
         return [], set()
     counts = {k: 0 for k in range(spec.num_outputs)}
     for row in values:

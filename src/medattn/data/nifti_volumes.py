@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .base import UNLABELLED, DataBundle, TaskInfo
+from ..vocabulary.task_types import UNLABELLED
+from .base import DataBundle, TaskInfo
 from .options import check_keys, require
 from .preprocessing import Preprocessing
 from .readers.volumes import VolumeLoader

@@ -39,10 +39,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..vocabulary import task_types
 from . import input_kinds
 from .base import TASK_TYPES, TaskInfo, task_problem
 
@@ -184,7 +184,7 @@ def segments_whole_volumes(prep: Preprocessing) -> bool:
     (padded up to its input size, never cropped, then segmented by sliding windows of that size,
     :mod:`medattn.deploy.segmentation`)."""
     spatial = input_kinds.of(prep.input_kind).spatial_dims
-    return prep.task_type == "segmentation" and (spatial == 3 or prep.slice_axis is not None)
+    return task_types.of(prep.task_type).voxel_labels and (spatial == 3 or prep.slice_axis is not None)
 
 
 def file_loader(prep: Preprocessing, whole: bool = False):
@@ -328,12 +328,8 @@ class InferenceDataset(Dataset):
                 raise
             self.bad[item.id] = str(error)
             sample = self.placeholder()
-        if self.prep.task_type == "multiclass":
-            label = torch.tensor(0)
-        elif self.prep.task_type == "segmentation":  # a slice model's volume: (1, h, w, S)
-            label = torch.zeros(sample["input"].shape[1:], dtype=torch.int64)
-        else:
-            label = torch.zeros(self.prep.num_outputs)
+        # a class index, a label map of the input's shape (a slice model's volume: (1, h, w, S)) or zeros per output
+        label = task_types.of(self.prep.task_type).placeholder_label(self.prep.num_outputs, sample["input"].shape[1:])
         return {**sample, "id": item.id, "patient": item.id, "label": label}  # placeholder label: outputs only
 
 

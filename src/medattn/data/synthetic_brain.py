@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-from .base import UNLABELLED, DataBundle, TaskInfo
+from ..vocabulary.task_types import UNLABELLED
+from .base import DataBundle, TaskInfo
 from .options import SPLITS, check_keys, integer, number, split_sizes
 from .preprocessing import Preprocessing
 

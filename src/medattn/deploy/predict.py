@@ -33,11 +33,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from medattn.data.base import collate
-from medattn.data.labels import NUMERIC_TASKS
 from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
 from medattn.runtime import learned
 from medattn.runtime.outputs import OutputFolder
 from medattn.runtime.threshold import resolve_thresholds
+from medattn.vocabulary import task_types
 
 from .format import learning_of
 from .runtime import Runner
@@ -79,7 +79,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     names = prep.output_names
     provenance = [runner.model_id, runner.checkpoint_sha256]
     table = PredictionTable([], [])
-    segmentation = prep.task_type == "segmentation"
+    segmentation = task_types.of(prep.task_type).voxel_labels
     if segmentation:
         from .segmentation import sliding_note, whole_volume_probabilities, write_label_map
 
@@ -141,15 +141,10 @@ def _columns(runner: Runner, threshold: str | None, table: PredictionTable, firs
     """A classification, survival or regression model's CSV header into ``table`` (``first``: the column naming each
     sample) -> (the thresholds, or None, the decision columns)."""
     prep, names = runner.preprocessing, runner.preprocessing.output_names
-    outputs = [f"prob_{n}" for n in names]
-    if prep.task_type in NUMERIC_TASKS:  # a risk score or values: nothing to decide
-        cut, decision = None, []
-        outputs = ["risk"] if prep.task_type == "survival" else [f"pred_{n}" for n in names]
-    elif prep.task_type == "multiclass":
-        cut, decision = None, ["pred_label"]
-    else:
+    kind = task_types.of(prep.task_type)  # its output columns, and those that decide (a risk or values: none)
+    outputs, decision, cut = kind.columns(names), kind.decision_columns(names), None
+    if kind.thresholds:
         cut, table.threshold_source = resolve_thresholds(runner.thresholds, threshold, prep.num_outputs)
-        decision = [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
     table.header = [first, *(["side"] if prep.split_sides else []), *outputs, *decision, "model_id",
                     "checkpoint_sha256"]
     return cut, decision
@@ -184,7 +179,7 @@ def _reports(runner: Runner, dataset, folder: OutputFolder | None, stems: dict |
 
     prep = runner.preprocessing
     dicom = [item for item in dataset.items if is_dicom_input(item.paths[0])]
-    if folder is None or not dicom or prep.task_type == "regression":
+    if folder is None or not dicom or not task_types.of(prep.task_type).dicom_result:
         return None
     writer = ReportWriter(runner.model_id, runner.checkpoint_sha256, prep.synthetic)
     writer.stems = {}  # the first file of a sample -> the stem of its report (the two sides of a file share one)
@@ -201,10 +196,11 @@ def _report_outputs(reports, item, prep, p, cut) -> None:
     if reports is None or item.paths[0] not in reports[0].stems:
         return
     names, side = prep.output_names, item.side if prep.split_sides else None
-    if prep.task_type == "survival":
+    kind = task_types.of(prep.task_type)
+    if kind.events:
         group = lambda w: w.risk(float(p[0]), side)  # noqa: E731
     else:
-        predicted = names[int(np.argmax(p))] if prep.task_type == "multiclass" else None
+        predicted = names[int(np.argmax(p))] if kind.class_index else None
         group = lambda w: w.classification(names, [float(v) for v in p], side, cut, predicted)  # noqa: E731
     reports[0].add(item.paths[0], reports[0].stems[item.paths[0]], group, key=side)
 

@@ -20,13 +20,13 @@ import torch
 
 from medattn.config import validate
 from medattn.data import DataBundle
-from medattn.data.base import UNLABELLED
 from medattn.diffusion.data import KINDS, volume_shape
 from medattn.diffusion.model import check_stage_config, read_meta
 from medattn.errors import UserError
 from medattn.runtime import distributed
 from medattn.runtime.device import check_device
 from medattn.runtime.outputs import save_json
+from medattn.vocabulary.task_types import task_type
 
 
 def check_diffusion_run(config: dict, init_from: str | Path | None = None) -> None:
@@ -67,7 +67,7 @@ class DiffusionObjective:
     def check(self, config: dict, init_from: str | Path | None, progress: bool) -> None:
         check_diffusion_run(config, init_from)
         kind = config["data"].get("kind")
-        if kind not in KINDS or self.bundle.task.task_type != UNLABELLED:
+        if kind not in KINDS or task_type(self.bundle.task.task_type).labelled:
             raise UserError(f"data.kind: the diffusion tasks read {', '.join(KINDS)}, got {kind!r}")
         if min(len(self.bundle.train), len(self.bundle.val), len(self.bundle.test)) == 0:
             raise UserError("data: the diffusion stages need training volumes and at least one validation and one "

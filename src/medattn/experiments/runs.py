@@ -27,12 +27,11 @@ import numpy as np
 from medattn import metrics
 from medattn.config import flatten, read_config_file, with_defaults
 from medattn.errors import UserError, writing
-from medattn.metrics_regression import r2
-from medattn.metrics_survival import concordance_index
 from medattn.runtime.build import check_model_config
 from medattn.runtime.outputs import save_json
 from medattn.train.defaults import resolve_training
 from medattn.train.rundir import config_diff
+from medattn.vocabulary import task_types
 
 #: Beside each job's run: ``{"init_from": the checkpoint it started from, or null}``, written when it starts.
 START_FILE = "start.json"
@@ -183,14 +182,9 @@ class Cases:
         """The run's test metric on the cases ``index`` (AUROC, mean foreground Dice, C-index or R^2); None if
         undefined."""
         try:
-            if self.task_type == "segmentation":
-                return metrics.mean_dice(self.outputs[index])
-            if self.task_type == "survival":
-                labels = self.labels[index]
-                return concordance_index(self.outputs[index, 0], labels[:, 0], labels[:, 1].astype(bool))
-            if self.task_type == "regression":
-                return r2(self.outputs[index], self.labels[index])
-            return metrics.auroc(self.outputs[index], self.labels[index], self.task_type)
+            objective = task_types.of(self.task_type).objective_class()  # its validation metric
+            labels = None if self.labels is None else self.labels[index]
+            return objective.metric_of(self.outputs[index], labels, self.task_type)
         except metrics.UndefinedMetricError:
             return None
 

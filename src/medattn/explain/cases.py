@@ -27,6 +27,7 @@ from PIL import Image
 
 from ..data import input_kinds
 from ..runtime.outputs import save_image
+from ..vocabulary import task_types
 from . import outputs, tile_scores
 from .core import explain
 from .files import find_slide
@@ -87,14 +88,15 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
     (:func:`case_slide`); a case whose slide is not drawn there gets a warning saying why and is drawn on a blank
     canvas. Nothing for ``count`` 0. Segmentation (``probabilities``: the test's Dice per case and class): the best and
     worst cases' label maps over their inputs (:mod:`medattn.explain.segmentation_cases`; with the run's ``config``)."""
-    if task.task_type == "segmentation" and config is not None:
+    kind = task_types.of(task.task_type)
+    if kind.voxel_labels and config is not None:
         from .segmentation_cases import segmentation_cases
 
         return segmentation_cases(model, dataset, probabilities, ids, task, out_dir, title, count, config)
-    if count <= 0 or task.task_type == "segmentation" or len(probabilities) == 0:
+    if count <= 0 or kind.voxel_labels or len(probabilities) == 0:
         return [], []
     probabilities = np.asarray(probabilities).reshape(len(probabilities), -1)
-    scores = probabilities.max(axis=1) if task.task_type == "multiclass" else probabilities[:, 0]
+    scores = kind.case_scores(probabilities)
     device = next(model.parameters()).device
     kind = input_kinds.of(task.input_kind)
     names, warnings = [], []

@@ -38,6 +38,7 @@ from ..runtime.dicom_results import TileAnnotationWriter
 from ..slides.dicom import is_dicom
 from ..slides.heatmap import prediction_text
 from ..slides.identity import mismatch, recorded
+from ..vocabulary import task_types
 from . import outputs, tile_scores
 from .core import check_method, explain
 
@@ -180,7 +181,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
 def _check_explainable(prep) -> None:
     """Refuse a checkpoint whose predictions explain cannot map back onto the file: a segmentation model, a model
     trained on left/right halves."""
-    if prep.task_type == "segmentation":
+    if task_types.of(prep.task_type).voxel_labels:
         raise UserError("explain explains class predictions; this is a segmentation checkpoint")
     if prep.split_sides:
         raise UserError("this checkpoint was trained on left/right halves; explain does not map a half's heatmap "

@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw
 
 from ..errors import UserError
 from ..runtime.outputs import save_dicts
+from ..vocabulary import task_types
 
 #: The colour scales of a map (module docstring): ``full`` (default) or ``percentile``.
 COLOUR_SCALES = ("full", "percentile")
@@ -301,11 +302,7 @@ def output_columns(values, names: list[str], task_type: str) -> dict[str, str]:
     """A file's outputs as summary columns, named as ``medattn predict`` names them: ``prob_<class>`` per output
     (classification), ``risk`` (survival: the log relative risk, not a probability) or ``pred_<target>`` in the
     table's units (regression)."""
-    values = [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
-    if task_type == "survival":
-        return {"risk": f"{values[0]:.6f}"}
-    prefix = "pred" if task_type == "regression" else "prob"
-    return {f"{prefix}_{n}": f"{v:.6f}" for n, v in zip(names, values)}
+    return task_types.of(task_type).row(values, names)
 
 
 def write_summary(path: Path, rows: list[dict]) -> None:

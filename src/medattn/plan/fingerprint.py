@@ -22,6 +22,7 @@ import torch
 
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle, dataset_labels
+from medattn.vocabulary import task_types
 
 SAMPLE = 32  # training inputs read for the intensity summary
 
@@ -34,6 +35,10 @@ def _bag_size(dataset, index: int) -> int:
 
         return sum(slide_shape(path)[0] for path in records[index].paths)
     return int(dataset[index]["input"].shape[0])
+
+
+#: The fingerprint's section of the event counts per split, for a task whose labels are ``[time, event]``.
+EVENTS = "survival"
 
 
 def survival_counts(dataset) -> dict:
@@ -53,11 +58,12 @@ def fingerprint(bundle: DataBundle) -> dict:
     task, train = bundle.task, bundle.train
     found = {"cases": {"train": len(train), "val": len(bundle.val), "test": len(bundle.test)},
              "task_type": task.task_type, "input_kind": task.input_kind, "input_shape": list(task.input_shape)}
-    if task.task_type in ("binary", "multilabel") and len(train):
+    kind = task_types.of(task.task_type)
+    if kind.thresholds and len(train):  # 0/1 per output
         labels = dataset_labels(train).reshape(len(train), -1).float()
         found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]
-    if task.task_type == "survival":
-        found["survival"] = {name: survival_counts(split) for name, split in
+    if kind.events:
+        found[EVENTS] = {name: survival_counts(split) for name, split in
                              (("train", train), ("val", bundle.val), ("test", bundle.test))}
     if input_kinds.of(task.input_kind).instances:
         sizes = np.array([_bag_size(train, i) for i in range(len(train))])

@@ -20,8 +20,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from medattn.data import input_kinds
+from medattn.vocabulary import task_types
 
-from .search import TASK_QUESTIONS, pooling_readout, readouts
+from .fingerprint import EVENTS
+from .search import pooling_readout, readouts
 
 #: optimizer steps a run should take, by model family
 TARGET_STEPS = {"transformer": 1800, "other": 600}
@@ -66,7 +68,7 @@ def plan(config: dict, found: dict) -> list[Decision]:
     if pooling_readout(config, found):
         readout = readouts(config, found)[0]
         decisions.append(Decision("model.kwargs.readout", readout, f"a {found['task_type']} task asks "
-                                  f"{TASK_QUESTIONS.get(found['task_type'], 'whether a finding is present')}: the "
+                                  f"{task_types.of(found['task_type']).question}: the "
                                   f"{readout} readout answers it (docs/decisions.md, 'Bag readout')"))
     decisions += survival_notes(config, found)
     if input_kinds.of(found["input_kind"]).instances:
@@ -85,7 +87,7 @@ def survival_notes(config: dict, found: dict) -> list[Decision]:
     """A note for each split of a survival task too small to measure a C-index: fewer than :data:`MIN_EVENTS`
     events or :data:`MIN_PAIRS` comparable pairs (the C-index moves in steps of ``1 / (2 pairs)``)."""
     notes = []
-    for split, counts in found.get("survival", {}).items():
+    for split, counts in found.get(EVENTS, {}).items():
         if counts["cases"] == 0 or (counts["events"] >= MIN_EVENTS and counts["pairs"] >= MIN_PAIRS):
             continue
         pairs = counts["pairs"]
@@ -134,9 +136,9 @@ def as_records(decisions: list[Decision]) -> list[dict]:
 def describe(found: dict, decisions: list[Decision]) -> str:
     """The fingerprint and the plan as ``medattn plan`` prints them."""
     lines = ["fingerprint:"]
-    lines += [f"  {key}: {value}" for key, value in found.items() if key != "survival"]
+    lines += [f"  {key}: {value}" for key, value in found.items() if key != EVENTS]
     lines += [f"  survival {split}: {c['cases']} cases, {_events(c['events'])}, {c['censored']} censored, {c['pairs']} "
-              f"comparable pair{'' if c['pairs'] == 1 else 's'}" for split, c in found.get("survival", {}).items()]
+              f"comparable pair{'' if c['pairs'] == 1 else 's'}" for split, c in found.get(EVENTS, {}).items()]
     lines.append("plan (keys the config leaves null; notes on values it sets):")
     lines += [f"  {d.key} = {d.value}{'' if d.applied else '  [as configured]'}: {d.reason}" for d in decisions]
     if not decisions:

@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from medattn.vocabulary import task_types
+
 AUTO_MIN_TRAIN, AUTO_MIN_VAL = 100, 40
 ETA = 2  # successive halving keeps 1 / ETA of the candidates each round
 
@@ -54,24 +56,12 @@ def _rate_unset(config: dict, found: dict) -> bool:
     return _is_bag_model(config, found) and config["train"].get("lr") is None and not pooling_readout(config, found)
 
 
-#: The readouts a bag transformer tries, by the question the task type asks (:data:`medattn.models.wsi.READOUTS`), the
-#: plan's default first: max finds a few positive tiles (chosen on the IHC bags, issue 40), attention fitted the
-#: fraction of positive tiles on held-out bags where max reached r 0.22 (issue 48), mean reads diffuse findings and
-#: count a number of tiles.
-PRESENCE = ["max", "attention", "mean"]
-READOUT_CANDIDATES = {"binary": PRESENCE, "multiclass": PRESENCE, "multilabel": PRESENCE,
-                      "regression": ["attention", "max", "mean", "count"], "survival": ["attention", "max", "mean"]}
-
-
-#: What a task type's label asks of a bag (the plan's reason for its readout).
-TASK_QUESTIONS = {"binary": "whether a finding is present", "multiclass": "which finding is present",
-                  "multilabel": "which findings are present", "regression": "how much of the bag is positive",
-                  "survival": "how large a burden drives the hazard"}
-
-
 def readouts(config: dict, found: dict, own: dict | None = None) -> list:
-    """The readouts tried for the task type (:data:`READOUT_CANDIDATES`), the plan's default first."""
-    return READOUT_CANDIDATES.get(found["task_type"], PRESENCE)
+    """The readouts a bag transformer tries (:data:`medattn.models.wsi.READOUTS`), the plan's default first, by the
+    question the task type asks (:attr:`~medattn.vocabulary.task_types.TaskType.readouts`): max finds a few positive
+    tiles (chosen on the IHC bags, issue 40), attention fitted the fraction of positive tiles on held-out bags where
+    max reached r 0.22 (issue 48), mean reads diffuse findings and count a number of tiles."""
+    return list(task_types.of(found["task_type"]).readouts)
 
 
 def _learning_rates(config: dict, found: dict, own: dict) -> list:

@@ -17,6 +17,7 @@ from torch import nn
 
 from medattn.data import input_kinds
 from medattn.data.base import TaskInfo
+from medattn.vocabulary import task_types
 
 from .device import autocast
 from .sliding import inference_window, sliding_window_logits
@@ -27,17 +28,9 @@ def probabilities(logits: torch.Tensor, task_type: str, target_mean=(), target_s
     classes for multi-class and segmentation, a sigmoid per output for binary and multi-label), the risk score
     for survival (the logit itself: the log relative risk of the Cox model, higher = earlier event), the target
     values for regression (``logit * target_std + target_mean``: the model predicts standardised targets,
-    :class:`~medattn.data.base.TaskInfo`)."""
-    logits = logits.float()
-    if task_type == "survival":
-        return logits
-    if task_type == "regression":
-        if len(target_std) == 0:
-            return logits
-        std, mean = logits.new_tensor(list(target_std)), logits.new_tensor(list(target_mean))
-        return logits * std + mean
-    exclusive = task_type in ("multiclass", "segmentation")
-    return logits.softmax(1) if exclusive else logits.sigmoid()
+    :class:`~medattn.data.base.TaskInfo`): :meth:`~medattn.vocabulary.task_types.TaskType.activate`; an unknown
+    ``task_type`` is a UserError."""
+    return task_types.of(task_type).activate(logits.float(), target_mean, target_std)
 
 
 def forward(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
@@ -64,6 +57,7 @@ class Predictor:
     target_scale: tuple[list[float], list[float]] = ([], [])  # regression: (target_mean, target_std)
 
     def __post_init__(self) -> None:
+        task_types.of(self.task_type)  # an unknown task type is refused here, never run through a sigmoid
         self.model.eval()
 
     @classmethod

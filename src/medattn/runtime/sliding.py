@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 SIGMA_SCALE = 0.125
 MIN_WEIGHT = 1e-3
@@ -94,7 +95,7 @@ def patch_shape(config: dict, task: TaskInfo) -> tuple[int, ...] | None:
     if size is None:
         return None
     axes = len(task.input_shape) - 1
-    if task.task_type != "segmentation":
+    if not task_types.of(task.task_type).voxel_labels:
         raise UserError(f"train.patch_size applies to segmentation; this task is {task.task_type}")
     size = [size] * axes if isinstance(size, int) else list(size)
     if len(size) != axes:

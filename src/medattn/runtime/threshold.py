@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 DEFAULT = 0.5
 
@@ -47,7 +48,7 @@ def youden_threshold(scores: np.ndarray, labels: np.ndarray) -> float | None:
 
 def choose_thresholds(probabilities: np.ndarray, labels: np.ndarray, task_type: str) -> list[float | None] | None:
     """Per-output thresholds of binary/multi-label validation predictions ((N, K) each); None for other tasks."""
-    if task_type not in ("binary", "multilabel"):
+    if not task_types.of(task_type).thresholds:
         return None
     probabilities, labels = np.asarray(probabilities), np.asarray(labels)
     return [youden_threshold(probabilities[:, k], labels[:, k]) for k in range(probabilities.shape[1])]

@@ -9,6 +9,7 @@ from PIL import Image
 
 from ..errors import UserError
 from ..runtime.outputs import save_image
+from ..vocabulary import task_types
 from . import figures
 from .reader import open_slide, reading, slide_mpp, thumbnail
 from .tissue import window_fractions
@@ -101,16 +102,7 @@ def prediction_text(probabilities, names: list[str], task_type: str = "binary") 
     probability, ``slide risk = -0.02 (log relative risk, higher = earlier event)``; regression: each target in the
     table's units, ``slide predicted psa = 12.3``. ``probabilities``: the slide's (K,) outputs (probabilities, the
     risk or the predicted values), in the order of ``names``."""
-    values = np.asarray(probabilities, dtype=np.float64).ravel()
-    if task_type == "survival":
-        return f"slide risk = {values[0]:.3g} (log relative risk, higher = earlier event)"
-    names = list(names) if names else [f"output {k}" for k in range(len(values))]
-    if task_type == "regression":
-        return "slide " + ", ".join(f"predicted {name} = {value:.4g}" for name, value in zip(names, values))
-    if task_type == "multiclass":
-        best = int(values.argmax())
-        return f"slide: {names[best]} (p = {values[best]:.2f})"
-    return "slide " + ", ".join(f"P({name}) = {value:.2f}" for name, value in zip(names, values))
+    return task_types.of(task_type).summary(probabilities, names)
 
 
 def tile_overlap(mask: np.ndarray, coords: np.ndarray, size0: int) -> np.ndarray:

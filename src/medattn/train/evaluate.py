@@ -27,6 +27,7 @@ from medattn.errors import UserError, writing
 from medattn.runtime import distributed
 from medattn.runtime.checkpoint import task_from_dict, task_to_dict
 from medattn.survival_plots import time_axis_label
+from medattn.vocabulary import task_types
 
 from .objectives import Predictions, objective_for
 from .report import score_split, survival_lines
@@ -92,7 +93,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     result: dict = {}
     if distributed.is_main():
         with writing(out):
-            survival = load_reference(default_root) if data_task.task_type == "survival" else None  # issue 51
+            survival = load_reference(default_root) if task_types.of(data_task.task_type).events else None  # issue 51
             result = score_split(pred, data_task, split, out, config["eval"], config["seed"], survival=survival,
                                  time_label=time_axis_label(config["data"].get("time_column")))
             if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
@@ -154,7 +155,7 @@ def clinical(pred: Predictions, scored: dict, task, split: str, out: Path, thres
     """Operating point at the stored thresholds, ECE and the reliability diagram of one split (``scored``: its
     :func:`score_split` result; no ECE where it found the AUROC undefined, a class missing)."""
     found = {"thresholds": thresholds, "operating_point": [], "ece": None}
-    if thresholds is not None and task.task_type != "multiclass":
+    if thresholds is not None and not task_types.of(task.task_type).class_index:
         found["operating_point"] = clinical_metrics.operating_point(pred.outputs, pred.labels, thresholds, ci,
                                                                     task.class_names)
     if scored["auroc"] is None:

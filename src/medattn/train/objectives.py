@@ -22,14 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from medattn import metrics
-from medattn.data.base import UNLABELLED, TaskInfo
+from medattn.data.base import TaskInfo
 from medattn.errors import UserError
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.runtime.predictor import probabilities
+from medattn.vocabulary import task_types
 
 from .predictions import Predictions
 from .regression_objective import Regression
-from .survival_objective import SURVIVAL_LOSSES, Survival
+from .survival_objective import Survival
 from .verdict import DICE_FLOOR, chance_halfwidth, constant_loss
 
 
@@ -40,7 +41,7 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task_type: str, per_samp
     ``label_smoothing`` e (Szegedy et al. 2016): multi-class targets ``(1 - e) one_hot + e / K``; binary and
     multi-label targets ``y (1 - e) + e / 2`` (each output a two-class problem). ``pos_weight`` (K,) weighs
     the positive term of the binary cross-entropy (``torch.nn.BCEWithLogitsLoss``'s ``pos_weight``)."""
-    if task_type == "multiclass":
+    if task_types.of(task_type).class_index:
         loss = F.cross_entropy(logits.float(), labels.long(), reduction="none", label_smoothing=label_smoothing)
     else:
         targets = labels.float() * (1 - label_smoothing) + label_smoothing / 2
@@ -60,6 +61,20 @@ class Classification:
 
     def __init__(self, task: TaskInfo, label_smoothing: float = 0.0, pos_weight: torch.Tensor | None = None) -> None:
         self.task, self.label_smoothing, self.pos_weight = task, label_smoothing, pos_weight
+
+    @classmethod
+    def create(cls, task: TaskInfo, loss: str | None, label_smoothing: float,
+               pos_weight: torch.Tensor | None) -> Classification:
+        """The objective of ``objective_for``; ``train.loss`` names no classification loss (null only)."""
+        if loss is not None:
+            raise UserError(f"train.loss={loss} is a segmentation or survival loss; this task is {task.task_type} "
+                            f"(use null)")
+        return cls(task, label_smoothing, pos_weight)
+
+    @staticmethod
+    def metric_of(outputs: np.ndarray, labels: np.ndarray, task_type: str) -> float:
+        """The validation metric of (N, K) outputs and their labels (the AUROC)."""
+        return metrics.auroc(outputs, labels, task_type)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         return loss_fn(logits, labels, self.task.task_type, per_sample, self.label_smoothing, self.pos_weight)
@@ -120,6 +135,22 @@ class Segmentation:
     def __init__(self, task: TaskInfo, loss: str | None = None) -> None:
         self.task, self.dice_only = task, loss == "dice"
 
+    @classmethod
+    def create(cls, task: TaskInfo, loss: str | None, label_smoothing: float,
+               pos_weight: torch.Tensor | None) -> Segmentation:
+        """The objective of ``objective_for``; ``train.loss``: null, ``dice_ce`` or ``dice``."""
+        if label_smoothing or pos_weight is not None:
+            raise UserError("train.label_smoothing and train.pos_weight apply to classification tasks; "
+                            "this task is segmentation")
+        if loss not in (None, *task_types.of(task.task_type).losses):
+            raise UserError(f"train.loss={loss} is a survival loss; this task is segmentation (dice_ce or dice)")
+        return cls(task, loss)
+
+    @staticmethod
+    def metric_of(outputs: np.ndarray, labels: np.ndarray | None, task_type: str) -> float:
+        """The validation metric of (N, K) Dice per case and class (the mean foreground Dice)."""
+        return metrics.mean_dice(outputs)
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         if per_sample:
             return torch.stack([self.loss(x[None], y[None]) for x, y in zip(logits, labels)])
@@ -172,27 +203,7 @@ def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: floa
     ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
     the loop scores validation and test with the plain loss, so losses compare across settings. Unlabelled data
     (the diffusion stages' volumes) have no objective here: a UserError."""
-    if task.task_type == UNLABELLED:
-        raise UserError("the data kind gives unlabelled volumes, nothing a supervised model learns from: they train "
-                        "the diffusion stages (task: diffusion_vqae or diffusion_transformer; docs/diffusion.md)")
-    if task.task_type in ("survival", "regression"):
-        if (loss is not None and (task.task_type == "regression" or loss not in SURVIVAL_LOSSES)) \
-                or label_smoothing or pos_weight is not None:
-            raise UserError(f"train.label_smoothing and train.pos_weight do not apply to a {task.task_type} task "
-                            f"(leave them null / 0); train.loss: null" + (f", {' or '.join(SURVIVAL_LOSSES)}"
-                                                                           if task.task_type == "survival" else ""))
-        return Survival(task, loss) if task.task_type == "survival" else Regression(task)
-    if task.task_type == "segmentation":
-        if label_smoothing or pos_weight is not None:
-            raise UserError("train.label_smoothing and train.pos_weight apply to classification tasks; "
-                            "this task is segmentation")
-        if loss not in (None, "dice_ce", "dice"):
-            raise UserError(f"train.loss={loss} is a survival loss; this task is segmentation (dice_ce or dice)")
-        return Segmentation(task, loss)
-    if loss is not None:
-        raise UserError(f"train.loss={loss} is a segmentation or survival loss; this task is {task.task_type} "
-                        f"(use null)")
-    return Classification(task, label_smoothing, pos_weight)
+    return task_types.of(task.task_type).objective_class().create(task, loss, label_smoothing, pos_weight)
 
 
 def output_names(task: TaskInfo, k: int) -> list[str]:

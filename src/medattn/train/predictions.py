@@ -23,3 +23,16 @@ class Predictions:
     labels: np.ndarray
     loss: float
     statistic: np.ndarray | None = None  # (N,) a trivial statistic per sample (image mean, bag size), or None
+
+
+def refuse_classification_options(task, loss: str | None, label_smoothing: float, pos_weight) -> None:
+    """A UserError when ``train.loss`` names no loss of the task's type (:attr:`TaskType.losses`, null always fits) or
+    ``train.label_smoothing``/``train.pos_weight`` are set: the options of a task without classes (survival,
+    regression) checked by its objective's ``create``."""
+    from medattn.errors import UserError
+    from medattn.vocabulary import task_types
+
+    losses = task_types.of(task.task_type).losses
+    if loss not in (None, *losses) or label_smoothing or pos_weight is not None:
+        raise UserError(f"train.label_smoothing and train.pos_weight do not apply to a {task.task_type} task "
+                        f"(leave them null / 0); train.loss: null" + (f", {' or '.join(losses)}" if losses else ""))

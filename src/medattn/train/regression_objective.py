@@ -23,7 +23,7 @@ from medattn.data.base import TaskInfo
 from medattn.metrics import UndefinedMetricError
 from medattn.runtime.predictor import probabilities
 
-from .predictions import Predictions
+from .predictions import Predictions, refuse_classification_options
 from .verdict import constant_loss
 
 #: The Huber loss's threshold, in standard deviations of the training targets.
@@ -44,6 +44,17 @@ class Regression:
         self.mean = torch.tensor(task.target_mean or [0.0] * k)
         self.std = torch.tensor(task.target_std or [1.0] * k)
 
+    @classmethod
+    def create(cls, task: TaskInfo, loss: str | None, label_smoothing: float, pos_weight) -> Regression:
+        """The objective of ``objective_for``; classification options refused."""
+        refuse_classification_options(task, loss, label_smoothing, pos_weight)
+        return cls(task)
+
+    @staticmethod
+    def metric_of(outputs, labels, task_type: str) -> float:
+        """The validation metric of the outputs and labels as :class:`Predictions` holds them."""
+        return metrics_regression.r2(outputs, labels)
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         standardised = (labels.float() - self.mean.to(labels.device)) / self.std.to(labels.device)
         loss = F.huber_loss(logits.float(), standardised, reduction="none", delta=HUBER_DELTA).mean(-1)
@@ -51,7 +62,7 @@ class Regression:
 
     def outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (predictions in the targets' units (B, K), targets (B, K))."""
-        return probabilities(logits, "regression", self.task.target_mean, self.task.target_std), labels.float()
+        return probabilities(logits, self.task.task_type, self.task.target_mean, self.task.target_std), labels.float()
 
     def val_score(self, pred: Predictions) -> float:
         return metrics_regression.r2(pred.outputs, pred.labels)

@@ -13,6 +13,7 @@ from medattn import metrics
 from medattn.data.base import TaskInfo
 from medattn.runtime import distributed
 from medattn.runtime.outputs import append_csv, save_csv, save_dicts, save_figure
+from medattn.vocabulary import task_types
 
 from .objectives import Objective, Predictions, objective_for, output_names
 
@@ -24,13 +25,14 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
     (:func:`medattn.train.survival_report.reference`) adds Brier scores, calibration and risk groups cut on
     training data (``calibration_<split>.png``); ``time_label`` names the time axis of the figures."""
     result = objective_for(task).score(pred, split, eval_cfg, seed)
-    if task.task_type == "survival" and survival is not None and result.get("c_index") is not None:
+    events = task_types.of(task.task_type).events
+    if events and survival is not None and result.get("c_index") is not None:
         from . import survival_report
 
         result.update(survival_report.score(pred, survival, survival_report.times_of(pred, eval_cfg)))
         heading = f"{label + ', ' if label else ''}{split}"
         survival_report.write(result, Path(out_dir), split, heading, task.synthetic, time_label)
-    elif task.task_type == "survival" and result.get("c_index") is not None:
+    elif events and result.get("c_index") is not None:
         result["survival_notes"] = ["no Brier score or calibration: the run folder has no survival_reference.json "
                                     "(the training split's baseline hazard; runs from before issue 51)"]
     write_split(pred, task, split, Path(out_dir), result, label, time_label)
@@ -39,29 +41,47 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
 
 def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, label: str = "",
                 time_label: str = "time") -> None:
-    """``predictions_<split>.csv`` (classification: probabilities; segmentation: Dice per case) and, where the
-    AUROC is defined, ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
-    if task.task_type == "segmentation":
-        write_cases(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
-        return
+    """``predictions_<split>.csv`` and the split's figure, by the task type's writer
+    (:attr:`~medattn.vocabulary.task_types.TaskType.writer`: :func:`write_classes`, :func:`write_segmentation`,
+    :func:`write_survival`, :func:`write_regression`)."""
     heading = f"{label + ', ' if label else ''}{split}"
-    if task.task_type == "survival":
-        cut = result.get("risk_groups", {}).get("cut")
-        write_risks(pred, out_dir / f"predictions_{split}.csv", cut)
-        if result.get("c_index") is not None:
-            plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic, time_label)
-        return
-    if task.task_type == "regression":
-        write_values(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
-        if result.get("r2") is not None:
-            plot_predicted(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predicted_{split}.png",
-                           heading, task.synthetic)
-        return
+    task_types.of(task.task_type).component("writer")(pred, task, split, out_dir, result, heading, time_label)
+
+
+def write_segmentation(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+                       time_label: str) -> None:
+    """Segmentation: ``predictions_<split>.csv`` of the Dice per case and class."""
+    write_cases(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
+
+
+def write_survival(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+                   time_label: str) -> None:
+    """Survival: ``predictions_<split>.csv`` of the risks and groups, and ``km_<split>.png`` where the C-index is
+    defined."""
+    cut = result.get("risk_groups", {}).get("cut")
+    write_risks(pred, out_dir / f"predictions_{split}.csv", cut)
+    if result.get("c_index") is not None:
+        plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic, time_label)
+
+
+def write_regression(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+                     time_label: str) -> None:
+    """Regression: ``predictions_<split>.csv`` of the values, and ``predicted_<split>.png`` where R^2 is defined."""
+    names = output_names(task, pred.outputs.shape[1])
+    write_values(pred, names, out_dir / f"predictions_{split}.csv")
+    if result.get("r2") is not None:
+        plot_predicted(pred, names, out_dir / f"predicted_{split}.png", heading, task.synthetic)
+
+
+def write_classes(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+                  time_label: str) -> None:
+    """Classification: ``predictions_<split>.csv`` of the probabilities and, where the AUROC is defined,
+    ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
     write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
     if result.get("auroc") is None:
         return
     ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
-    title = f"{label + ', ' if label else ''}{split}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
+    title = f"{heading}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
     title += " (SYNTHETIC data)" if task.synthetic else ""
     metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title, task.class_names)
 
@@ -76,26 +96,19 @@ def class_labels(labels: np.ndarray, task: TaskInfo) -> list[str]:
     """Each case's label (N,) or (N, K) by its class name(s): binary with one name ``"cardiomegaly"`` /
     ``"no cardiomegaly"``, multi-class the class's name, multi-label the present labels' names (``"none"``);
     the number where the task names no classes."""
-    names, out = list(task.class_names), []
-    for row in np.asarray(labels).reshape(len(labels), -1):
-        values = [int(round(float(v))) for v in row]
-        if task.task_type == "multilabel":
-            present = [names[k] if k < len(names) else str(k) for k, v in enumerate(values) if v]
-            out.append(", ".join(present) if present else "none")
-        elif task.task_type == "binary" and len(names) == 1:
-            out.append(names[0] if values[0] else f"no {names[0]}")
-        else:
-            out.append(names[values[0]] if values[0] < len(names) else str(values[0]))
-    return out
+    names, kind = list(task.class_names), task_types.of(task.task_type)
+    return [kind.label_text([int(round(float(v))) for v in row], names)
+            for row in np.asarray(labels).reshape(len(labels), -1)]
 
 
 def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
     """Classification CSV: id, patient, the label(s) and one probability column per output."""
     names = output_names(task, pred.outputs.shape[1])
-    label_cols = ["label"] if task.task_type == "multiclass" else [f"label_{n}" for n in names]
+    index = task_types.of(task.task_type).class_index
+    label_cols = ["label"] if index else [f"label_{n}" for n in names]
     rows = []
     for i, sample_id in enumerate(pred.ids):
-        label = [int(pred.labels[i])] if task.task_type == "multiclass" else [int(v) for v in pred.labels[i]]
+        label = [int(pred.labels[i])] if index else [int(v) for v in pred.labels[i]]
         rows.append([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
     save_csv(path, ["id", "patient", *label_cols, *[f"prob_{n}" for n in names]], rows)
 
@@ -291,9 +304,9 @@ class TensorBoardScalars:
         from medattn.extras import require
 
         require("tensorboard", "train.tensorboard=true")
-        from torch.utils.tensorboard import SummaryWriter
+        from .rundir import tensorboard_writer  # the run folder's own sub-folder (train.rundir)
 
-        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=first_epoch)
+        self.writer = tensorboard_writer(run_dir, first_epoch)
 
     def add(self, row: dict) -> None:
         for key, value in row.items():

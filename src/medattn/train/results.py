@@ -22,6 +22,7 @@ from medattn.runtime import checkpoint, distributed
 from medattn.runtime.outputs import save_json
 from medattn.runtime.predictor import Predictor
 from medattn.survival_plots import time_axis_label
+from medattn.vocabulary import task_types
 
 from . import report, verdict
 from .loaders import make_loader
@@ -56,7 +57,8 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
     except UserError as error:  # a file that changed since the check before training
         raise LateDataError(str(error)) from None
     survival = None  # the training split's Breslow baseline, censoring survival and risk cut (issue 51)
-    if task.task_type == "survival":
+    kind = task_types.of(task.task_type)
+    if kind.events:
         from .survival_report import training_reference
 
         survival = training_reference(model, config, bundle, objective, device, progress)
@@ -76,7 +78,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             if survival is not None:
                 save_json(run_dir / "survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
-            if case_pictures is not None and (objective.outputs_are_probabilities or task.task_type == "segmentation"):
+            if case_pictures is not None and (objective.outputs_are_probabilities or kind.voxel_labels):
                 try:  # the highest-scored test cases; a segmentation's best and worst (by Dice)
                     labels = report.class_labels(test.labels, task) if objective.outputs_are_probabilities else \
                         test.labels
@@ -114,7 +116,7 @@ def reader_facts(run_dir: Path, task, test, ci: float) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "medattn_version": medattn.__version__}}
     thresholds = stored_thresholds(meta, task.num_outputs, str(best / checkpoint.META_FILE))
-    if thresholds is not None and task.task_type in ("binary", "multilabel"):
+    if thresholds is not None and task_types.of(task.task_type).thresholds:
         facts["operating_point"] = operating_point(test.outputs, test.labels, thresholds, ci, task.class_names)
     return facts
 
@@ -130,9 +132,8 @@ def learning_verdict(config: dict, bundle: DataBundle, rows: list[dict], score_k
         return verdict.judge(rows, score_key, plain, best_epoch=best_epoch)
     labels = dataset_labels(bundle.train)
     weight = positive_weight(labels, task.task_type, train_cfg["pos_weight"])
-    objective = objective_for(task, train_cfg["loss"] if task.task_type == "survival" else None,
-                              train_cfg["label_smoothing"], weight)
-    if task.task_type == "survival":  # discrete_time: the intervals of the training labels
+    objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"], weight)
+    if hasattr(objective, "fit"):  # survival's discrete_time: the intervals of the training labels
         objective.fit(labels, train_cfg["time_bins"])
     weights = None
     if train_cfg["class_balance"]:  # every class drawn with equal total weight

@@ -21,8 +21,9 @@ import math
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from medattn.data.base import CLASSIFICATION_TASKS, TaskInfo, dataset_labels
+from medattn.data.base import TaskInfo, dataset_labels
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 
 def class_keys(labels: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ def positive_weight(labels: torch.Tensor, task_type: str, value: float | str | N
     when an output has no positive training sample)."""
     if value is None:
         return None
-    if task_type not in ("binary", "multilabel"):
+    if not task_types.of(task_type).thresholds:
         raise UserError(f"train.pos_weight applies to binary and multi-label tasks; this task is {task_type} "
                         f"(use train.class_balance=true)")
     labels = labels.reshape(len(labels), -1).float()
@@ -108,7 +109,7 @@ def recipe_labels(train_cfg: dict, task: TaskInfo, train_set: Dataset) -> torch.
     only: a UserError for segmentation), else None."""
     if not train_cfg["class_balance"] and train_cfg["pos_weight"] is None:
         return None
-    if task.task_type not in CLASSIFICATION_TASKS:
+    if not task_types.of(task.task_type).classes:
         raise UserError(f"train.class_balance and train.pos_weight apply to classification tasks; this task is "
                         f"{task.task_type}")
     return dataset_labels(train_set)

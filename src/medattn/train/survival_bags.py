@@ -22,6 +22,7 @@ from medattn.data.base import TaskInfo, dataset_labels
 from medattn.errors import UserError
 from medattn.runtime import distributed
 from medattn.runtime.predictor import forward
+from medattn.vocabulary import task_types
 
 
 def forward_each(model: nn.Module, batch: dict, input_kind: str) -> torch.Tensor:
@@ -73,7 +74,7 @@ def survival_training(objective, task: TaskInfo, train_set: Dataset,
     """The loop's survival setup -> (run each bag alone (:func:`forward_each`), the training events for
     :class:`EventBalancedSampler` or None). Fits the discrete-time objective's intervals on the training labels
     (``objective.fit``); ``train.event_balance`` outside a survival task is a UserError."""
-    if task.task_type != "survival":
+    if not task_types.of(task.task_type).events:
         if train_cfg.get("event_balance"):
             raise UserError(f"train.event_balance applies to survival tasks; this task is {task.task_type}")
         return False, None

@@ -32,7 +32,7 @@ from medattn import metrics_survival
 from medattn.data.base import TaskInfo
 from medattn.metrics import UndefinedMetricError
 
-from .predictions import Predictions
+from .predictions import Predictions, refuse_classification_options
 from .survival_loss import baseline_logits, cox_partial_likelihood, logistic_hazard_loss, time_bin_index, time_bins
 
 #: Random batches whose mean Cox loss at a constant risk is the learning verdict's floor.
@@ -69,6 +69,17 @@ class Survival:
         self.edges = time_bins(time, event, n_bins)
         self.baseline = baseline_logits(torch.from_numpy(time_bin_index(time, self.edges)),
                                         torch.from_numpy(event), n_bins)
+
+    @classmethod
+    def create(cls, task: TaskInfo, loss: str | None, label_smoothing: float, pos_weight) -> Survival:
+        """The objective of ``objective_for``; classification options refused."""
+        refuse_classification_options(task, loss, label_smoothing, pos_weight)
+        return cls(task, loss)
+
+    @staticmethod
+    def metric_of(outputs, labels, task_type: str) -> float:
+        """The validation metric of the outputs and labels as :class:`Predictions` holds them."""
+        return float(metrics_survival.concordance_index(outputs[:, 0], labels[:, 0], labels[:, 1].astype(bool)))
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         """The batch's Cox loss (a fitted ``discrete_time`` objective: the logistic-hazard loss, the batch mean);

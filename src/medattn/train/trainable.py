@@ -21,17 +21,19 @@ import numpy as np
 
 from medattn.data.base import DataBundle, TaskInfo, dataset_labels
 from medattn.errors import UserError
+from medattn.vocabulary import task_types
 
 
 def check_trainable(bundle: DataBundle) -> None:
     """Raise a UserError when ``bundle``'s training and validation labels cannot train its survival or regression
     task (see the module docstring); nothing for other tasks."""
     task = bundle.task
-    if task.task_type not in ("survival", "regression"):
+    kind = task_types.of(task.task_type)
+    if not kind.numeric:
         return
     train, val = (dataset_labels(split).double().numpy().reshape(len(split), -1) for split in (bundle.train,
                                                                                                   bundle.val))
-    problem = survival_problem(train, val) if task.task_type == "survival" else regression_problem(task, train, val)
+    problem = survival_problem(train, val) if kind.events else regression_problem(task, train, val)
     if problem:
         raise UserError(f"this table cannot train a {task.task_type} model: {problem}")
 

@@ -36,6 +36,8 @@ import math
 import numpy as np
 import torch
 
+from medattn.vocabulary import task_types
+
 CONSTANT_FRACTION = 1.0
 NEAR_CONSTANT = 0.95
 DICE_FLOOR = 0.01
@@ -71,7 +73,7 @@ def chance_halfwidth(labels: np.ndarray, task_type: str, ci: float) -> float | N
     from scipy.stats import norm
 
     labels = np.asarray(labels)
-    columns = (labels[:, None] == np.arange(int(labels.max()) + 1)) if task_type == "multiclass" else labels
+    columns = (labels[:, None] == np.arange(int(labels.max()) + 1)) if task_types.of(task_type).class_index else labels
     errors = []
     for column in np.asarray(columns, dtype=bool).reshape(len(labels), -1).T:
         n1, n0 = int(column.sum()), int((~column).sum())

@@ -64,6 +64,9 @@ class TaskType:
     objective: ClassVar[str | None] = None
     #: The figure of a scored split beside ``predictions_<split>.csv`` (``roc``: roc_<split>.png), or None.
     figure: ClassVar[str | None] = None
+    #: What writes a scored split's files (``module:function``, called ``(pred, task, split, out_dir, result,
+    #: heading, time_label)``): ``predictions_<split>.csv`` and the :attr:`figure`.
+    writer: ClassVar[str | None] = None
     #: ``train.loss`` names a loss of this type (None: the type's default is the only one).
     losses: ClassVar[tuple[str, ...]] = ()
     #: A DICOM input gets a DICOM result (Structured Report) of the prediction.
@@ -155,9 +158,14 @@ class TaskType:
 
     def objective_class(self):
         """The class :attr:`objective` names (imported here, at run time, by the training code that asks)."""
-        if self.objective is None:
-            raise UserError(f"{self.noun} has no supervised objective")
-        module, _, name = self.objective.partition(":")
+        return self.component("objective")
+
+    def component(self, attribute: str):
+        """What the ``module:name`` path in ``attribute`` (:attr:`objective`, :attr:`writer`) names, imported now."""
+        path = getattr(self, attribute)
+        if path is None:
+            raise UserError(f"{self.noun} has no {attribute}")
+        module, _, name = path.partition(":")
         return getattr(importlib.import_module(module), name)
 
 
@@ -170,6 +178,7 @@ class Binary(TaskType):
     fixed_outputs = 1
     metric, metric_label, chance_score = "auroc", "AUROC", 0.5
     objective, figure = "medattn.train.objectives:Classification", "roc"
+    writer = "medattn.train.report:write_classes"
 
     def name_counts(self, num_outputs: int) -> tuple[int, ...]:
         return (0, 1, 2)  # the positive class, or both classes
@@ -194,6 +203,7 @@ class Multiclass(TaskType):
     min_outputs = 2
     metric, metric_label, chance_score = "auroc", "AUROC", 0.5
     objective, figure = "medattn.train.objectives:Classification", "roc"
+    writer = "medattn.train.report:write_classes"
     question = "which finding is present"
 
     def activate(self, logits, target_mean=(), target_std=()):
@@ -240,6 +250,7 @@ class Multilabel(TaskType):
     table = classes = thresholds = outputs_are_probabilities = True
     metric, metric_label, chance_score = "auroc", "AUROC", 0.5
     objective, figure = "medattn.train.objectives:Classification", "roc"
+    writer = "medattn.train.report:write_classes"
     question = "which findings are present"
 
     def table_spec(self, columns, classes, num_classes, seen):
@@ -255,6 +266,7 @@ class Segmentation(TaskType):
     min_outputs = 2
     metric, metric_label = "dice", "Dice"
     objective = "medattn.train.objectives:Segmentation"
+    writer = "medattn.train.report:write_segmentation"
     losses = ("dice_ce", "dice")
 
     def activate(self, logits, target_mean=(), target_std=()):
@@ -278,6 +290,7 @@ class Survival(TaskType):
     fixed_outputs = 1
     metric, metric_label, chance_score = "c_index", "C-index", 0.5
     objective, figure = "medattn.train.survival_objective:Survival", "km"
+    writer = "medattn.train.report:write_survival"
     losses = ("cox", "discrete_time")
     readouts = ("attention", "max", "mean")
     question = "how large a burden drives the hazard"
@@ -332,6 +345,7 @@ class Regression(TaskType):
     table = numeric = True
     metric, metric_label, chance_score = "r2", "R^2", 0.0
     objective, figure = "medattn.train.regression_objective:Regression", "predicted"
+    writer = "medattn.train.report:write_regression"
     dicom_result = False
     readouts = ("attention", "max", "mean", "count")
     question = "how much of the bag is positive"
@@ -414,3 +428,7 @@ def task_type(name: str) -> TaskType:
 def names_where(question: str) -> tuple[str, ...]:
     """The names of the task types whose ``question`` attribute is true (``names_where("table")``)."""
     return tuple(name for name, t in TASK_TYPES.items() if getattr(t, question))
+
+
+#: ``task_types.of(name)``: the look-up as code above calls it (cf. ``input_kinds.of``).
+of = task_type
