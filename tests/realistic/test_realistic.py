@@ -229,9 +229,10 @@ def test_the_command_writes_a_survival_task_that_trains(tmp_path, capsys, small_
 
 def test_a_burden_task_whose_probe_reaches_its_limit_is_refused(tmp_path, monkeypatch, small_bags):
     from medattn.realistic import tasks
+    from medattn.vocabulary.task_types import Regression, Survival
 
-    assert tasks.PROBES["survival"][2] == 0.7 and tasks.PROBES["regression"][2] == 0.35
+    assert tasks.PROBES[Survival][2] == 0.7 and tasks.PROBES[Regression][2] == 0.35
     monkeypatch.setattr(tasks, "PROBE_MIN_CASES", 8)
-    monkeypatch.setitem(tasks.PROBES, "regression", ("probe_abs_pearson_r", "|Pearson r|", 0.0))
+    monkeypatch.setitem(tasks.PROBES, Regression, ("probe_abs_pearson_r", "|Pearson r|", 0.0))
     with pytest.raises(UserError, match=r"bag size alone reaches \|Pearson r\| .* \(limit 0.0\)"):
         make_task("ihc_regression", tmp_path, sizes=SIZES, log=lambda m: None)

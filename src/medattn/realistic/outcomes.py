@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from medattn.vocabulary import task_types
+from medattn.vocabulary.task_types import Regression, Survival
+
 from .ihc import TUMOUR_SHARE
 
 ZERO_BURDEN = 0.25
@@ -62,8 +65,9 @@ def biomarker(burden: np.ndarray, rng: np.random.Generator) -> dict[str, list]:
     return {SCORE_COLUMN: np.round(score, 2).tolist()}
 
 
-#: task type -> the columns of its outcome, from the burdens and the task's random stream.
-OUTCOMES = {"survival": survival, "regression": biomarker}
+#: task type (its class, :mod:`medattn.vocabulary.task_types`) -> the columns of its outcome, from the burdens and the
+#: task's random stream.
+OUTCOMES = {Survival: survival, Regression: biomarker}
 
 
 def score(task_type: str, values: np.ndarray, columns: dict[str, list]) -> float | None:
@@ -75,7 +79,7 @@ def score(task_type: str, values: np.ndarray, columns: dict[str, list]) -> float
     from medattn.metrics_survival import concordance_index
 
     try:
-        if task_type == "survival":
+        if task_types.of(task_type).events:
             c = concordance_index(values, columns[TIME_COLUMN], np.asarray(columns[EVENT_COLUMN], bool))
             return float(max(c, 1 - c))
         return float(abs(pearson_r(values, columns[SCORE_COLUMN if SCORE_COLUMN in columns else COUNT_COLUMN])))

@@ -39,6 +39,8 @@ import yaml
 
 from medattn.errors import UserError, writing
 from medattn.runtime.outputs import OutputFolder
+from medattn.vocabulary import task_types
+from medattn.vocabulary.task_types import Binary, Regression, Survival
 
 from . import anatomy, brain, outcomes
 from .bag_tasks import BagSpec, write_bags
@@ -52,10 +54,11 @@ PROBE_LIMIT_R = 0.35
 PROBE_MIN_CASES = 100  # below this the probe's AUROC is too noisy to refuse a task on
 TAG = "real anatomy, SYNTHETIC findings"
 LAYOUT = "layout"  # the mean of each half along every axis (quadrants in 2D, octants in 3D)
-#: task type -> (the probe's key in probe.json, what it scores, the score at which a task is refused).
-PROBES = {"binary": ("probe_auroc", "AUROC", PROBE_LIMIT),
-          "survival": ("probe_c_index", "C-index", PROBE_LIMIT_C_INDEX),
-          "regression": ("probe_abs_pearson_r", "|Pearson r|", PROBE_LIMIT_R)}
+#: task type (its class, :mod:`medattn.vocabulary.task_types`) -> (the probe's key in probe.json, what it scores, the
+#: score at which a task is refused).
+PROBES = {Binary: ("probe_auroc", "AUROC", PROBE_LIMIT),
+          Survival: ("probe_c_index", "C-index", PROBE_LIMIT_C_INDEX),
+          Regression: ("probe_abs_pearson_r", "|Pearson r|", PROBE_LIMIT_R)}
 
 
 @dataclass(frozen=True)
@@ -126,18 +129,19 @@ def _write_brain_3d(folder: Path, labels: np.ndarray, acquisition: brain.Acquisi
 #: The data section of a bag task per task type (paths filled in by :func:`make_task`).
 _BAG_DATA = {"kind": "wsi_bags", "feature_dir": "features", "slide_table": "slides.csv",
              "clinical_table": "clinical.csv", "split_column": "split"}
-_BAG_TARGET = {"binary": {"label_columns": "label"},
-               "survival": {"task_type": "survival", "time_column": outcomes.TIME_COLUMN,
-                            "event_column": outcomes.EVENT_COLUMN},
-               "regression": {"task_type": "regression", "label_columns": outcomes.SCORE_COLUMN}}
+_BAG_TARGET = {Binary: {"label_columns": "label"},
+               Survival: {"task_type": Survival.name, "time_column": outcomes.TIME_COLUMN,
+                          "event_column": outcomes.EVENT_COLUMN},
+               Regression: {"task_type": Regression.name, "label_columns": outcomes.SCORE_COLUMN}}
 
 
 def _bag_task(description: str, spec: BagSpec, task_type: str = "binary") -> Task:
     """A bag member of the family (:mod:`.bag_tasks`): ``vitwsi_small`` with SeqNorm on its CLAM bags."""
-    target = dict(_BAG_TARGET[task_type])
+    kind = task_types.of(task_type)
+    target = dict(_BAG_TARGET[type(kind)])
     if spec.target == "count":
         target["label_columns"] = outcomes.COUNT_COLUMN
-    batch = 16 if task_type == "survival" else 1  # the Cox loss compares the patients of a batch
+    batch = 16 if kind.events else 1  # the Cox loss compares the patients of a batch
     return Task(description, partial(write_bags, spec=spec), {**_BAG_DATA, **target}, "vitwsi_small",
                 {"batch_size": batch}, spec)
 
@@ -227,8 +231,9 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"{folder} is not empty; choose another --out (nothing was overwritten)")
     rng = np.random.default_rng([seed, ord(cohort), sum(map(ord, name))])
-    task_type = task.data.get("task_type", "binary")
-    if task_type == "binary":
+    task_type = task.data.get("task_type", Binary.name)
+    kind = task_types.of(task_type)
+    if kind.classes:
         labels, splits = _labels_and_splits(sizes, rng)
         columns = {"label": [int(y) for y in labels]}
     elif task.bags.target == "count":  # each patient's number of lesion tiles is the target itself
@@ -238,7 +243,7 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
     else:  # the burden tasks: each patient's share of hot-spot tiles, then the outcome it drives
         splits = [split for split, n in sizes.items() for _ in range(n)]
         labels = outcomes.burdens(len(splits), rng)
-        columns = outcomes.OUTCOMES[task_type](labels, rng)
+        columns = outcomes.OUTCOMES[type(kind)](labels, rng)
     with writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
         rows = task.write(folder, labels, brain.COHORTS[cohort], rng)
@@ -254,7 +259,7 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
             _table(folder / "cases.csv", ["path", "label", "patient", "split"],
                    [[r[0], y, p, s] for r, y, p, s in zip(rows, columns["label"], patients, splits)])
             data["csv"] = str((folder / "cases.csv").resolve())
-        key, metric, limit = PROBES[task_type]
+        key, metric, limit = PROBES[type(kind)]
         scores, known = _probes(task_type, [r[1] for r in rows], labels, columns, splits)
         OutputFolder(folder).save_json("probe.json", {"task": name, "cohort": cohort, "seed": seed, "data": TAG,
                                                        key: scores, **known, "cases": sizes})
@@ -280,13 +285,14 @@ def _probes(task_type: str, statistics: list[dict], labels: np.ndarray, columns:
     AUROC (:func:`probe`) and the coarse layout probe per split (:func:`layout_probe`); for a burden task
     (``labels``: the shares) the probe's score (:func:`.outcomes.score`), the true burden's (what reading the burden
     exactly reaches) and, for survival, the share of patients censored."""
-    if task_type == "binary":
+    kind = task_types.of(task_type)
+    if kind.classes:
         return probe(statistics, labels), {"layout_auroc": layout_probe(statistics, labels, splits)}
-    key = PROBES[task_type][0]
+    key = PROBES[type(kind)][0]
     scores = {name: outcomes.score(task_type, np.array([s[name] for s in statistics]), columns)
               for name in statistics[0]}
     known = {key.replace("probe_", "burden_"): outcomes.score(task_type, labels, columns)}
-    if task_type == "survival":
+    if kind.events:
         known["censored_share"] = float(1 - np.mean(columns[outcomes.EVENT_COLUMN]))
     return scores, known
 
