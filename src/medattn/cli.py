@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -45,6 +46,7 @@ BENCHES = {
     "binary": "medattn.bench.binary",
     "pam": "medattn.bench.pam",
     "extract": "medattn.bench.extract",
+    "diffusion": "medattn.diffusion.benchmark",
 }
 
 BENCH_HELP = "Benchmarks: time and peak memory on this machine, written as CSV/JSON/PNG."
@@ -62,12 +64,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _find_spec(module_name: str):
+    """The spec of ``module_name``, found without importing it or the packages above it (``find_spec`` would run
+    their ``__init__``: ``medattn.diffusion``'s imports torch); None if absent."""
+    top, *parts = module_name.split(".")
+    spec = importlib.util.find_spec(top)
+    for part in parts:
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(f"{spec.name}.{part}", spec.submodule_search_locations)
+    return spec
+
+
 def _summary(module_name: str) -> str | None:
     """First docstring line of a command module, read from its source without importing it; None if absent."""
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except ModuleNotFoundError:
-        return None
+    spec = _find_spec(module_name)
     if spec is None or spec.origin is None:
         return None
     doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""

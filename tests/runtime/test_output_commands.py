@@ -72,6 +72,9 @@ CASES = {
     "bench extract": Case(lambda i, out: ["bench", "extract", "--encoders", "resnet50", "--precisions", "fp32",
                                           "--rounds", "1", "--batch-size", "1", "--threads", "1", "--out", str(out)],
                           "refuse"),
+    "bench diffusion": Case(lambda i, out: ["bench", "diffusion", "--mechanisms", "softmax", "--grids", "2x2x2",
+                                            "--dim", "16", "--depth", "1", "--heads", "2", "--repeats", "1",
+                                            "--threads", "1", "--in-process", "--out", str(out)], "refuse"),
 }
 #: Commands that write a folder but cannot run in seconds here: the test that runs them twice into one folder.
 ELSEWHERE = {

@@ -50,7 +50,6 @@ from .common import (
     current_rss_bytes,
     default_device,
     environment,
-    extrapolate,
     median_time,
     peak_memory_bytes,
     reset_peak_memory,
@@ -59,6 +58,7 @@ from .common import (
     run_device,
     run_in_process,
     run_isolated,
+    skip_reason,
     write_results,
 )
 from .roofline import DTYPES, MachineRates, attention_cost, measure_rates
@@ -197,11 +197,10 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
             named = {} if implementation is None else {"implementation": implementation}
             times: list[tuple[float, float]] = []
             memories: list[tuple[float, float]] = []
-            over_time = None
             for n in seq_lens:
                 base = dict(mechanism=mechanism, **named, part=part, n=n, heads=heads, head_dim=head_dim, dim=dim,
                             precision=precision)
-                status = _skip_reason(n, times, memories, over_time, budget_s, memory_budget)
+                status = skip_reason(n, times, budget_s, memories, memory_budget)
                 if status is None:
                     kwargs = dict(mechanism=mechanism, seq_len=n, part=part, heads=heads, head_dim=head_dim,
                                   dim=dim, precision=precision, passes=tuple(passes), repeats=repeats,
@@ -223,25 +222,11 @@ def run_attention_bench(mechanisms: list[str] | None = None, seq_lens=DEFAULT_SE
                 for pass_name in passes:
                     result = measured["results"][pass_name]
                     rows.append(_row(base, pass_name, result, measured["memory_method"], rates, env_fields))
-                    if result["median_s"] > budget_s:
-                        over_time = (n, result["median_s"])
                 slowest = max(measured["results"][p]["median_s"] for p in passes)
                 largest = max(measured["results"][p]["peak_mem_bytes"] for p in passes)
                 times.append((n, slowest))
                 memories.append((n, largest))
     return rows
-
-
-def _skip_reason(n, times, memories, over_time, budget_s, memory_budget) -> str | None:
-    if over_time is not None:
-        return f"skipped: over time budget (N={over_time[0]} took {over_time[1]:.2f} s)"
-    predicted = extrapolate(times, n)
-    if predicted is not None and predicted > budget_s:
-        return f"skipped: over time budget (predicted {predicted:.1f} s)"
-    predicted = extrapolate(memories, n, default_exponent=0.0, min_exponent=0.0)
-    if predicted is not None and predicted > memory_budget:
-        return f"skipped: over memory budget (predicted {predicted / 2**30:.1f} GiB)"
-    return None
 
 
 def _row(base: dict, pass_name: str, result: dict, memory_method: str, rates: MachineRates, env_fields) -> dict:

@@ -1,7 +1,7 @@
 """BinaryFormer bit kernel vs fp32/bf16: Q K^T scores and whole attention forward, time and memory.
 
 For every sequence length N and head dim d (one head, batch 1) it times, in one process, the methods
-in rounds (one call of each per round; medians over the rounds, see :func:`interleaved_medians`):
+in rounds (one call of each per round; medians over the rounds, :func:`medattn.bench.common.interleaved_medians`):
 
 * scores: all N x N dot products, in blocks of ``--block`` query rows (the same blocks for every
   method, so no N x N matrix is held): fp32 ``torch.matmul``, bf16 ``torch.matmul`` and the packed-bit
@@ -18,21 +18,15 @@ bf16 is timed only where the CPU has bf16 hardware (AVX-512 BF16, AMX, Arm BF16;
 :func:`medattn.bench.common.cpu_bf16_support`); elsewhere the command says "bf16: not supported on this
 CPU" and leaves it out, since an emulated bf16 matmul (about 40x slower than fp32) means nothing.
 
-Peak memory of the attention forward is measured in a fresh subprocess per method (peak RSS over the
-input's own size, N ascending). Results: ``binary_scores`` and ``binary_attention`` CSV/JSON (and a
-PNG when matplotlib is installed) and ``binary_layer`` in ``--out``.
+Peak memory of the attention forward is measured in a fresh subprocess per method
+(:func:`medattn.bench.common.run_isolated` of :func:`probe_memory`: peak RSS over the input's own size, N
+ascending). Results: ``binary_scores`` and ``binary_attention`` CSV/JSON (and a PNG when matplotlib is installed)
+and ``binary_layer`` in ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,9 +38,11 @@ from medattn.bench.common import (
     add_overwrite,
     cpu_bf16_support,
     environment,
+    interleaved_medians,
     median_time,
     peak_rss_bytes,
     results_folder,
+    run_isolated,
     write_results,
 )
 from medattn.errors import UserError
@@ -88,25 +84,6 @@ def _check(args) -> None:
 
 def _time(fn, args) -> float:
     return median_time(fn, repeats=args.repeats, warmup=1, budget_s=args.budget_s)
-
-
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, budget_s: float | None = None
-                        ) -> dict[str, float]:
-    """Median wall time of each callable, timed in rounds (one call of each per round, after one warm-up
-    round), so that a change of load on a shared machine falls on every method alike and their ratios
-    hold. Stops after ``repeats`` rounds or, with ``budget_s``, once the rounds took longer than that."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    started = time.perf_counter()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            break
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def bench_scores(n: int, d: int, args) -> list[dict]:
@@ -190,27 +167,26 @@ def bench_layer(n: int, d: int, args) -> list[dict]:
                  speedup_vs_softmax=times["softmax"] / t) for m, t in times.items()]
 
 
-def probe_memory(method: str, sizes: list[int], d: int, dv: int, tile: int, heads: int = 1) -> None:
-    """Print JSON {N: peak RSS growth in bytes} of one forward per N (N ascending), for a subprocess."""
+def probe_memory(method: str, sizes: list[int], d: int, dv: int, tile: int, heads: int = 1) -> dict[str, int]:
+    """{N: peak RSS growth in bytes} of one forward per N (N ascending), for a fresh process."""
     run_attention(method, 64, d, dv, tile, heads)()  # compile and load everything first
     result = {}
     for n in sorted(sizes):
         fn = run_attention(method, n, d, dv, tile, heads)
         base = peak_rss_bytes()
         fn()
-        result[n] = max(peak_rss_bytes() - base, 0)
-    print(json.dumps(result))
+        result[str(n)] = max(peak_rss_bytes() - base, 0)
+    return result
 
 
 def bench_memory(d: int, args) -> dict[tuple[str, int], int]:
     dv = args.value_dim or d
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # this run's count, not the probe's
     peaks = {}
     for method in ("fp32-sdpa", "bits-sg"):
-        code = (f"from medattn.bench.binary import probe_memory; "
-                f"probe_memory({method!r}, {list(args.sizes)!r}, {d}, {dv}, {args.tile_size}, {args.heads})")
-        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # this run's count, not the probe's
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-        for n, b in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        kwargs = {"method": method, "sizes": list(args.sizes), "d": d, "dv": dv, "tile": args.tile_size,
+                  "heads": args.heads}
+        for n, b in run_isolated(probe_memory, kwargs, env=threads, check=True).items():
             peaks[(method, int(n))] = b
     return peaks
 

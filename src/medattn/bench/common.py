@@ -1,158 +1,150 @@
-"""Shared benchmark plumbing: timing, the record of the machine, and CSV/JSON output.
+"""The one bench harness: every bench of ``cli.BENCHES`` measures through this module.
 
-Every benchmark reports medians over repeats and records the environment (machine, its bf16 support,
-threads, load average, allocator, precision, versions) next to its figures, so a number is never quoted
-without them.
+* timing: :func:`interleaved_rounds` (medians over rounds that call every measured callable once each, so a change
+  of the machine's load falls on all alike), :func:`median_time` and :func:`interleaved_medians` its short forms;
+* memory: :func:`peak_rss_bytes`, :func:`current_rss_bytes` and :func:`reset_peak_rss` (Linux ``/proc``), or CUDA's
+  allocator peak (:func:`reset_peak_memory`, :func:`peak_memory_bytes`);
+* isolation: :func:`run_isolated` runs a measurement in a fresh Python process (a function and its keyword
+  arguments, as data), with a time and a memory budget; :func:`run_in_process` the same in this process;
+* sweeps: :func:`skip_reason` (why a larger size is not measured, from :func:`extrapolate`);
+* results: ``--overwrite``, the refused results folder, CSV/JSON written with the record of the machine
+  (:func:`environment`, from :mod:`medattn.bench.machine`), so a number is never quoted without it.
+
+``tests/bench/test_one_harness.py`` fails on a bench that starts processes, reads ``/proc`` or takes medians itself.
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import gc
+import importlib
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from medattn import allocator
 from medattn.runtime.outputs import OutputFolder
 
-
-def environment(precision: str = "fp32", device: str | None = None) -> dict:
-    """Machine, threads, allocator, precision and versions, for the header of every result file.
-
-    ``cpu_bf16`` says whether the CPU multiplies bf16 in hardware (see :func:`cpu_bf16_support`) and
-    ``load_average_1min`` how busy the machine was when the benchmark started (other processes' work
-    slows every timing; ratios within one run are what counts). ``device``: where the bench ran (``cpu``, ``cuda``,
-    ``cuda:N``; None: :func:`default_device`), recorded with the name of its hardware (``device_name``,
-    :func:`device_name`: the GPU's on CUDA), which the plot titles show.
-    """
-    bf16 = cpu_bf16_support()
-    device = device or default_device()
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.machine(),
-        "processor": _cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_bf16": bf16.describe(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": _load_average(),
-        "torch_threads": torch.get_num_threads(),
-        "allocator": allocator.describe(),
-        "precision": precision,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": device,
-        "device_name": device_name(device),
-    }
+from .machine import BF16_FLAGS as BF16_FLAGS
+from .machine import ROW_ENV_KEYS as ROW_ENV_KEYS
+from .machine import Bf16Support as Bf16Support
+from .machine import cpu_bf16_support as cpu_bf16_support
+from .machine import default_device
+from .machine import device_name as device_name
+from .machine import environment as environment
+from .machine import row_environment as row_environment
 
 
-def default_device() -> str:
-    """Where a bench runs unless told: ``cuda`` when available, else ``cpu``."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+class Rounds:
+    """What :func:`interleaved_rounds` measured: per callable the wall ``seconds`` and process ``cpu_seconds``
+    (``time.process_time``: user + system of every thread) of each timed call, per probe the ``values`` it returned,
+    and the callables that raised (``failed``: name -> exception, with ``catch``)."""
+
+    def __init__(self, names, probes) -> None:
+        self.seconds: dict = {name: [] for name in names}
+        self.cpu_seconds: dict = {name: [] for name in names}
+        self.values: dict = {name: [] for name in probes}
+        self.failed: dict = {}
+
+    def medians(self) -> dict:
+        """Median wall seconds of each callable that ran and did not fail."""
+        return {name: statistics.median(times) for name, times in self.seconds.items()
+                if times and name not in self.failed}
+
+    def value_medians(self) -> dict:
+        """Median of the values each probe returned."""
+        return {name: statistics.median(values) for name, values in self.values.items() if values}
+
+    def mean_cpu_seconds(self, name) -> float:
+        """CPU seconds per timed call of ``name``."""
+        return statistics.fmean(self.cpu_seconds[name])
 
 
-def device_name(device: str) -> str:
-    """The hardware ``device`` names, for a result's record and its plot titles: the GPU's name
-    (``torch.cuda.get_device_name``) for ``cuda`` / ``cuda:N``, else the CPU's model name."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name(torch.device(device))
-    return _cpu_model()
-
-
-def _cpu_model() -> str:
+def _attempt(rounds: Rounds, name, fn: Callable[[], object], catch: bool) -> bool:
+    """``fn()``; with ``catch`` an exception is recorded in ``rounds.failed`` (-> False) instead of raised."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+        fn()
+    except Exception as error:
+        if not catch:
+            raise
+        rounds.failed[name] = error
+        return False
+    return True
 
 
-#: /proc/cpuinfo flags of bf16 arithmetic in hardware: x86 AVX-512 BF16 and AMX-BF16, Arm's BF16 extension.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+def interleaved_rounds(fns: dict, repeats: int, warmup: int = 1, budget_s: float | None = None,
+                       probes: dict | None = None, catch: bool = False) -> Rounds:
+    """The one timer of the benches: the callables ``fns`` (name -> zero-argument callable) timed in rounds.
 
-
-class Bf16Support:
-    """Whether this CPU computes in bf16 in hardware: ``supported`` and the ``flags`` that say so."""
-
-    def __init__(self, flags: tuple[str, ...], cpu_capability: str) -> None:
-        self.flags, self.cpu_capability = flags, cpu_capability
-        self.supported = bool(flags)
-
-    def describe(self) -> str:
-        """``"yes (avx512_bf16, amx_bf16)"`` or ``"no (...)"``, for the machine record."""
-        if self.supported:
-            return f"yes ({', '.join(self.flags)})"
-        return f"no (no {' / '.join(BF16_FLAGS[:2])} flag; torch CPU capability {self.cpu_capability})"
-
-    def unsupported_reason(self) -> str | None:
-        """None where bf16 runs in hardware, else the line a benchmark prints instead of timing bf16."""
-        if self.supported:
-            return None
-        return (f"bf16: not supported on this CPU ({_cpu_model()}: {self.describe()}); bf16 here would be an "
-                "emulation, so it is not timed")
-
-
-def cpu_bf16_support(cpuinfo: str | None = None) -> Bf16Support:
-    """Detect bf16 hardware from the CPU flags (``/proc/cpuinfo``, or the text ``cpuinfo``).
-
-    x86: ``avx512_bf16`` (AVX-512 BF16 dot products) or ``amx_bf16`` (AMX tiles); Arm: ``bf16`` in
-    ``Features``. ``torch.backends.cpu.get_cpu_capability()`` (e.g. ``AVX2``, ``AVX512``, ``AMX``...) is
-    recorded beside it. Without a readable ``/proc/cpuinfo`` (not Linux) the answer is "no flags found".
+    Each round calls every callable once, in order, then every probe of ``probes`` (name -> callable returning a figure
+    it measured itself, such as a matmul rate, recorded as is), so a change of the machine's load falls on all of them
+    alike and their ratios hold. ``warmup`` untimed rounds first; then ``repeats`` timed rounds, fewer once they took
+    longer than ``budget_s`` (at least one). CUDA work is synchronised before each clock read once CUDA is in use.
+    With ``catch`` a callable that raises is recorded in :attr:`Rounds.failed` and left out of the later rounds;
+    without, the exception propagates.
     """
-    capability = torch.backends.cpu.get_cpu_capability()
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return Bf16Support(tuple(flag for flag in BF16_FLAGS if flag in flags), capability)
+    probes = probes or {}
+    rounds = Rounds(fns, probes)
+    for _ in range(warmup):
+        for name, fn in fns.items():
+            if name not in rounds.failed:
+                _attempt(rounds, name, fn, catch)
+        for probe in probes.values():
+            probe()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if name in rounds.failed:
+                continue
+            sync()
+            cpu_started, wall_started = time.process_time(), time.perf_counter()
+            try:
+                fn()
+                sync()
+            except Exception as error:
+                if not catch:
+                    raise
+                rounds.failed[name] = error
+                continue
+            rounds.seconds[name].append(time.perf_counter() - wall_started)
+            rounds.cpu_seconds[name].append(time.process_time() - cpu_started)
+        for name, probe in probes.items():
+            rounds.values[name].append(probe())
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return rounds
 
 
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
+def interleaved_medians(fns: dict, repeats: int, budget_s: float | None = None, warmup: int = 1) -> dict:
+    """Median wall seconds of each callable of ``fns``, timed in rounds (:func:`interleaved_rounds`)."""
+    return interleaved_rounds(fns, repeats, warmup, budget_s).medians()
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budget_s: float | None = None) -> float:
-    """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup`` runs.
+    """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup`` runs (:func:`interleaved_rounds`
+    of one callable: with ``budget_s``, no more runs once they took longer than that; at least one timed run)."""
+    return interleaved_rounds({"fn": fn}, repeats, warmup, budget_s).medians()["fn"]
 
-    With ``budget_s``, stops repeating once the runs so far took longer than the budget (at least one
-    timed run always happens). CUDA work is synchronised before each clock read.
-    """
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    started = time.perf_counter()
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            break
-    return statistics.median(times)
+
+def _status_bytes(field: str, pid: int | None = None) -> int | None:
+    """The one memory reader: ``field`` (``VmRSS``, ``VmHWM``) of ``/proc/<pid or self>/status`` in bytes; None where
+    that is unreadable (not Linux)."""
+    try:
+        for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -163,13 +155,8 @@ def peak_rss_bytes() -> int:
     keeps the RSS of the parent a process was forked from before it exec-ed, so a small benchmark
     process started by a large one would report the parent's size.
     """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def add_device_options(parser) -> None:
@@ -224,12 +211,9 @@ def current_rss_bytes(pid: int | None = None) -> int:
 
     Where ``/proc`` is unreadable: this process's peak so far, or 0 for another process.
     """
-    try:
-        for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    rss = _status_bytes("VmRSS", pid)
+    if rss is not None:
+        return rss
     return 0 if pid else peak_rss_bytes()
 
 
@@ -265,47 +249,89 @@ def extrapolate(points: list[tuple[float, float]], x: float, default_exponent: f
     return y1 * (x / x1) ** exponent
 
 
-_CHILD = (
-    "import importlib, json, sys\n"
-    "module, _, name = sys.argv[1].partition(':')\n"
-    "kwargs = json.loads(open(sys.argv[2]).read())\n"
-    "result = getattr(importlib.import_module(module), name)(**kwargs)\n"
-    "open(sys.argv[3], 'w').write(json.dumps(result))\n"
-)
+def skip_reason(size: float, times: list[tuple[float, float]], time_budget_s: float,
+                memories: list[tuple[float, float]] = (), memory_budget_bytes: float | None = None,
+                per: str = "") -> str | None:
+    """Why a sweep (sizes ascending) skips its configuration of ``size``, as a ``"skipped: ..."`` status, or None to
+    measure it. ``times`` / ``memories``: the (size, seconds) / (size, bytes) measured so far. Skipped: once the last
+    measured took longer than ``time_budget_s``, or where :func:`extrapolate` predicts more than a budget (seconds
+    with an exponent of 1 to 3, memory of 0 to 3). ``per``: what a predicted time is of (``" per step"``)."""
+    if times and times[-1][1] > time_budget_s:
+        return f"skipped: over time budget (N={times[-1][0]} took {times[-1][1]:.2f} s)"
+    predicted = extrapolate(times, size)
+    if predicted is not None and predicted > time_budget_s:
+        return f"skipped: over time budget (predicted {predicted:.1f} s{per})"
+    predicted = extrapolate(memories, size, default_exponent=0.0, min_exponent=0.0)
+    if memory_budget_bytes is not None and predicted is not None and predicted > memory_budget_bytes:
+        return f"skipped: over memory budget (predicted {predicted / 2**30:.1f} GiB)"
+    return None
 
 
-def run_isolated(target: str, kwargs: dict, timeout_s: float, memory_limit_bytes: int | None = None,
-                 poll_s: float = 0.05) -> dict:
-    """Call ``module:function(**kwargs)`` in a fresh Python process and return its JSON-able dict.
+#: What precedes the result on a child's standard output (:func:`run_isolated`).
+RESULT_MARK = "medattn-bench-result: "
+#: The module whose ``python -m`` is the child of :func:`run_isolated` (this one: :func:`_child`).
+CHILD_MODULE = "medattn.bench.common"
 
-    The parent polls the child's RSS: past ``memory_limit_bytes`` it kills the child and returns
-    ``{"status": "skipped: over memory budget ..."}``; past ``timeout_s`` seconds likewise with
-    ``"skipped: over time budget ..."``. A crash returns ``{"status": "failed: ..."}`` with the last
-    line of the child's stderr. The child inherits the environment (threads, ``LD_PRELOAD``).
+
+def run_isolated(target: str | Callable[..., object], kwargs: dict, timeout_s: float | None = None,
+                 memory_limit_bytes: int | None = None, poll_s: float = 0.05, env: dict | None = None,
+                 check: bool = False):
+    """The one way a bench isolates a measurement: ``target(**kwargs)`` in a fresh Python process, its JSON-able
+    result returned.
+
+    ``target``: a function of an importable module, or its name ``"module:function"``. The child is
+    ``python -m medattn.bench.common TARGET KWARGS_JSON`` (:func:`_child`): a function and its arguments as data,
+    never Python source. It inherits this process's environment (threads, ``LD_PRELOAD``) updated with ``env``; its
+    output comes back through pipes (no file is written). The parent polls the child's RSS: past
+    ``memory_limit_bytes`` it kills the child and returns ``{"status": "skipped: over memory budget ..."}``; past
+    ``timeout_s`` seconds likewise with ``"skipped: over time budget ..."``. A crash returns
+    ``{"status": "failed: ..."}`` with the last line of the child's stderr. With ``check`` each of those raises a
+    RuntimeError (with the end of the child's stderr) instead.
     """
-    with tempfile.TemporaryDirectory(prefix="medattn-bench-") as tmp:
-        in_path, out_path, err_path = (Path(tmp) / name for name in ("in.json", "out.json", "err.txt"))
-        in_path.write_text(json.dumps(kwargs))
-        with err_path.open("w") as err:
-            child = subprocess.Popen([sys.executable, "-c", _CHILD, target, str(in_path), str(out_path)],
-                                     stdout=subprocess.DEVNULL, stderr=err)
-            started = time.perf_counter()
-            status = None
-            while child.poll() is None:
-                rss = current_rss_bytes(child.pid)
-                if memory_limit_bytes is not None and rss > memory_limit_bytes:
-                    status = f"skipped: over memory budget (killed at {rss / 2**30:.2f} GiB RSS)"
-                elif time.perf_counter() - started > timeout_s:
-                    status = f"skipped: over time budget (killed after {timeout_s:.0f} s)"
-                if status is not None:
-                    child.kill()
-                    child.wait()
-                    return {"status": status}
-                time.sleep(poll_s)
-        if child.returncode != 0:
-            lines = err_path.read_text().strip().splitlines()
-            return {"status": f"failed: exit {child.returncode}: {lines[-1] if lines else 'no message'}"}
-        return json.loads(out_path.read_text())
+    if callable(target):
+        target = f"{target.__module__}:{target.__qualname__}"
+    child = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, target, json.dumps(kwargs)], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+    started, status = time.perf_counter(), None
+    while True:
+        try:
+            out, errors = child.communicate(timeout=poll_s)
+            break
+        except subprocess.TimeoutExpired:
+            status = status or _over_budget(child.pid, time.perf_counter() - started, timeout_s, memory_limit_bytes)
+            if status is not None:
+                child.kill()  # the next communicate() collects what it wrote
+    if status is None and child.returncode != 0:
+        lines = errors.strip().splitlines()
+        status = f"failed: exit {child.returncode}: {lines[-1] if lines else 'no message'}"
+    if status is not None and check:
+        raise RuntimeError(f"{target}(**{kwargs}) in a fresh process: {status}\n{errors[-2000:]}")
+    if status is not None:
+        return {"status": status}
+    results = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
+    return json.loads(results[-1][len(RESULT_MARK):])
+
+
+def _over_budget(pid: int, seconds: float, timeout_s: float | None, memory_limit_bytes: int | None) -> str | None:
+    """The ``"skipped: ..."`` status of a child past its memory or time budget, else None."""
+    rss = current_rss_bytes(pid)
+    if memory_limit_bytes is not None and rss > memory_limit_bytes:
+        return f"skipped: over memory budget (killed at {rss / 2**30:.2f} GiB RSS)"
+    if timeout_s is not None and seconds > timeout_s:
+        return f"skipped: over time budget (killed after {timeout_s:.0f} s)"
+    return None
+
+
+def _child(target: str, kwargs_json: str) -> None:
+    """The child end of :func:`run_isolated`: ``module:function(**kwargs)``, whatever it prints sent to stderr, its
+    result printed as JSON after :data:`RESULT_MARK`."""
+    module, _, name = target.partition(":")
+    function = importlib.import_module(module)
+    for part in name.split("."):
+        function = getattr(function, part)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = function(**json.loads(kwargs_json))
+    print(RESULT_MARK + json.dumps(result), flush=True)
 
 
 def run_in_process(measure: Callable[..., dict], kwargs: dict) -> dict:
@@ -315,15 +341,6 @@ def run_in_process(measure: Callable[..., dict], kwargs: dict) -> dict:
         return measure(**kwargs)
     except Exception as error:
         return {"status": f"failed: {type(error).__name__}: {error}"}
-
-
-#: The environment fields copied into every result row.
-ROW_ENV_KEYS = ("machine", "processor", "cpu_bf16", "torch_threads", "allocator", "torch", "device", "device_name")
-
-
-def row_environment(env: dict) -> dict:
-    """The fields of :func:`environment` that every result row carries (:data:`ROW_ENV_KEYS`)."""
-    return {key: env[key] for key in ROW_ENV_KEYS}
 
 
 def reset_peak_memory(device: str) -> None:
@@ -345,3 +362,7 @@ def peak_memory_bytes(device: str, baseline: int = 0) -> int:
 def comma_list(text: str) -> list[str]:
     """``"a, b"`` -> ``["a", "b"]``: the argparse type of comma-separated options."""
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+if __name__ == "__main__":  # the child of run_isolated
+    _child(*sys.argv[1:])

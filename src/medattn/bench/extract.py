@@ -6,8 +6,9 @@ For each encoder (random weights in the publisher's architecture, its card in
 bf16 as autocast, timed only where the CPU multiplies bf16 in hardware,
 :func:`~medattn.bench.common.cpu_bf16_support`; int8 as the dynamic quantisation of the ViTs' Linear layers that
 ``wsi extract --precision int8`` runs, compared with fp32's matmul rate). Timed in rounds, one batch of every
-configuration and one matmul of every precision per round (:func:`~medattn.bench.roofline.matmul_probe`), so the
-rate each encoder is compared with was measured beside it; medians over the rounds.
+configuration and one matmul of every precision per round (:func:`~medattn.bench.roofline.matmul_probe`, a probe of
+:func:`~medattn.bench.common.interleaved_rounds`), so the rate each encoder is compared with was measured beside it;
+medians over the rounds.
 
 Reported per row: ``tiles_per_s``, the FLOPs one tile costs (counted by PyTorch's ``FlopCounterMode``),
 ``fraction_of_matmul`` = achieved FLOP/s over the interleaved matmul rate (1.0: the encoder runs at the speed
@@ -22,8 +23,6 @@ Writes ``extract.csv`` and ``extract.json`` with the machine, threads and versio
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -33,7 +32,15 @@ from medattn.slides.encoders import ENCODERS
 from medattn.slides.extractors import PRECISIONS, with_precision
 from medattn.threads import set_threads
 
-from .common import add_overwrite, comma_list, cpu_bf16_support, environment, results_folder, write_results
+from .common import (
+    add_overwrite,
+    comma_list,
+    cpu_bf16_support,
+    environment,
+    interleaved_rounds,
+    results_folder,
+    write_results,
+)
 from .roofline import matmul_probe
 
 #: The encoders timed: every card whose whole architecture is known (a ViT card that leaves its shape open is not).
@@ -92,21 +99,16 @@ def run(args: argparse.Namespace) -> int:
 
             cosine = torch.nn.functional.cosine_similarity(batch().float(), reference).min().item()  # + warm-up
             configurations.append({"encoder": name, "precision": precision, "batch": batch, "cosine": cosine,
-                                   "gflop_per_tile": counter.get_total_flops() / 1e9, "times": []})
+                                   "gflop_per_tile": counter.get_total_flops() / 1e9})
     probes = {precision: matmul_probe("fp32" if precision == "int8" else precision, target_s=0.1)
               for precision in precisions}
-    rates = {precision: [] for precision in precisions}
-    for _ in range(args.rounds):
-        for configuration in configurations:
-            started = time.perf_counter()
-            configuration["batch"]()
-            configuration["times"].append(time.perf_counter() - started)
-        for precision, probe in probes.items():
-            rates[precision].append(probe())
+    rounds = interleaved_rounds({index: configuration["batch"] for index, configuration in enumerate(configurations)},
+                                args.rounds, warmup=0, probes=probes)
+    seconds, rates = rounds.medians(), rounds.value_medians()
     rows = []
-    for configuration in configurations:
-        tiles_per_s = args.batch_size / statistics.median(configuration["times"])
-        rate = statistics.median(rates[configuration["precision"]])
+    for index, configuration in enumerate(configurations):
+        tiles_per_s = args.batch_size / seconds[index]
+        rate = rates[configuration["precision"]]
         rows.append({"encoder": configuration["encoder"], "precision": configuration["precision"],
                      "batch_size": args.batch_size, "tiles_per_s": tiles_per_s,
                      "gflop_per_tile": configuration["gflop_per_tile"], "matmul_gflops": rate,

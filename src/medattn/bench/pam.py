@@ -1,14 +1,14 @@
 """Permutohedral lattice filter: time and peak memory versus number of points, against brute force.
 
 Each configuration (method, number of points, pass) runs in a fresh Python subprocess, so its peak resident
-set size belongs to that configuration alone: the worker resets the kernel's peak mark
-(``/proc/self/clear_refs``, falling back to ``ru_maxrss``) once its inputs exist, and ``peak_mem_mb`` is the
-peak (VmHWM) minus the resident size at that moment, i.e. the filter's working memory. Features are uniform
-in a d-cube whose volume grows with N (one point per unit volume, in units of the Gaussian's standard
-deviation), as voxel coordinates of a growing volume would; values are standard normal. ``brute`` is the
-exact O(N^2) filter, computed in row blocks of 1024 to bound memory. Timings are medians over repeats after
-one warm-up (see ``medattn.bench.common.median_time``); from 10^6 points on, one warm-up and one timed run
-(a cold single run also paid the first touch of every fresh page, which made the cost per point look
+set size belongs to that configuration alone (``medattn.bench.common.run_isolated``): the worker resets the kernel's
+peak mark (``medattn.bench.common.reset_peak_memory``: ``/proc/self/clear_refs``, falling back to ``ru_maxrss``) once
+its inputs exist, and ``peak_mem_mb`` is the peak (VmHWM) minus the resident size at that moment, i.e. the filter's
+working memory. Features are uniform in a d-cube whose volume grows with N (one point per unit volume, in units of
+the Gaussian's standard deviation), as voxel coordinates of a growing volume would; values are standard normal.
+``brute`` is the exact O(N^2) filter, computed in row blocks of 1024 to bound memory. Timings are medians over
+repeats after one warm-up (``medattn.bench.common.interleaved_rounds``); from 10^6 points on, one warm-up and one
+timed run (a cold single run also paid the first touch of every fresh page, which made the cost per point look
 non-linear in N: 1.06 vs 0.63 CPU-us at 10^6 vs 3x10^5 in one run, sys time 25% of the total). Besides
 wall time, ``cpu_seconds`` is the worker's CPU time per timed call (``time.process_time``, user + system), which is less
 disturbed when other processes share the machine. The lattice's Numba kernels are loaded (compiled on
@@ -18,17 +18,22 @@ one-off cost of the process (measured: 0.5 CPU-s and 130 MiB, mostly Numba and L
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-
 import torch
 
 from medattn.errors import UserError
 from medattn.threads import set_threads
 
-from .common import add_overwrite, environment, median_time, peak_rss_bytes, results_folder, write_results
+from .common import (
+    add_overwrite,
+    current_rss_bytes,
+    environment,
+    interleaved_rounds,
+    peak_memory_bytes,
+    reset_peak_memory,
+    results_folder,
+    run_isolated,
+    write_results,
+)
 
 FULL_SIZES = [10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000]
 QUICK_SIZES = [1_000, 3_000, 10_000]
@@ -66,24 +71,6 @@ def _brute(values: torch.Tensor, features: torch.Tensor, normalize: bool, block:
     return torch.cat(rows)
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS; False where not supported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def measure(config: dict) -> dict:
     """Time one configuration in this process; returns a result row (run inside a fresh worker)."""
     from medattn.permutohedral import permutohedral_filter
@@ -108,27 +95,15 @@ def measure(config: dict) -> dict:
             out.sum().backward()
             values.grad = features.grad = None
 
-    reset = _reset_peak()
-    baseline = _status_bytes("VmRSS")
+    reset_peak_memory("cpu")
+    baseline = current_rss_bytes()
     repeats = 1 if config["num_points"] >= 1_000_000 else config["repeats"]
-    with torch.set_grad_enabled(backward):
-        call()  # warm-up: its memory counts in the peak, its time in neither clock
-        cpu_started = time.process_time()
-        seconds = median_time(call, repeats=repeats, warmup=0)
-    cpu_seconds = (time.process_time() - cpu_started) / repeats
-    peak = _status_bytes("VmHWM") if reset else peak_rss_bytes()
+    with torch.set_grad_enabled(backward):  # the warm-up's memory counts in the peak, its time in neither clock
+        rounds = interleaved_rounds({"call": call}, repeats, warmup=1)
+    seconds, cpu_seconds = rounds.medians()["call"], rounds.mean_cpu_seconds("call")
     return {**config, "seconds": seconds, "us_per_point": seconds / config["num_points"] * 1e6,
             "cpu_seconds": cpu_seconds, "cpu_us_per_point": cpu_seconds / config["num_points"] * 1e6,
-            "peak_mem_mb": (peak - baseline) / 2**20, "threads_used": torch.get_num_threads()}
-
-
-def _run_worker(config: dict) -> dict:
-    code = ("import json, sys; from medattn.bench.pam import measure; "
-            "print(json.dumps(measure(json.loads(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"benchmark worker failed for {config}:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+            "peak_mem_mb": peak_memory_bytes("cpu", baseline) / 2**20, "threads_used": torch.get_num_threads()}
 
 
 def scaling_ratio(rows: list[dict], method: str, pass_name: str, low: int = 100_000,
@@ -157,7 +132,7 @@ def run(args) -> int:
                 config = {"method": method, "num_points": num_points, "pass": pass_name, "dim": args.dim,
                           "channels": args.channels, "normalize": args.normalize, "repeats": args.repeats,
                           "threads": args.threads}
-                row = _run_worker(config)
+                row = run_isolated(measure, {"config": config}, check=True)
                 rows.append(row)
                 print(f"{method:8s} N={num_points:>9,d} {pass_name:17s} {row['seconds']:9.4f} s "
                       f"{row['us_per_point']:8.3f} us/point (CPU {row['cpu_us_per_point']:8.3f})  "

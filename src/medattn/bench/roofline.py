@@ -33,7 +33,6 @@ from shapes alone (a forward on the meta device), for the training step's matmul
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from torch import nn
 
 from medattn.attention import Attention, get_attention_class
 
-from .common import median_time
+from .common import interleaved_rounds, median_time
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -99,9 +98,7 @@ def matmul_probe(precision: str = "fp32", size: int = 2048, device: str = "cpu",
             return 2 * n**3 / (time.perf_counter() - started) / 1e9
         return once
 
-    small = product(256)
-    small()
-    estimate = statistics.median(small() for _ in range(3))
+    estimate = interleaved_rounds({}, 3, probes={"rate": product(256)}).value_medians()["rate"]  # after a warm-up
     return product(int(min(size, max(256, (target_s * estimate * 1e9 / 2) ** (1 / 3))) // 64 * 64))
 
 
@@ -109,8 +106,7 @@ def measure_matmul_gflops(precision: str = "fp32", size: int = 2048, repeats: in
                           target_s: float = 0.2) -> float:
     """Median GFLOP/s of :func:`matmul_probe` over ``repeats`` products (after one warm-up)."""
     probe = matmul_probe(precision, size, device, target_s)
-    probe()
-    return statistics.median(probe() for _ in range(repeats))
+    return interleaved_rounds({}, repeats, probes={"rate": probe}).value_medians()["rate"]
 
 
 def measure_bandwidth_gbs(megabytes: int = 256, repeats: int = 5, device: str = "cpu") -> float:

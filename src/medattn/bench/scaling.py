@@ -66,12 +66,12 @@ from .common import (
     cpu_bf16_support,
     default_device,
     environment,
-    extrapolate,
     results_folder,
     row_environment,
     run_device,
     run_in_process,
     run_isolated,
+    skip_reason,
     write_results,
 )
 from .roofline import DTYPES, MachineRates, matmul_flops, measure_rates
@@ -129,8 +129,8 @@ def run_scaling_bench(mechanisms=DEFAULT_MECHANISMS, resolutions=DEFAULT_RESOLUT
                         "matmul_floor_s": floors[variant[2]]}
 
             rows.extend({**row(v), "status": f"skipped: {unsupported[v[2]]}", **env_fields} for v in skipped_variants)
-            status = "skipped: no variant to measure" if not variants else _skip_reason(
-                tokens, times, memories, time_budget_s, memory_budget)
+            status = "skipped: no variant to measure" if not variants else skip_reason(
+                tokens, times, time_budget_s, memories, memory_budget, per=" per step")
             if status is None:
                 kwargs = dict(model=model, mechanism=mechanism, resolution=resolution, batch_size=batch_size,
                               repeats=repeats, warmup=warmup, budget_s=time_budget_s, device=device,
@@ -210,18 +210,6 @@ def _check_arguments(mechanisms, resolutions, model: str, precisions: list[str])
     if not resolutions or resolutions[0] <= 0:
         raise UserError(f"resolutions must be positive integers, got {resolutions}")
     return resolutions
-
-
-def _skip_reason(tokens, times, memories, budget_s, memory_budget) -> str | None:
-    if times and times[-1][1] > budget_s:
-        return f"skipped: over time budget ({times[-1][0]} tokens took {times[-1][1]:.1f} s)"
-    predicted = extrapolate(times, tokens)
-    if predicted is not None and predicted > budget_s:
-        return f"skipped: over time budget (predicted {predicted:.1f} s per step)"
-    predicted = extrapolate(memories, tokens, default_exponent=0.0, min_exponent=0.0)
-    if predicted is not None and predicted > memory_budget:
-        return f"skipped: over memory budget (predicted {predicted / 2**30:.1f} GiB)"
-    return None
 
 
 TABLE = [("mechanism", "mechanism", ""), ("resolution", "px", ""), ("tokens", "N", ""), ("variant", "variant", ""),

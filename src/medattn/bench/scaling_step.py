@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -29,7 +28,7 @@ from medattn.train.defaults import GENERAL
 from medattn.train.optim import make_optimizer
 
 from .attention import implementations
-from .common import current_rss_bytes, peak_memory_bytes, reset_peak_memory
+from .common import current_rss_bytes, interleaved_rounds, peak_memory_bytes, reset_peak_memory
 from .roofline import DTYPES, matmul_probe, measure_matmul_gflops
 
 
@@ -108,13 +107,12 @@ def measure_step(model: str, mechanism: str, resolution: int, batch_size: int = 
     results, prepared = _prepare_variants(model, mechanism, resolution, images, targets, variants, warmup, device,
                                           seed)
     _count_flops(prepared)
-    interleaved = _timed_rounds(prepared, repeats, budget_s, device)
+    steps, interleaved = _timed_rounds(prepared, repeats, budget_s, device)
     rates = {precision: measure_matmul_gflops(precision, device=device) for _, _, precision in prepared}
-    for result, _, precision in prepared:
-        times = result.pop("times")
+    for index, (result, _, precision) in enumerate(prepared):
         if result["status"] == "ok":
-            result.update(step_s=statistics.median(times), matmul_gflops_after=rates[precision],
-                          matmul_gflops_interleaved=statistics.median(interleaved[precision]))
+            result.update(step_s=steps[index], matmul_gflops_after=rates[precision],
+                          matmul_gflops_interleaved=interleaved[precision])
     prepared.clear()
     if any(compiled for compiled, _, _ in variants):
         torch._dynamo.reset()
@@ -152,7 +150,7 @@ def _prepare_variants(model: str, mechanism: str, resolution: int, images: torch
                 result["compile_s"] = time.perf_counter() - started
             for _ in range(max(warmup, 1)):
                 step()
-            result.update(status="ok", peak_mem_bytes=peak_memory_bytes(device, baseline), times=[])
+            result.update(status="ok", peak_mem_bytes=peak_memory_bytes(device, baseline))
             prepared.append((result, step, precision))
         except Exception as error:  # one failing variant (e.g. a compiler error) does not hide the others
             result["status"] = _failed(error)
@@ -175,27 +173,15 @@ def _count_flops(prepared: list[tuple]) -> None:
             result["counted_gflop"] = counter.get_total_flops() / 1e9
 
 
-def _timed_rounds(prepared: list[tuple], repeats: int, budget_s: float | None, device: str) -> dict[str, list]:
-    """Phase 2 of :func:`measure_step`: ``repeats`` rounds (fewer past ``budget_s``) of one timed step of every
-    variant (into its ``times``) and one matmul per precision; -> precision -> the matmul rates of the rounds."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+def _timed_rounds(prepared: list[tuple], repeats: int, budget_s: float | None, device: str
+                  ) -> tuple[dict[int, float], dict[str, float]]:
+    """Phase 2 of :func:`measure_step`: :func:`~medattn.bench.common.interleaved_rounds` of one timed step of every
+    variant and one matmul per precision (its probes), ``repeats`` rounds (fewer past ``budget_s``); a variant that
+    raises gets a "failed: ..." status. -> (index in ``prepared`` -> median step seconds, precision -> median matmul
+    rate of the rounds)."""
     probes = {precision: matmul_probe(precision, device=device) for _, _, precision in prepared}  # as before/after
-    interleaved = {precision: [] for precision in probes}
-    started = time.perf_counter()
-    for _ in range(repeats):
-        for result, step, _ in prepared:
-            if result["status"] != "ok":
-                continue
-            try:
-                sync()
-                t0 = time.perf_counter()
-                step()
-                sync()
-                result["times"].append(time.perf_counter() - t0)
-            except Exception as error:
-                result["status"] = _failed(error)
-        for precision, probe in probes.items():  # the matmul rate in the same rounds as the steps
-            interleaved[precision].append(probe())
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            break
-    return interleaved
+    rounds = interleaved_rounds({index: step for index, (_, step, _) in enumerate(prepared)}, repeats, warmup=0,
+                                budget_s=budget_s, probes=probes, catch=True)
+    for index, error in rounds.failed.items():
+        prepared[index][0]["status"] = _failed(error)
+    return rounds.medians(), rounds.value_medians()
