@@ -8,7 +8,7 @@
 paper's transforms: a random resized crop, nnU-Net's intensity transforms and a smooth elastic
 deformation, for 2D images and 3D volumes alike (defaults and their sources in each class). It is the
 default (:data:`DEFAULT_AUGMENT`) of the volume classification kinds: on the SYNTHETIC breast-MRI volumes it
-raised the CNN baseline and, with the small presets' convolutional stem, the ViTs (docs/training.md, "The
+raised the CNN baseline and, with the small presets' convolutional stem, the ViTs (docs/small_data.md, "The
 small-data recipe"). 2D image kinds default to the paper's transforms (``augment: true``): on the realistic
 brain-MRI slices the strong recipe cost the ResNet 0.08 AUROC (docs/realistic.md).
 
