@@ -86,7 +86,6 @@ def _save(plt, fig, panels, ticks: list, xlabel: str, title: str, path: Path, dp
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(path, fig, dpi=dpi)
+    save_figure(path, fig, dpi=dpi)  # its folder created by the primitive
     plt.close(fig)
     return path

@@ -245,7 +245,7 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
         labels = outcomes.burdens(len(splits), rng)
         columns = outcomes.OUTCOMES[type(kind)](labels, rng)
     with writing(folder):
-        folder.mkdir(parents=True, exist_ok=True)
+        OutputFolder(folder).create()
         rows = task.write(folder, labels, brain.COHORTS[cohort], rng)
         patients = [f"{name}-{cohort}{seed}-{i:04d}" for i in range(len(labels))]
         data = {**task.data}

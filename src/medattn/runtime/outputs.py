@@ -225,9 +225,14 @@ class OutputFolder:
         if target.exists() and target not in self._written and not (self.overwrite or self.resume):
             raise UserError(f"{target} exists and this command did not write it: refusing to replace it (choose "
                             f"another --out, or give --overwrite)")
+        self.create()
+        return target
+
+    def create(self) -> Path:
+        """The folder, created (with its parents) if missing; an OS error is a one-line UserError."""
         with writing(self.folder):
             self.folder.mkdir(parents=True, exist_ok=True)
-        return target
+        return self.folder
 
     def entry(self, name: str) -> Path:
         """``folder/name`` for a relative path ``name`` (``runs/x``), each part confined as by :func:`safe_name`."""

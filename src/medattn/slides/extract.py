@@ -29,6 +29,7 @@ import torch
 from ..data.readers.bags import WRITTEN_LAYOUTS, slide_shape, write_bag
 from ..errors import UserError, writing
 from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
+from ..runtime.outputs import OutputFolder
 from ..text import bars_off
 from .extractors import Extractor
 from .identity import IDENTITY_ATTR, identity, recorded
@@ -229,9 +230,7 @@ def extract_slides(slides: list[Path], out_dir: Path, extractor: Extractor, sett
     from tqdm.auto import tqdm
 
     check_layout(layout)
-    out_dir = Path(out_dir)
-    with writing(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = OutputFolder(out_dir, resume=True).create()  # each slide's file is judged by done() below
     mine = shard(sorted(slides), rank, world)
     results = []
     label = f"rank {rank}: " if world > 1 else ""

@@ -200,6 +200,16 @@ def _put_back(run_dir: Path) -> None:
         remove(run_dir / PREVIOUS)
 
 
+def tensorboard_writer(run_dir: Path, first_epoch: int = 1):
+    """TensorBoard's ``SummaryWriter`` on ``run_dir/tensorboard``, a folder this transaction owns (one of
+    :data:`RUN_FILES`: set aside by ``--overwrite``, removed with an unfinished fresh run). Its event files grow as
+    training goes, not renamed into place (TensorBoard reads them while the run trains); a resumed run starts at
+    ``first_epoch`` (``purge_step``), so the steps a previous attempt wrote after its checkpoint are dropped."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=first_epoch)
+
+
 def _recover(run_dir: Path) -> None:
     """After a run killed outright (the lock is ours, so its owner is gone): a previous run it had set aside
     comes back (the killed run was not complete); unfinished checkpoint writes go."""
