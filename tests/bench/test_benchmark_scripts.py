@@ -59,6 +59,7 @@ HELP_ONLY = {
     "diffusion_scaling.py": "run at a toy size by tests/diffusion/test_diffusion_bench.py",
     "explain_sanity.py": "reads finished training runs",
     "heatmap_examples.py": "reads the folder a `medattn demo` wrote",
+    "label_efficiency.py": "trains two arms per size and seed on a realistic image task (hours)",
     "kernel_targets.py": "reads GPU bench results; run on rows it writes by tests/bench/test_kernel_targets.py",
     "realistic_reference.py": "trains on a realistic task folder (minutes per seed)",
     "realistic_table.py": "reads a realistic task folder and a compare folder",

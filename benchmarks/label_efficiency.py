@@ -1,0 +1,143 @@
+"""Pretraining's label-efficiency curve (issue 48): test AUROC of a model trained from scratch and of the same
+model started from a ``medattn pretrain`` run, at several numbers of labelled training cases, over seeds.
+
+    medattn realistic --out bench --tasks brain_mri_2d --pool 3000
+    medattn pretrain bench/brain_mri_2d/config.yaml --out pre/brain train.threads=1 pretrain.epochs=25
+    python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain --out curve --sizes 25 50 100 180 --seeds 0 1 2
+
+For each size n and seed s a class-balanced subset of n training cases is drawn (seeded by s; the validation and
+test cases are always the task's own), written as ``OUT/tables/n<n>_s<s>.csv`` beside the task's images, and
+trained twice with ``medattn train`` (``seed=s``, one thread): from scratch and with ``--init-from PRETRAIN``. Every
+(size, seed, arm) run is its own folder under ``OUT/runs`` and is skipped when finished, so the script resumes.
+Per size: the mean (std) of each arm, the paired t-test over seeds and the paired bootstrap over the test patients
+(``medattn.experiments.compare``), written to ``OUT/label_efficiency.json`` and drawn as ``OUT/label_efficiency.png``.
+Runs that learned nothing are counted, never hidden (results.json's verdict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ARMS = ("scratch", "pretrained")
+
+
+def subset_table(task: Path, out: Path, size: int, seed: int) -> Path:
+    """The task's table with only ``size`` of its training cases (half of each label where it can), seeded."""
+
+    config = yaml.safe_load((task / "config.yaml").read_text())
+    source = Path(config["data"]["csv"])
+    with open(source, newline="") as f:
+        rows = list(csv.DictReader(f))
+    label = config["data"]["label_columns"]
+    rng = np.random.default_rng(seed)
+    train = [r for r in rows if r["split"] == "train"]
+    chosen = []
+    for value in sorted({r[label] for r in train}):
+        group = [r for r in train if r[label] == value]
+        chosen += [group[i] for i in rng.permutation(len(group))[:size // 2]]
+    kept = {id(r) for r in chosen}
+    table = out / "tables" / f"n{size}_s{seed}.csv"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    with open(table, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(r for r in rows if r["split"] != "train" or id(r) in kept)
+    return table
+
+
+def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, extra: list[str]) -> Path:
+    """One ``medattn train`` run (skipped when its results.json exists) -> its folder."""
+    folder = out / "runs" / f"n{size}" / arm / f"seed_{seed}"
+    if (folder / "results.json").exists():
+        return folder
+    table = subset_table(task, out, size, seed)
+    image_root = Path(yaml.safe_load((task / "config.yaml").read_text())["data"]["csv"]).parent
+    command = [sys.executable, "-m", "medattn", "train", str(task / "config.yaml"), "--out", str(folder),
+               "--no-progress", "--overwrite", f"data.csv={table}", f"data.data_root={image_root}", f"seed={seed}",
+               "train.threads=1", *extra]
+    if arm == "pretrained":
+        command += ["--init-from", str(pretrain)]
+    subprocess.run(command, check=True)
+    return folder
+
+
+def summarise(out: Path, sizes: list[int], seeds: list[int], resamples: int) -> dict:
+    """size -> each arm's per-seed test AUROC, mean (std), runs that did not learn, and the paired tests."""
+    from medattn.experiments.compare import bootstrap_test, t_test
+    from medattn.experiments.runs import mean_std, metric_of
+
+    table = {}
+    for size in sizes:
+        folders = {arm: [out / "runs" / f"n{size}" / arm / f"seed_{s}" for s in seeds] for arm in ARMS}
+        results = {arm: [json.loads((d / "results.json").read_text()) for d in dirs] for arm, dirs in folders.items()}
+        row = {arm: {"per_seed": [metric_of(r) for r in rs], "mean_std": mean_std([metric_of(r) for r in rs]),
+                     "did_not_learn": sum(1 for r in rs if (r.get("learning") or {}).get("learned") is False)}
+               for arm, rs in results.items()}
+        row["paired_t"] = t_test(row["scratch"]["per_seed"], row["pretrained"]["per_seed"])
+        row["paired_bootstrap"] = bootstrap_test(folders["scratch"], folders["pretrained"], resamples, 0.95, 0)
+        table[str(size)] = row
+    return table
+
+
+def draw(table: dict, path: Path) -> None:
+    """Mean test AUROC (+- std over seeds) against labelled cases, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(s) for s in table]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for arm in ARMS:
+        mean = [table[str(s)][arm]["mean_std"][0] for s in sizes]
+        std = [table[str(s)][arm]["mean_std"][1] for s in sizes]
+        ax.errorbar(sizes, mean, yerr=std, marker="o", capsize=3, label=arm)
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("labelled training cases")
+    ax.set_ylabel("test AUROC (mean +- std over seeds)")
+    ax.set_title("label efficiency (SYNTHETIC findings)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("task", type=Path, help="a medattn realistic image task folder (config.yaml inside)")
+    parser.add_argument("pretrain", type=Path, help="the medattn pretrain run folder")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100, 180])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.epochs=30")
+    args = parser.parse_args()
+    for size in args.sizes:
+        for seed in args.seeds:
+            for arm in ARMS:
+                run(args.task, args.pretrain, args.out, size, seed, arm, args.overrides)
+    table = summarise(args.out, args.sizes, args.seeds, args.resamples)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "label_efficiency.json").write_text(json.dumps(table, indent=1, default=float))
+    draw(table, args.out / "label_efficiency.png")
+    for size, row in table.items():
+        boot = row["paired_bootstrap"]
+        print(f"n={size}: scratch {row['scratch']['mean_std'][0]:.3f} ({row['scratch']['mean_std'][1]:.3f}), "
+              f"pretrained {row['pretrained']['mean_std'][0]:.3f} ({row['pretrained']['mean_std'][1]:.3f}); "
+              f"paired t p {row['paired_t']['p_value']}, "
+              f"bootstrap difference {boot.get('difference', float('nan')):+.3f} "
+              f"p {boot.get('p_value')}; did not learn {row['scratch']['did_not_learn']} / "
+              f"{row['pretrained']['did_not_learn']}")
+
+
+if __name__ == "__main__":
+    main()
