@@ -1,10 +1,12 @@
 """The output policy, enforced: only the output module writes files (docs/guarantees.md, issue 39).
 
-Static half: every module under ``src/medattn`` is read with :mod:`ast`; a call that writes or removes a file or a
-folder (``open(..., "w"/"a"/"x"/"+")``, ``Path.open("w")``, ``write_text``, ``write_bytes``, ``savefig``,
-``h5py.File(..., "w"/"a"/"r+")``, ``json.dump``/``yaml.dump`` to a stream, ``np.save*``, ``save_file``, ``nib.save``,
-any ``.save(...)``, ``to_csv``, ``TiffWriter``, ``shutil.rmtree``/``copy*``/``move``, ``os.replace``/``rename``/
-``remove``, ``Path.rename``/``replace``/``unlink``/``touch``) is allowed only
+Static half: every module under ``src/medattn`` is read with :mod:`ast` (``write_scan.py`` beside this file: import
+aliases and simple name assignments resolved, a mode that is not a constant counted as a write); a call that writes,
+removes or creates a file or a folder (an opener with a mode that writes, ``os.open`` with write flags,
+``zipfile``/``tarfile``/``h5py`` for writing, ``write_text``, ``savefig``, any ``.save(...)``, ``torch.save``,
+``torch.onnx.export`` to a path, ``np.save*``, pandas' ``to_*`` writers, ``sqlite3.connect``, ``mkdir``/
+``os.makedirs``, ``shutil``'s copies, moves and removals, ``os.replace``/``symlink``/``link``/``truncate``/``utime``,
+``tempfile.NamedTemporaryFile(delete=False)``, TensorBoard's ``SummaryWriter``, ...) is allowed only
 
 * in :mod:`medattn.runtime.outputs` (the policy and its primitives), :mod:`medattn.runtime.checkpoint` (the
   checkpoint writer) and :mod:`medattn.train.rundir` (train's run-folder transaction);
@@ -15,8 +17,9 @@ any ``.save(...)``, ``to_csv``, ``TiffWriter``, ``shutil.rmtree``/``copy*``/``mo
   ``/proc/self/...``;
 * in :data:`SCRATCH`, named with its reason.
 
-Each checker is also fed fake snippets, so that it is seen to fail. The behavioural half (every command run twice
-into one folder holding a user's file) is ``tests/runtime/test_output_commands.py``.
+Each checker is also fed planted snippets (:data:`BAD`, every form above), so that it is seen to fail, and
+read-only look-alikes (:data:`GOOD`). The behavioural half (every command run twice into one folder holding a user's
+file, each write heard by an audit hook, ``tests/write_audit.py``) is ``tests/runtime/test_output_commands.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from write_scan import scan
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "medattn"
@@ -36,142 +40,6 @@ WRITERS = {"runtime/outputs.py": "the output policy and its primitives",
 
 #: (module, function) -> why its writes are no output of a command.
 SCRATCH: dict[tuple[str, str], str] = {}  # bench/common.py:run_isolated reads its child through pipes (issue 50)
-
-ATTRIBUTE_WRITERS = {"write_text", "write_bytes", "savefig", "to_csv", "tofile", "savez", "savez_compressed",
-                     "savetxt", "save", "save_file", "rmtree", "copyfile", "copy", "copy2", "copytree", "move",
-                     "unlink", "touch", "remove", "TiffWriter", "imwrite", "save_as", "dcmwrite"}
-NAME_WRITERS = {"save_file", "TiffWriter", "imwrite", "rmtree", "copyfile", "copytree", "dcmwrite"}
-STREAM_DUMPS = {("json", "dump"), ("yaml", "dump"), ("yaml", "safe_dump"), ("pickle", "dump")}
-H5_WRITE_MODES = {"w", "a", "w-", "x", "r+"}
-TEMP_HANDERS = {"write", "atomic"}
-IN_MEMORY = ("BytesIO", "StringIO")  # OutputFolder.write(name), runtime.outputs.atomic(path)
-
-
-def _mode(call: ast.Call, position: int) -> str | None:
-    node = call.args[position] if len(call.args) > position else next(
-        (k.value for k in call.keywords if k.arg == "mode"), None)
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
-def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    if isinstance(node, ast.Call):
-        return _dotted(node.func) + "()"
-    return "?"
-
-
-def writes(call: ast.Call) -> str | None:
-    """What ``call`` writes or removes, in words; None when it writes nothing."""
-    func = call.func
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    owner = _dotted(func.value) if isinstance(func, ast.Attribute) else ""
-    if name == "open":
-        mode = _mode(call, 0 if isinstance(func, ast.Attribute) and owner not in ("io", "gzip", "bz2", "lzma")
-                     else 1)
-        return f"open(..., {mode!r})" if mode and set(mode) & set("wax+") else None
-    if name == "File" and owner.endswith("h5py"):
-        return f"h5py.File(..., {_mode(call, 1)!r})" if _mode(call, 1) in H5_WRITE_MODES else None
-    if (owner.rpartition(".")[2], name) in STREAM_DUMPS:
-        return f"{owner}.{name} to a file" if len(call.args) >= 2 or any(k.arg == "stream" for k in call.keywords) \
-            else None
-    if owner == "os" and name in ("replace", "rename", "remove", "unlink", "rmdir", "removedirs"):
-        return f"os.{name}"
-    if name in ("rename", "replace") and isinstance(func, ast.Attribute) and len(call.args) == 1 \
-            and not isinstance(call.args[0], ast.Constant):
-        return f"Path.{name}"
-    if name == "save" and owner == "checkpoint":
-        return None  # the checkpoint writer's own entry point
-    if isinstance(func, ast.Attribute) and name in ATTRIBUTE_WRITERS:
-        if name in ("copy", "move", "remove") and owner != "shutil":
-            return None  # dict.copy(), list.remove(), ...
-        return f"{owner}.{name}"
-    if isinstance(func, ast.Name) and name in NAME_WRITERS:
-        return name
-    return None
-
-
-def _names(node: ast.AST) -> set[str]:
-    """The names ``node`` refers to as a path: ``tmp``, ``str(tmp)``, ``f"{tmp}"``."""
-    if isinstance(node, ast.Name):
-        return {node.id}
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("str", "Path"):
-        return set().union(*(_names(a) for a in node.args)) if node.args else set()
-    return set()
-
-
-def _no_file(call: ast.Call, buffers: set[str]) -> bool:
-    """Whether ``call`` writes into memory or a device, not a file."""
-    arguments = [*call.args, *(k.value for k in call.keywords)]
-    if isinstance(call.func, ast.Attribute):
-        arguments.append(call.func.value)
-    for node in arguments:
-        if _dotted(node) == "os.devnull" or (isinstance(node, ast.Name) and node.id in buffers):
-            return True
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and str(node.args[0].value).startswith("/proc/"):
-            return True
-        if isinstance(node, ast.Constant) and str(node.value).startswith("/proc/"):
-            return True
-    return False
-
-
-class Scan(ast.NodeVisitor):
-    """The writing calls of one module that the output module did not hand a temporary path to."""
-
-    def __init__(self) -> None:
-        self.found: list[tuple[int, str, str]] = []  # (line, function, what)
-        self._function = ["<module>"]
-        self._temps: list[set[str]] = [set()]
-        self._buffers: list[set[str]] = [set()]
-
-    def visit_FunctionDef(self, node) -> None:
-        self._function.append(node.name)
-        self._buffers.append({t.id for n in ast.walk(node) if isinstance(n, ast.Assign)
-                              and isinstance(n.value, ast.Call) and _dotted(n.value.func).endswith(IN_MEMORY)
-                              for t in n.targets if isinstance(t, ast.Name)})
-        self.generic_visit(node)
-        self._buffers.pop()
-        self._function.pop()
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_With(self, node) -> None:
-        bound: set[str] = set()
-        for item in node.items:
-            self._temps.append(bound.copy())
-            self.visit(item.context_expr)
-            self._temps.pop()
-            expr = item.context_expr
-            if isinstance(expr, ast.Call) and isinstance(item.optional_vars, ast.Name):
-                func = expr.func
-                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-                if name in TEMP_HANDERS:
-                    bound.add(item.optional_vars.id)
-        self._temps.append(bound)
-        for statement in node.body:
-            self.visit(statement)
-        self._temps.pop()
-
-    def visit_Call(self, node) -> None:
-        what = writes(node)
-        if what is not None:
-            temps = set().union(*self._temps)
-            arguments = [*node.args, *(k.value for k in node.keywords)]
-            if isinstance(node.func, ast.Attribute):
-                arguments.append(node.func.value)
-            handed = any(_names(a) & temps for a in arguments)
-            if not handed and not _no_file(node, self._buffers[-1]):
-                self.found.append((node.lineno, self._function[-1], what))
-        self.generic_visit(node)
-
-
-def scan(code: str) -> list[tuple[int, str, str]]:
-    visitor = Scan()
-    visitor.visit(ast.parse(code))
-    return visitor.found
 
 
 def violations(package: Path = PACKAGE) -> list[str]:
@@ -226,6 +94,56 @@ BAD = {
     "wrong_with": "def f(out, p):\n    with out.write('x') as tmp:\n        open(p, 'w')\n",
     "after_with": "def f(out):\n    with out.write('x') as tmp:\n        pass\n    open(tmp, 'w')\n",
     "other_cm": "def f(p):\n    with lock(p) as tmp:\n        tmp.write_text('x')\n",
+    # issue 50: forms the scan missed
+    "open_mode_name": "def f(p, mode):\n    open(p, mode)\n",
+    "open_mode_keyword": "def f(p, m):\n    open(p, mode=m)\n",
+    "open_mode_fstring": "def f(p, k):\n    open(p, f'{k}b')\n",
+    "open_mode_options": "def f(p, **options):\n    open(p, **options)\n",
+    "open_mode_ifexp": "def f(p, more):\n    open(p, 'a' if more else 'r')\n",
+    "path_open_mode_name": "def f(p, mode):\n    p.open(mode)\n",
+    "os_open": "import os\ndef f(p):\n    os.open(p, os.O_WRONLY | os.O_CREAT)\n",
+    "os_open_flags_name": "import os\ndef f(p, flags):\n    os.open(p, flags)\n",
+    "io_open": "import io\ndef f(p):\n    io.open(p, 'w')\n",
+    "codecs_open": "import codecs\ndef f(p):\n    codecs.open(p, 'w', 'utf-8')\n",
+    "gzip_open": "import gzip\ndef f(p):\n    gzip.open(p, 'wt')\n",
+    "zipfile_w": "import zipfile\ndef f(p):\n    zipfile.ZipFile(p, 'w')\n",
+    "zipfile_a_from": "from zipfile import ZipFile\ndef f(p):\n    ZipFile(p, mode='a')\n",
+    "zipfile_x": "import zipfile as z\ndef f(p):\n    z.ZipFile(p, 'x')\n",
+    "tarfile_w": "import tarfile\ndef f(p):\n    tarfile.open(p, 'w:gz')\n",
+    "h5py_mode_name": "import h5py\ndef f(p, m):\n    h5py.File(p, m)\n",
+    "torch_save": "import torch\ndef f(m, p):\n    torch.save(m.state_dict(), p)\n",
+    "onnx_export": "import torch\ndef f(m, x, p):\n    torch.onnx.export(m, (x,), p)\n",
+    "onnx_export_f": "from torch import onnx\ndef f(m, x, p):\n    onnx.export(m, (x,), f=p, dynamo=True)\n",
+    "torch_export_save": "import torch\ndef f(program, p):\n    torch.export.save(program, p)\n",
+    "jit_save": "from torch import jit\ndef f(s, p):\n    jit.save(s, p)\n",
+    "np_alias": "import numpy as n\ndef f(p, a):\n    n.savetxt(p, a)\n",
+    "np_from_alias": "from numpy import savez as keep\ndef f(p, a):\n    keep(p, a=a)\n",
+    "pil_image_save": "from PIL import Image\ndef f(a, p):\n    Image.fromarray(a).save(p)\n",
+    "to_parquet": "def f(frame, p):\n    frame.to_parquet(p)\n",
+    "to_excel": "def f(frame, p):\n    frame.to_excel(p, index=False)\n",
+    "to_json": "def f(frame, p):\n    frame.to_json(p)\n",
+    "sqlite": "import sqlite3\ndef f(p):\n    sqlite3.connect(p)\n",
+    "makedirs": "import os\ndef f(p):\n    os.makedirs(p, exist_ok=True)\n",
+    "path_mkdir": "def f(p):\n    p.mkdir(parents=True, exist_ok=True)\n",
+    "shutil_copy": "import shutil\ndef f(a, b):\n    shutil.copy(a, b)\n",
+    "shutil_copy2_from": "from shutil import copy2\ndef f(a, b):\n    copy2(a, b)\n",
+    "shutil_move": "import shutil\ndef f(a, b):\n    shutil.move(a, b)\n",
+    "rmtree_alias": "from shutil import rmtree as rm\ndef f(p):\n    rm(p)\n",
+    "rmtree_required": "def f(p):\n    sh = require('shutil', 'cleaning')\n    sh.rmtree(p)\n",
+    "os_symlink": "import os\ndef f(a, b):\n    os.symlink(a, b)\n",
+    "os_link": "import os\ndef f(a, b):\n    os.link(a, b)\n",
+    "os_truncate": "import os\ndef f(p):\n    os.truncate(p, 0)\n",
+    "os_utime": "import os\ndef f(p):\n    os.utime(p)\n",
+    "named_temporary": "import tempfile\ndef f():\n    tempfile.NamedTemporaryFile(suffix='.x', delete=False)\n",
+    "mkdtemp": "import tempfile\ndef f():\n    tempfile.mkdtemp()\n",
+    "summary_writer": "from torch.utils.tensorboard import SummaryWriter\ndef f(p):\n    SummaryWriter(p)\n",
+    "assigned_method": "from pathlib import Path\nw = Path.write_text\ndef f(p, s):\n    w(p, s)\n",
+    "assigned_open": "f = open\ndef g(p):\n    f(p, 'w')\n",
+    "getattr": "def f(p):\n    getattr(p, 'write_text')('x')\n",
+    "getattr_module": "import os\ndef f(p):\n    getattr(os, 'remove')(p)\n",
+    "partial_open": "import functools\ndef f(p):\n    functools.partial(open, mode='w')(p)\n",
+    "partial_assigned": "from functools import partial\nkeep = partial(open, mode='a')\ndef f(p):\n    keep(p)\n",
+    "partial_mode_later": "from functools import partial\ndef f(p):\n    partial(open, p)\n",
 }
 
 GOOD = {
@@ -241,6 +159,28 @@ GOOD = {
     "proc": "from pathlib import Path\ndef f():\n    Path('/proc/self/clear_refs').write_text('5')\n",
     "strings": "def f(s, d, l):\n    s.replace('a', 'b'); d.copy(); l.remove(1); json.dumps({})\n",
     "checkpoint": "def f(checkpoint, m):\n    checkpoint.save('x', m, {})\n",
+    # issue 50: read-only look-alikes of the forms above
+    "open_read": "def f(p):\n    open(p); open(p, 'rb'); open(p, mode='rt', encoding='utf-8')\n",
+    "mode_constant": "READ = 'rb'\ndef f(p):\n    open(p, READ)\n",
+    "mode_ifexp_read": "def f(p, binary):\n    open(p, 'rb' if binary else 'r')\n",
+    "h5py_read": "import h5py\ndef f(p):\n    h5py.File(p, 'r')\n",
+    "zipfile_read": "import zipfile\ndef f(p):\n    zipfile.ZipFile(p); zipfile.ZipFile(p, 'r')\n",
+    "tarfile_read": "import tarfile\ndef f(p):\n    tarfile.open(p, 'r:xz')\n",
+    "os_open_read": "import os\ndef f(p):\n    os.open(p, os.O_RDONLY | os.O_CLOEXEC)\n",
+    "dict_copy": "def f(d, l):\n    d.copy(); l.remove(0); d.pop('x')\n",
+    "dataclass_replace": "from dataclasses import replace\ndef f(x):\n    replace(x, a=1)\n",
+    "module_open": "from PIL import Image\ndef f(p, q):\n    Image.open(p)\n    w = require('wsidicom', 'x')\n"
+                   "    w.WsiDicom.open(q)\n",
+    "loads": "import numpy as np, torch\ndef f(p):\n    np.load(p); torch.load(p); h5py.File(p)\n",
+    "onnx_program": "import torch\ndef f(m, x):\n    torch.onnx.export(m, (x,), dynamo=True)\n",
+    "sqlite_memory": "import sqlite3\ndef f():\n    sqlite3.connect(':memory:')\n",
+    "named_temporary_deleted": "import tempfile\ndef f():\n    tempfile.NamedTemporaryFile(suffix='.x')\n",
+    "to_text": "def f(frame):\n    frame.to_csv(); frame.to_json(orient='records')\n",
+    "partial_read": "from functools import partial\ndef f(p):\n    partial(open, mode='rb')\n",
+    "getattr_read": "def f(p):\n    getattr(p, 'read_text')()\n",
+    "temp_folder": "def f(out, p):\n    with atomic(p) as tmp:\n        (tmp / 'a').mkdir(parents=True)\n",
+    "temp_onnx": "import torch\ndef f(out, m, x):\n    with out.write('m.onnx') as tmp:\n"
+                 "        torch.onnx.export(m, (x,), tmp)\n",
 }
 
 

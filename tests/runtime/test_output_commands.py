@@ -7,18 +7,21 @@ fails :func:`test_every_command_and_bench_has_a_case`): the first call succeeds;
 (``resume``: wsi tile/extract, cv, compare) or replaces only what an earlier call wrote (``manifest``: demo); with
 ``--overwrite`` it succeeds. The user's file is never changed. Tiny data, one epoch; commands that cannot run in
 seconds are in :data:`ELSEWHERE` with the test that covers them, and those that write nothing in
-:data:`NO_FOLDER`.
+:data:`NO_FOLDER`. Every call is also heard by an audit hook (:func:`audited`, ``tests/write_audit.py``, issue 50):
+each write comes through the output module and lands in the output folder, whatever its form in the code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import write_audit
 from medattn.cli import BENCHES, COMMANDS, main
 
 TINY = ["model.name=vit2d_tiny", "data.image_size=32", "data.num_samples=[16,8,8]", "train.epochs=1",
@@ -119,6 +122,48 @@ def quick(monkeypatch):
     for module in (attention, scaling):
         monkeypatch.setattr(module, "measure_rates", lambda device="cpu": rates)
     _fake_demo(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def audited(monkeypatch, tmp_path):
+    """Every ``main`` call of a test here is heard by the audit recorder (tests/write_audit.py): each file it writes
+    comes through the output module (or a temporary path it handed out) and lands in ``tmp_path/out``."""
+    from medattn import cli
+
+    def recorded_main(argv):
+        with write_audit.recording() as events:
+            code = cli.main(argv)
+        found = write_audit.problems(events, tmp_path / "out")
+        assert not found, f"{' '.join(argv)}:\n" + "\n".join(found)
+        return code
+
+    monkeypatch.setattr(sys.modules[__name__], "main", recorded_main)
+
+
+def test_the_recorder_hears_a_planted_write(tmp_path, monkeypatch):
+    """A write with plain ``open(.., "w")`` from inside a command, and one through the output module to another
+    folder: both reported, whatever their form."""
+    from medattn import cli, config
+    from medattn.runtime import outputs
+
+    listed = config.packaged_configs
+
+    def planted():
+        with open(tmp_path / "out" / "planted.txt", "w") as handle:  # inside the folder, but not by the policy
+            handle.write("x")
+        outputs.save_text(tmp_path / "elsewhere.txt", "x")  # by the policy, outside the folder
+        return listed()
+
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(config, "packaged_configs", planted)
+    with write_audit.recording() as events:
+        assert cli.main(["models", "--configs"]) == 0  # the module's main is the audited one
+    found = write_audit.problems(events, tmp_path / "out")
+    assert [f for f in found if "planted.txt" in f] == [
+        f"open {tmp_path / 'out' / 'planted.txt'} from commands/models.py: no allowed writer "
+        f"({', '.join(sorted(write_audit.WRITERS))}) on the stack"], found
+    elsewhere = [f for f in found if "planted.txt" not in f]
+    assert elsewhere and all("elsewhere.txt" in f and "outside the output folder" in f for f in elsewhere), found
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
