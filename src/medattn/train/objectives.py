@@ -197,7 +197,9 @@ Objective = Classification | Segmentation | Survival | Regression
 
 def objective_for(task: TaskInfo, loss: str | None = None, label_smoothing: float = 0.0,
                   pos_weight: torch.Tensor | None = None) -> Objective:
-    """The loss, the validation score and the test report of a task type: the one place they are chosen.
+    """The loss, the validation score and the test report of a task type: the class its task type names
+    (:attr:`~medattn.vocabulary.task_types.TaskType.objective`), made by its ``create``, which refuses the options
+    that do not apply.
     ``loss``: ``train.loss`` (None: the task's default; ``dice_ce`` and ``dice`` are segmentation losses, ``cox`` and
     ``discrete_time`` survival losses).
     ``label_smoothing`` and ``pos_weight`` (classification; :func:`loss_fn`) shape the training loss only:
