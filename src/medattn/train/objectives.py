@@ -107,7 +107,8 @@ class Classification:
     def chance_interval(self, val_labels: np.ndarray, ci: float) -> list[float] | None:
         """The validation AUROC a random scorer reaches (:func:`medattn.train.verdict.chance_halfwidth`)."""
         half = chance_halfwidth(val_labels, self.task.task_type, ci)
-        return None if half is None else [max(0.0, 0.5 - half), min(1.0, 0.5 + half)]
+        centre = task_types.of(self.task.task_type).chance_score  # a random scorer's AUROC
+        return None if half is None else [max(0.0, centre - half), min(1.0, centre + half)]
 
     def test_line(self, test: dict) -> str:
         if test["auroc"] is None:
