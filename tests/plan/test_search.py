@@ -11,6 +11,7 @@ import yaml
 
 from engine_data import bag_bundle, image_bundle, tiny_config
 from medattn.experiments.recipe import choose_recipe, planned_search, recipe_for, with_values
+from medattn.experiments.runs import job_state
 from medattn.plan import fingerprint
 from medattn.plan.search import KNOBS, Candidate, SearchPlan, candidates, describe_search, halving_rounds, search_plan
 from medattn.train import fit
@@ -132,6 +133,8 @@ def test_a_real_search_is_reproducible_and_the_run_records_it(tmp_path, bags):
     assert "recipe" in (tmp_path / "run" / "report.html").read_text()
     resumed = recipe_for(config, bags, tmp_path / "run", resume=True)  # a resumed run trains what it started
     assert resumed["recipe"]["record"] == saved["recipe"]["record"]
+    # compare run again over the same folder (more seeds, another arm) finds this run done, whatever was chosen
+    assert job_state(tmp_path / "run", config) == "done"
 
 
 def test_compare_gives_every_arm_the_same_budget(bags):

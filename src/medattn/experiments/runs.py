@@ -63,13 +63,19 @@ def job_state(run_dir: Path, config: dict, init_from: str | Path | None = None) 
         record = (written.get("recipe") or {}).get("record") or {}
         decisions = json.loads((run_dir / "results.json").read_text()).get("plan", {}).get("decisions", [])
         chosen = {*record.get("values", {}), *(d["key"] for d in decisions if d.get("applied"))}  # search, plan
-        changed = [k for k in config_diff(written, requested) if k not in planned and k not in chosen
-                   and not k.startswith("recipe.record")]
+        changed = [k for k in config_diff(_no_empty(written), _no_empty(requested)) if k not in planned
+                   and k not in chosen and not k.startswith("recipe.record")]
         if changed:
             raise UserError(f"{run_dir} holds a finished run whose config differs in {', '.join(changed)}; "
                             f"choose another --out or remove that folder")
         return "done"
     return "resume" if _resumable(run_dir) else "new"
+
+
+def _no_empty(config: dict) -> dict:
+    """``config`` without its empty sections (``model.kwargs: {}`` and an absent ``model.kwargs`` ask the same; the
+    search's ``model.kwargs.readout`` fills the section in the run's config.yaml)."""
+    return {k: _no_empty(v) if isinstance(v, dict) else v for k, v in config.items() if v != {}}
 
 
 def _resumable(run_dir: Path) -> bool:
