@@ -23,7 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 from medattn.text import format_table
 
 #: N -> how many times faster than softmax's layer SeqNorm's must be.

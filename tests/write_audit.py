@@ -37,7 +37,7 @@ from pathlib import Path
 import medattn
 
 PACKAGE = Path(medattn.__file__).resolve().parent
-WRITERS = {"runtime/outputs.py", "runtime/checkpoint.py", "train/rundir.py"}
+WRITERS = {"outputs.py", "runtime/checkpoint.py", "train/rundir.py"}
 #: (test file, function) -> why a test's fake may write: it stands in for an allowed writer.
 STAND_INS = {("test_outputs.py", "train_job"): "demo's fake training stands in for train's run folder (train.rundir)"}
 #: Folders a library keeps for itself, which no command owns -> why they may be written.
@@ -50,7 +50,7 @@ READS_FIRST = {"shutil.copyfile", "os.symlink", "os.link"}
 #: Where an event's folder descriptors begin (``dir_fd``: its names are relative to that folder).
 DIR_FDS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "os.symlink": 2, "os.link": 2}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-TEMPORARY = re.compile(r"^\..+\.tmp-\d+")  # runtime.outputs.temporary_name
+TEMPORARY = re.compile(r"^\..+\.tmp-\d+")  # medattn.outputs.temporary_name
 TEMPFILE = str(Path(tempfile.__file__).resolve())
 
 
@@ -105,7 +105,7 @@ def recording():
 
 
 def _module(file: str) -> str | None:
-    """``runtime/outputs.py`` for a file of the package; None for any other file."""
+    """``outputs.py`` for a file of the package; None for any other file."""
     try:
         return Path(file).resolve().relative_to(PACKAGE).as_posix()
     except ValueError:

@@ -100,7 +100,7 @@ def plot_reliability(probs: np.ndarray, labels: np.ndarray, task_type: str, path
         ax.legend(loc="upper left", fontsize=8)
     hist.set(xlabel="predicted probability", ylabel="cases")
     fig.tight_layout()
-    from medattn.runtime.outputs import save_figure
+    from medattn.outputs import save_figure
 
     save_figure(path, fig, dpi=100)
     plt.close(fig)

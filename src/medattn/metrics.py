@@ -177,7 +177,7 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fit_title(fig, ax.title)
-    from medattn.runtime.outputs import save_figure
+    from medattn.outputs import save_figure
 
     save_figure(path, fig, dpi=100)
     plt.close(fig)

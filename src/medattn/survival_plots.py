@@ -3,7 +3,7 @@ log-rank p-value and the numbers at risk; predicted against true values with the
 
 Each function returns a :class:`matplotlib.figure.Figure` drawn on an Agg canvas and kept out of pyplot's list
 of open figures (nothing to close); the caller saves it through the output policy
-(``medattn.runtime.outputs.save_figure(path, fig)`` or ``OutputFolder.save_figure``).
+(``medattn.outputs.save_figure(path, fig)`` or ``OutputFolder.save_figure``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medattn.runtime.outputs import save_csv
+from medattn.outputs import save_csv
 
 
 def bars_off(wanted: bool) -> bool | None:
@@ -28,5 +28,5 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
     """A CSV file of ``header`` and ``rows``, its folder created, written atomically
-    (:func:`medattn.runtime.outputs.save_csv`); a failed write is a one-line UserError."""
+    (:func:`medattn.outputs.save_csv`); a failed write is a one-line UserError."""
     save_csv(Path(path), header, rows)

@@ -246,8 +246,8 @@ def test_a_series_lacking_a_uid_gets_no_segmentation_and_missing_identifiers_sta
     without a PatientID or PatientName gets a Segmentation whose PatientID and PatientName are empty."""
     hd = pytest.importorskip("highdicom")
     from medattn.data.readers.volumes import read_dicom_series
+    from medattn.outputs import OutputFolder
     from medattn.runtime.dicom_results import SegmentationWriter
-    from medattn.runtime.outputs import OutputFolder
 
     uids = write_ct_series(tmp_path / "anonymous", np.zeros((3, 4, 5)))
     for path in sorted((tmp_path / "anonymous").iterdir()):

@@ -35,8 +35,8 @@ def _titles_inside(fig) -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One tiny 2-epoch run, with every figure saved checked for clipped titles and every heatmap heading kept."""
+    from medattn import outputs
     from medattn.explain import cases
-    from medattn.runtime import outputs
     from medattn.train import report
 
     patch = pytest.MonkeyPatch()
@@ -65,8 +65,7 @@ def run(tmp_path_factory):
 
 
 def test_the_roc_title_lies_inside_its_figure(tmp_path, monkeypatch):
-    from medattn import metrics
-    from medattn.runtime import outputs
+    from medattn import metrics, outputs
 
     figures = []
     monkeypatch.setattr(outputs, "save_figure", lambda path, fig, **kw: figures.append(fig))

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from medattn.cli import main
-from medattn.runtime.outputs import append_csv, csv_text, dicts_text, save_csv
+from medattn.outputs import append_csv, csv_text, dicts_text, save_csv
 
 #: A bag model trained for two epochs (metrics.csv appended twice) in seconds.
 BAGS = ["model.name=vitwsi_tiny", "data.num_instances=[10, 30]", "data.feature_dim=16",
@@ -83,7 +83,7 @@ def test_every_csv_of_train_predict_and_explain_ends_lines_with_a_newline_only(t
 
 
 def test_csv_files_are_written_by_the_outputs_module_only():
-    """A csv writer made anywhere but medattn.runtime.outputs writes the module's default "\\r\\n"."""
+    """A csv writer made anywhere but medattn.outputs writes the module's default "\\r\\n"."""
     import ast
 
     import medattn
@@ -96,4 +96,4 @@ def test_csv_files_are_written_by_the_outputs_module_only():
                     and node.func.attr in ("writer", "DictWriter") and isinstance(node.func.value, ast.Name)
                     and node.func.value.id == "csv"):
                 makers.add(path.relative_to(root).as_posix())
-    assert makers - {"runtime/outputs.py"} == set()
+    assert makers - {"outputs.py"} == set()

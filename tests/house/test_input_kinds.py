@@ -186,7 +186,7 @@ def test_explain_writes_what_the_kind_plans_and_a_report_shows_the_case(case, tm
     from medattn.explain.cases import CasePictures
     from medattn.explain.core import explain, is_bag_model
     from medattn.explain.files import FileHeatmaps
-    from medattn.runtime.outputs import OutputFolder
+    from medattn.outputs import OutputFolder
 
     kind, model, prep, path, sample = case
     assert is_bag_model(model) == kind.instances

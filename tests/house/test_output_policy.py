@@ -8,7 +8,7 @@ removes or creates a file or a folder (an opener with a mode that writes, ``os.o
 ``os.makedirs``, ``shutil``'s copies, moves and removals, ``os.replace``/``symlink``/``link``/``truncate``/``utime``,
 ``tempfile.NamedTemporaryFile(delete=False)``, TensorBoard's ``SummaryWriter``, ...) is allowed only
 
-* in :mod:`medattn.runtime.outputs` (the policy and its primitives), :mod:`medattn.runtime.checkpoint` (the
+* in :mod:`medattn.outputs` (the policy and its primitives), :mod:`medattn.runtime.checkpoint` (the
   checkpoint writer) and :mod:`medattn.train.rundir` (train's run-folder transaction);
 * where it writes the temporary path the output module hands out: an argument bound by
   ``with <folder>.write(name) as tmp`` or ``with atomic(path) as tmp`` around the call (a format's own writer,
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "medattn"
 
 #: Modules that may write anywhere (paths relative to src/medattn).
-WRITERS = {"runtime/outputs.py": "the output policy and its primitives",
+WRITERS = {"outputs.py": "the output policy and its primitives",
            "runtime/checkpoint.py": "the checkpoint writer (a folder renamed into place)",
            "train/rundir.py": "train's run-folder transaction (--overwrite sets the previous run aside)"}
 
@@ -55,7 +55,7 @@ def violations(package: Path = PACKAGE) -> list[str]:
 
 
 def test_only_the_output_module_writes_files():
-    assert violations() == [], ("write through medattn.runtime.outputs (OutputFolder, or its primitives atomic, "
+    assert violations() == [], ("write through medattn.outputs (OutputFolder, or its primitives atomic, "
                                 "save_text, save_json, save_csv, save_figure, save_image, remove)")
 
 
@@ -195,23 +195,22 @@ def test_the_scan_leaves_what_writes_no_output(name):
 
 
 def test_a_module_with_a_write_fails(tmp_path):
-    (tmp_path / "runtime").mkdir()
-    (tmp_path / "runtime" / "outputs.py").write_text("def f(p):\n    p.write_text('x')\n")
+    (tmp_path / "outputs.py").write_text("def f(p):\n    p.write_text('x')\n")
     (tmp_path / "sneaky.py").write_text("import shutil\ndef g(p):\n    shutil.rmtree(p)\n")
     assert violations(tmp_path) == ["src/medattn/sneaky.py:3 (g): shutil.rmtree"]
 
 
 def test_the_output_module_imports_only_errors():
-    """Layers below runtime may import it (docs/architecture.md), so it must stay above nothing but ``errors``."""
-    tree = ast.parse((PACKAGE / "runtime" / "outputs.py").read_text(encoding="utf-8"))
+    """Every layer above the ground floor imports it (docs/architecture.md), so it stands on nothing but ``errors``."""
+    tree = ast.parse((PACKAGE / "outputs.py").read_text(encoding="utf-8"))
     names = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert {name for name in names if name.startswith("medattn")} == {"medattn.errors"}
 
 
 def test_the_primitives_write_atomically_and_the_modes_differ(tmp_path):
+    from medattn import outputs
     from medattn.errors import UserError
-    from medattn.runtime import outputs
 
     with pytest.raises(RuntimeError), outputs.atomic(tmp_path / "a" / "x.csv") as tmp:
         tmp.write_text("half")

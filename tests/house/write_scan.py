@@ -56,7 +56,7 @@ OPENERS = {"open": 1, "io.open": 1, "codecs.open": 1, "gzip.open": 1, "bz2.open"
            "io.FileIO": 1, "shelve.open": 1}
 STREAM_DUMPS = {("json", "dump"), ("yaml", "dump"), ("yaml", "safe_dump"), ("pickle", "dump"), ("marshal", "dump")}
 OS_WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_EXCL", "O_TMPFILE"}
-TEMP_HANDERS = {"write", "atomic"}  # OutputFolder.write(name), runtime.outputs.atomic(path)
+TEMP_HANDERS = {"write", "atomic"}  # OutputFolder.write(name), medattn.outputs.atomic(path)
 IN_MEMORY = ("BytesIO", "StringIO")
 
 

@@ -143,8 +143,7 @@ def audited(monkeypatch, tmp_path):
 def test_the_recorder_hears_a_planted_write(tmp_path, monkeypatch):
     """A write with plain ``open(.., "w")`` from inside a command, and one through the output module to another
     folder: both reported, whatever their form."""
-    from medattn import cli, config
-    from medattn.runtime import outputs
+    from medattn import cli, config, outputs
 
     listed = config.packaged_configs
 

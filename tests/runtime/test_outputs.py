@@ -1,4 +1,4 @@
-"""The output policy (medattn.runtime.outputs): never over an input, never over what the command did not write,
+"""The output policy (medattn.outputs): never over an input, never over what the command did not write,
 never outside its folder, distinct names for inputs of one name, atomic writes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from engine_data import rows, save_checkpoint
 from medattn.cli import main
 from medattn.data.base import TaskInfo
 from medattn.errors import UserError
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 
 def test_inputs_are_never_written_over_and_existing_files_only_with_overwrite(tmp_path):

@@ -46,7 +46,7 @@ from medattn.bench.common import (
     write_results,
 )
 from medattn.errors import UserError
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 from medattn.threads import set_threads
 
 ATTENTION_METHODS = ("fp32-sdpa", "bf16-sdpa", "bits-sg", "bits-hamming")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 from .machine import BF16_FLAGS as BF16_FLAGS
 from .machine import ROW_ENV_KEYS as ROW_ENV_KEYS
@@ -186,7 +186,7 @@ def add_overwrite(parser) -> None:
 
 def results_folder(out_dir: str | Path, stems: list[str], overwrite: bool = False,
                    names: tuple[str, ...] = ()) -> OutputFolder:
-    """The bench's output folder (:class:`~medattn.runtime.outputs.OutputFolder`), every result (``stem.csv`` and
+    """The bench's output folder (:class:`~medattn.outputs.OutputFolder`), every result (``stem.csv`` and
     ``stem.json`` of each of ``stems``, and ``names``) checked before anything is measured: one that exists is
     refused unless ``overwrite``."""
     out = OutputFolder(out_dir, overwrite=overwrite)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 #: Why one would pick SeqNorm: one attention layer (dim 512, 8 heads of 64, forward + backward, batch 1) as the
 #: token count grows, measured in this run (--quick: small N, numbers mean little).

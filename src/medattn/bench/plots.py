@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from medattn.runtime.outputs import save_figure
+from medattn.outputs import save_figure
 
 
 def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:

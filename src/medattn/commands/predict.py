@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from medattn.data.readers.dicom_series import choose_series
     from medattn.deploy.predict import predict_files
     from medattn.deploy.runtime import open_model
-    from medattn.runtime.outputs import OutputFolder
+    from medattn.outputs import OutputFolder
     from medattn.runtime.threshold import parse_thresholds
     from medattn.text import write_csv
     from medattn.vocabulary import task_types

@@ -262,7 +262,7 @@ def _check_plain(value, prefix: str, path: tuple[str, ...]) -> None:
 def save_config(config: dict, path: Path, defaults: dict | None = None) -> None:
     """Write the resolved config as YAML; ``defaults`` (``{"data.augment": "strong", ...}``: values defaults chose
     that the config does not hold) go above it as comment lines, for the reader."""
-    from medattn.runtime.outputs import save_text
+    from medattn.outputs import save_text
 
     lines = [f"# default: {key}={value}\n" for key, value in (defaults or {}).items()]
     save_text(Path(path), "".join(lines) + yaml.safe_dump(config, sort_keys=False))

@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from ..runtime.outputs import save_json
+from ..outputs import save_json
 from ..text import bars_off
 from .base import DataBundle
 from .tables import RecordDataset

@@ -49,7 +49,7 @@ from medattn.data import input_kinds
 from medattn.data.preprocessing import Preprocessing
 from medattn.errors import UserError
 from medattn.extras import require
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 from medattn.runtime.predictor import forward, probabilities
 
 from .format import FORMATS, METADATA_KEY, OPSET, PT2_EXTRA, metadata, onnx_session, read_metadata
@@ -119,7 +119,7 @@ def export_model(model: nn.Module, prep: Preprocessing, fmt: str, out: str | Pat
                  overwrite: bool = False, inputs: tuple[Path, ...] = ()) -> Path:
     """Export ``model`` (eval mode, float32, CPU) wrapped in :class:`Deployable` to ``out`` in ``fmt``
     (onnx or pt2) with ``meta`` embedded; -> the written path. A model the exporter cannot capture is a
-    one-line UserError naming the first reason. ``out`` follows :class:`~medattn.runtime.outputs.OutputFolder`
+    one-line UserError naming the first reason. ``out`` follows :class:`~medattn.outputs.OutputFolder`
     (checked before the export; never one of ``inputs``; an existing file only with ``overwrite``; written
     atomically)."""
     if fmt not in FORMATS:

@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
-
 from medattn.data.base import collate
 from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
+from medattn.outputs import OutputFolder
 from medattn.runtime import learned
-from medattn.runtime.outputs import OutputFolder
 from medattn.runtime.threshold import resolve_thresholds
 from medattn.vocabulary import task_types
+from torch.utils.data import DataLoader
 
 from .format import learning_of
 from .runtime import Runner
@@ -62,7 +61,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                   dicom_dir: Path | None = None) -> PredictionTable:
     """Rows for ``inputs`` (one tuple of paths per sample: two for subtraction models); ``threshold`` is
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
-    (:class:`~medattn.runtime.outputs.OutputFolder`: never over an input, over an existing file only with
+    (:class:`~medattn.outputs.OutputFolder`: never over an input, over an existing file only with
     ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids, in a ``patient``
     column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file, in ``file``).
     ``accepted`` (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ

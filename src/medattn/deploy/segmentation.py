@@ -111,7 +111,7 @@ def label_map_name(path: Path, prep: Preprocessing, stem: str) -> str:
 def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, stem: str, dicom=None
                     ) -> tuple[Path, list[int], list[float] | None]:
     """Label map on the model's grid ((H, W, D); a slice model's (h, w, S) or (h, w)) -> written into ``out``
-    (:class:`~medattn.runtime.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`; for a DICOM series,
+    (:class:`~medattn.outputs.OutputFolder`) on the input's grid as :func:`label_map_name`; for a DICOM series,
     or a 2D DICOM image, the same map also as a DICOM Segmentation by ``dicom``
     (:class:`~medattn.runtime.dicom_results.SegmentationWriter`, when given). Returns (the file, voxels per class
     1..K-1, mm^3 per class or None for 2D images)."""

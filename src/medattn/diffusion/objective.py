@@ -23,9 +23,9 @@ from medattn.data import DataBundle
 from medattn.diffusion.data import KINDS, volume_shape
 from medattn.diffusion.model import check_stage_config, read_meta
 from medattn.errors import UserError
+from medattn.outputs import save_json
 from medattn.runtime import distributed
 from medattn.runtime.device import check_device
-from medattn.runtime.outputs import save_json
 from medattn.vocabulary.task_types import task_type
 
 

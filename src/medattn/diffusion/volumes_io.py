@@ -27,7 +27,7 @@ from medattn.diffusion.inpaint import (
 from medattn.diffusion.model import load_stage
 from medattn.diffusion.vqae import patch_grid
 from medattn.errors import UserError
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 #: How far outside [0, 1] a normalised volume may reach before inpainting warns that its scale is not the model's.
 UNIT_SLACK = 0.05
@@ -82,7 +82,7 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
     """Inpaint every file of ``volumes`` into ``out_dir`` (see ``medattn inpaint --help``); -> score rows.
 
     Every volume and the mask are read, and every output name planned, before the first sampling step; outputs
-    follow :class:`~medattn.runtime.outputs.OutputFolder` (never over an input; over an existing file only with
+    follow :class:`~medattn.outputs.OutputFolder` (never over an input; over an existing file only with
     ``overwrite``; volumes of one name get ``<name>``, ``<name>_2``, ...)."""
     model, meta = load_stage(checkpoint_path, want_transformer=method == "diffusion")
     config = meta["config"]

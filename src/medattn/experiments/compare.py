@@ -41,7 +41,7 @@ import numpy as np
 
 from medattn import metrics
 from medattn.errors import UserError, writing
-from medattn.runtime.outputs import OutputFolder, save_figure
+from medattn.outputs import OutputFolder, save_figure
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
 from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs

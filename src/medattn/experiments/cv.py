@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from medattn.errors import UserError, writing
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
 from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, run_jobs

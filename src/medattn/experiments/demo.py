@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from medattn.config import load_config
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 MECHANISMS = {"softmax": "ViT (softmax)", "sima": "SimA", "seqnorm": "SeqNorm (ours)"}
 #: The table's columns: the baseline, then the mechanisms.

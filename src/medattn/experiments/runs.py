@@ -27,8 +27,8 @@ import numpy as np
 from medattn import metrics
 from medattn.config import flatten, read_config_file, with_defaults
 from medattn.errors import UserError, writing
+from medattn.outputs import save_json
 from medattn.runtime.build import check_model_config
-from medattn.runtime.outputs import save_json
 from medattn.train.defaults import resolve_training
 from medattn.train.rundir import config_diff
 from medattn.vocabulary import task_types

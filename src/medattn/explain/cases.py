@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from ..data import input_kinds
-from ..runtime.outputs import save_image
+from ..outputs import save_image
 from ..vocabulary import task_types
 from . import outputs, tile_scores
 from .core import explain

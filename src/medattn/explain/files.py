@@ -101,7 +101,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
                   colour_scale: str = "full", accept_features: bool = False, device: str = "auto") -> ExplainedFiles:
     """Explain ``checkpoint``'s predictions on ``files`` into ``out_dir`` (see the module docstring); a
     subtraction model takes one ``subtract`` volume per file. Every file is checked, and every output name
-    planned, before anything is written; outputs follow :class:`~medattn.runtime.outputs.OutputFolder` (never
+    planned, before anything is written; outputs follow :class:`~medattn.outputs.OutputFolder` (never
     over an input, never over a file this call did not write unless ``overwrite``; inputs of one name get
     ``<name>``, ``<name>_2``, ...). ``slides``: the folder of the scanner files; a bag whose HDF5 names its slide
     (``medattn wsi extract`` writes the ``slide`` attribute) gets its tile map drawn on that slide's thumbnail (see the
@@ -114,8 +114,8 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     from ..data.base import collate
     from ..data.preprocessing import inference_dataset, sample_paths
     from ..data.provenance import check_bags
+    from ..outputs import OutputFolder
     from ..runtime.device import inference_device
-    from ..runtime.outputs import OutputFolder
     from ..runtime.predictor import probabilities
     from ..runtime.trained import load_checkpoint
 

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..errors import UserError
-from ..runtime.outputs import save_dicts
+from ..outputs import save_dicts
 from ..vocabulary import task_types
 
 #: The colour scales of a map (module docstring): ``full`` (default) or ``percentile``.

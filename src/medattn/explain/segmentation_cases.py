@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..runtime.outputs import save_figure
+from ..outputs import save_figure
 
 #: Okabe-Ito colours of classes 1, 2, ... (background is not drawn).
 COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import writing
-from ..runtime.outputs import atomic, save_csv, save_json
+from ..outputs import atomic, save_csv, save_json
 from .outputs import colour_range
 
 #: Longest side of a tile heatmap drawn without a slide.

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 
 from . import anatomy, ihc, retina
 

@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 
 from medattn.errors import UserError, writing
-from medattn.runtime.outputs import OutputFolder
+from medattn.outputs import OutputFolder
 from medattn.vocabulary import task_types
 from medattn.vocabulary.task_types import Binary, Regression, Survival
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from medattn.outputs import OutputFolder
+
 from .. import __version__
 from .dicom_results import LONG_STRING, SCHEME, DicomWriter, _identifiers_kept, series_description
-from .outputs import OutputFolder
 
 #: The name of a survival model's output in the report (and its code): a risk score, not a probability.
 RISK = ("risk", "log relative risk (higher = earlier event)")

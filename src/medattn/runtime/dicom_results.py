@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from medattn.outputs import OutputFolder
+
 from .. import __version__
-from .outputs import OutputFolder
 
 INSTALL = "pip install 'medattn[dicom]'"
 #: The source's patient and study attributes every object copies (empty where the source has none).

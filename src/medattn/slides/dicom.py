@@ -80,7 +80,7 @@ WSI_STORAGE = "1.2.840.10008.5.1.4.1.1.77.1.6"
 def write_dicom_slide(out, levels: list[np.ndarray], mpp: float, description: str, patient: str = "",
                       tile: int = 256) -> list[Path]:
     """A pyramid (``levels``: (H, W, 3) uint8, the base first, at ``mpp`` um per pixel) as one DICOM whole-slide image
-    in the :class:`~medattn.runtime.outputs.OutputFolder` ``out`` (the slide's own folder): one VL Whole Slide
+    in the :class:`~medattn.outputs.OutputFolder` ``out`` (the slide's own folder): one VL Whole Slide
     Microscopy Image instance per level, ``level<k>.dcm``, of one study, series and frame of reference, TILED_FULL
     frames of ``tile`` pixels in row-major order, JPEG baseline (YBR_FULL_422, as most scanners store them), Pixel
     Spacing in millimetres; ``description`` as ImageComments and SeriesDescription, ``patient`` as PatientID (and

@@ -28,8 +28,8 @@ import torch
 
 from ..data.readers.bags import WRITTEN_LAYOUTS, slide_shape, write_bag
 from ..errors import UserError, writing
+from ..outputs import OutputFolder
 from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: medattn.slides.rank_and_world)
-from ..runtime.outputs import OutputFolder
 from ..text import bars_off
 from .extractors import Extractor
 from .identity import IDENTITY_ATTR, identity, recorded

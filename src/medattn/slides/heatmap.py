@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
-from ..runtime.outputs import save_image
+from ..outputs import save_image
 from ..vocabulary import task_types
 from . import figures
 from .reader import open_slide, reading, slide_mpp, thumbnail

@@ -117,7 +117,7 @@ class OmeTiffSlide(PyramidSlide):
 def write_ome_tiff(out, name: str, levels: list[np.ndarray], mpp: float | None, description: str = "",
                    tile: int = 256) -> Path:
     """A pyramid (``levels``: (H, W, 3) uint8, the base first, at ``mpp`` um per pixel) as the OME-TIFF ``name`` in
-    the :class:`~medattn.runtime.outputs.OutputFolder` ``out`` (atomically): the base level, its smaller levels in
+    the :class:`~medattn.outputs.OutputFolder` ``out`` (atomically): the base level, its smaller levels in
     SubIFDs, tiled, deflate; ``PhysicalSizeX``/``Y`` in micrometres and ``description`` as the Image's Description in
     the OME-XML. -> the file."""
     tifffile = require("tifffile", "writing OME-TIFF slides")

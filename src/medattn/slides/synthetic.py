@@ -20,7 +20,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..extras import require
-from ..runtime.outputs import OutputFolder, atomic
+from ..outputs import OutputFolder, atomic
 
 BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
@@ -169,7 +169,7 @@ def write_synthetic_cohort(folder: Path, count: int = 8, seed: int = 0, shape=(1
     pyramid in each, marked SYNTHETIC in the format's description. FILENAME is the stem ``wsi extract`` names the
     slide's bag by (``slide_000.ome`` for an OME-TIFF).
 
-    The output policy (:class:`~medattn.runtime.outputs.OutputFolder`): an existing file of one of these names is
+    The output policy (:class:`~medattn.outputs.OutputFolder`): an existing file of one of these names is
     refused unless ``overwrite`` (every name checked before the first slide is written); each file is written
     atomically."""
     from ..errors import UserError

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
-from ..runtime.outputs import OutputFolder, atomic_write  # noqa: F401 (atomic_write: the slides' writers used it here)
+from ..outputs import OutputFolder, atomic_write  # noqa: F401 (atomic_write: the slides' writers used it here)
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
 from .synthetic import is_synthetic
@@ -259,7 +259,7 @@ def write_tiles(tiles: Tiles, out_dir: Path) -> dict[str, Path]:
     """Write ``<stem>.csv`` (x, y, tissue_fraction, white_fraction, sharpness, status: every candidate;
     x, y level-0 px), ``<stem>.json`` (slide, mpp, geometry, settings, counts) and ``<stem>.png`` (the
     thumbnail with the grid drawn), each atomically. The JSON is written last and marks the slide as done: the
-    folder is one of "skip what is done" (:class:`~medattn.runtime.outputs.OutputFolder` ``resume``, judged by
+    folder is one of "skip what is done" (:class:`~medattn.outputs.OutputFolder` ``resume``, judged by
     :func:`tiles_done`)."""
     out = OutputFolder(out_dir, resume=True)
     stem = tiles.slide.stem

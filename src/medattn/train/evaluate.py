@@ -82,7 +82,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     objective = objective_for(replace(data_task, target_mean=task.target_mean, target_std=task.target_std),
                               run_config["train"]["loss"])
     names = [split, *([f"{split}_patients"] if per_patient else [])]
-    for name in names:  # every output before any prediction (runtime.outputs: no file of the user's replaced)
+    for name in names:  # every output before any prediction (medattn.outputs: no file of the user's replaced)
         for file in [*objective.files.split(), "reliability_test.png", "calibration_test.png"]:
             target.path(file.replace("_test.", f"_{name}."))
     target.path("eval.json")
@@ -135,9 +135,9 @@ def _check_fits(data_task, task, data_prep, trained_prep) -> None:
 
 
 def _output_folder(out: Path, trained, data: dict, overwrite: bool):
-    """The :class:`~medattn.runtime.outputs.OutputFolder` ``out`` of eval's files, whose inputs, never written over,
+    """The :class:`~medattn.outputs.OutputFolder` ``out`` of eval's files, whose inputs, never written over,
     are the checkpoint's files and the tables the data config ``data`` names."""
-    from medattn.runtime.outputs import OutputFolder
+    from medattn.outputs import OutputFolder
 
     tables = [Path(data[k]) for k in ("csv", "slide_table", "clinical_table", "path") if isinstance(data.get(k), str)]
     return OutputFolder(out, [*trained.folder.iterdir(), *tables], overwrite)

@@ -13,7 +13,7 @@ import base64
 import html
 from pathlib import Path
 
-from medattn.runtime.outputs import save_text
+from medattn.outputs import save_text
 
 from .report import recipe_text, span, survival_lines
 

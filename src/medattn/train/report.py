@@ -11,8 +11,8 @@ import numpy as np
 
 from medattn import metrics
 from medattn.data.base import TaskInfo
+from medattn.outputs import append_csv, save_csv, save_dicts, save_figure
 from medattn.runtime import distributed
-from medattn.runtime.outputs import append_csv, save_csv, save_dicts, save_figure
 from medattn.vocabulary import task_types
 
 from .objectives import Objective, Predictions, objective_for, output_names

@@ -13,16 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle, dataset_labels
 from medattn.errors import UserError, writing
+from medattn.outputs import save_json
 from medattn.runtime import checkpoint, distributed
-from medattn.runtime.outputs import save_json
 from medattn.runtime.predictor import Predictor
 from medattn.survival_plots import time_axis_label
 from medattn.vocabulary import task_types
+from torch import nn
 
 from . import report, verdict
 from .loaders import make_loader
@@ -104,10 +103,11 @@ def reader_facts(run_dir: Path, task, test, ci: float) -> dict:
     checkpoint), as ``medattn eval`` reports it."""
     import datetime
 
-    import medattn
     from medattn.clinical_metrics import operating_point
     from medattn.runtime.threshold import stored_thresholds
     from medattn.runtime.trained import model_id, weights_sha256
+
+    import medattn
 
     best = checkpoint.resolve(run_dir / "checkpoints" / "best")
     meta = checkpoint.load_meta(best)

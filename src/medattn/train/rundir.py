@@ -34,8 +34,8 @@ from pathlib import Path
 
 from medattn.config import flatten, read_config_file, with_defaults
 from medattn.errors import UserError, writing
+from medattn.outputs import remove
 from medattn.runtime import checkpoint, distributed
-from medattn.runtime.outputs import remove
 
 RUN_FILES = ("config.yaml", "metrics.csv", "training_curves.png", "checkpoints", "predictions_test.csv", "roc_test.png",
              "heatmaps", "tensorboard", "results.json", "report.html")

@@ -173,7 +173,7 @@ def write(result: dict, out_dir: Path, split: str, heading: str, synthetic: bool
     calibration = result.get("calibration")
     if not calibration or calibration["error"] is None:
         return
-    from medattn.runtime.outputs import save_figure
+    from medattn.outputs import save_figure
     from medattn.survival_plots import calibration_figure
 
     figure = calibration_figure(calibration, heading + (" (SYNTHETIC data)" if synthetic else ""), time_label)

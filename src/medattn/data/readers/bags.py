@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...errors import UserError
-from ...runtime.outputs import atomic
+from ...outputs import atomic
 from ..bag_rows import check_stored
 from ..files import check_regular
 
@@ -123,7 +123,7 @@ def bag_synthetic(path: Path) -> bool:
 
 
 def write_bag(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
-    """Write a bag file atomically (a temporary name, then a rename: :func:`medattn.runtime.outputs.atomic`).
+    """Write a bag file atomically (a temporary name, then a rename: :func:`medattn.outputs.atomic`).
 
     * ``clam``: ``features`` (N, F) float32 and ``coords`` (N, 2) int64, level-0 top-left (x, y) pixels;
     * ``stamp``: ``feats`` (N, F) float32 and ``coords`` (N, 2) float32 in microns (level-0 px x ``attrs["mpp"]``),

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import UserError, writing
-from ...runtime.outputs import atomic
+from ...outputs import atomic
 from ..files import check_regular
 from ..transforms import Augmentation
 from .dicom_series import read_dicom_series, series_geometry
