@@ -32,10 +32,10 @@ from medattn.data import input_kinds
 from medattn.data.base import DataBundle
 from medattn.errors import UserError, writing
 from medattn.models.vit import VisionTransformer
+from medattn.outputs import append_csv, save_csv, save_json, save_text
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
-from medattn.runtime.outputs import append_csv, save_csv, save_json, save_text
 from medattn.text import bars_off
 from medattn.threads import set_threads
 from medattn.train.loaders import seed_everything
