@@ -198,6 +198,12 @@ class OutputFolder:
         if any(self._same(self.folder, p) for p in self._inputs):
             raise UserError(f"output folder {self.folder} is one of the inputs")
 
+    @classmethod
+    def within(cls, folder: str | Path) -> OutputFolder:
+        """A folder whose policy its caller applied (a run folder train's transaction set up, a cache, a slide's own
+        folder inside a command's): every name in it may be written and replaced, atomically."""
+        return cls(folder, overwrite=True)
+
     @staticmethod
     def _same(a: Path, b: Path) -> bool:
         try:
@@ -316,3 +322,14 @@ class OutputFolder:
         with self.write(name) as tmp:
             image.save(tmp, **options)
         return self.folder / name
+
+    def append_csv(self, name: str, rows: Iterable[dict], fields: Sequence[str]) -> Path:
+        """Add ``rows`` to the CSV file ``folder/name`` (with its header when the file is new; a file the command
+        did not write is refused as by :meth:`path` unless ``overwrite``), as :func:`append_csv` does."""
+        target = append_csv(self.path(name), rows, fields)
+        self._written.add(target)
+        return target
+
+    def remove(self, name: str) -> None:
+        """Remove the entry ``folder/name`` (a relative path, confined as by :meth:`entry`); nothing if missing."""
+        remove(self.entry(name))

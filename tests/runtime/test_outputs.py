@@ -169,3 +169,26 @@ def test_demo_recognises_a_report_folder_written_before_the_manifest(tmp_path, m
     (out / MANIFEST).unlink()
     (out / "table.json").write_text('{"data": "the user\'s own table"}')
     assert main(["demo", "--quick", "--jobs", "1", "--no-progress", "--tasks", "synthetic_wsi", "--out", str(out)]) == 2
+
+
+def test_a_folder_within_a_policy_appends_replaces_and_removes(tmp_path):
+    """``OutputFolder.within``: a folder whose policy the caller applied (a run folder): every name may be replaced;
+    ``append_csv`` adds rows (the header once), ``remove`` confines its name to the folder."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("old")
+    folder = OutputFolder.within(tmp_path / "run")
+    folder.save_text("config.yaml", "new")
+    assert (tmp_path / "run" / "config.yaml").read_text() == "new"
+    for epoch in (1, 2):
+        folder.append_csv("metrics.csv", [{"epoch": epoch}], ["epoch"])
+    assert (tmp_path / "run" / "metrics.csv").read_text() == "epoch\n1\n2\n"
+    strict = OutputFolder(tmp_path / "other")
+    strict.append_csv("m.csv", [{"a": 1}], ["a"])
+    strict.append_csv("m.csv", [{"a": 2}], ["a"])  # its own file: appended again
+    assert (tmp_path / "other" / "m.csv").read_text() == "a\n1\n2\n"
+    with pytest.raises(UserError, match="did not write it"):
+        OutputFolder(tmp_path / "other").append_csv("m.csv", [{"a": 3}], ["a"])
+    folder.remove("metrics.csv")
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+    with pytest.raises(UserError, match="output file name"):
+        folder.remove("../other")
