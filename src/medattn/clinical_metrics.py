@@ -9,14 +9,12 @@ class indices (multi-class).
 * :func:`expected_calibration_error`: ECE over ``bins`` equal-width probability bins,
   ``sum_b (n_b / N) |observed rate_b - mean predicted_b|``; binary and multi-label per output (the mean over
   outputs is reported), multi-class on the top-label confidence (Guo et al. 2017);
-  :func:`plot_reliability` draws the reliability diagram (``sklearn.calibration.calibration_curve``);
+  :func:`reliability_figure` draws the reliability diagram (``sklearn.calibration.calibration_curve``);
 * :func:`aggregate_patients`: one row per patient, the mean or the max of its samples' probabilities; the
   patient's label is the max of its samples' labels (positive if any sample is), multi-class labels must agree.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
@@ -74,10 +72,10 @@ def expected_calibration_error(probs: np.ndarray, labels: np.ndarray, task_type:
     return float(np.mean(errors))
 
 
-def plot_reliability(probs: np.ndarray, labels: np.ndarray, task_type: str, path: Path, title: str = "",
-                     bins: int = 10, names: list[str] | None = None) -> Path:
-    """Reliability diagram: observed rate against mean predicted probability per bin, the diagonal, and the
-    histogram of the predictions below."""
+def reliability_figure(probs: np.ndarray, labels: np.ndarray, task_type: str, title: str = "", bins: int = 10,
+                       names: list[str] | None = None):
+    """Reliability diagram -> a matplotlib Figure (the caller saves and closes it): observed rate against mean
+    predicted probability per bin, the diagonal, and the histogram of the predictions below."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,11 +98,7 @@ def plot_reliability(probs: np.ndarray, labels: np.ndarray, task_type: str, path
         ax.legend(loc="upper left", fontsize=8)
     hist.set(xlabel="predicted probability", ylabel="cases")
     fig.tight_layout()
-    from medattn.outputs import save_figure
-
-    save_figure(path, fig, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def aggregate_patients(probs: np.ndarray, labels: np.ndarray, patients: list[str], how: str,

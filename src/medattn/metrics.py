@@ -26,7 +26,6 @@ returning NaN.
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
@@ -153,8 +152,9 @@ def _percentile_bootstrap(units: int | list[np.ndarray], defined, statistic, n_b
     return float(low), float(high)
 
 
-def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: list[str] | None = None) -> Path:
-    """ROC curve(s) as a PNG: one curve for binary, one per class/output (one-vs-rest) otherwise."""
+def roc_figure(probs, labels, task_type: str, title: str = "", names: list[str] | None = None):
+    """ROC curve(s) -> a matplotlib Figure (the caller saves it through its :class:`~medattn.outputs.OutputFolder`
+    and closes it): one curve for binary, one per class/output (one-vs-rest) otherwise."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,11 +177,7 @@ def plot_roc(probs, labels, task_type: str, path: Path, title: str = "", names: 
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fit_title(fig, ax.title)
-    from medattn.outputs import save_figure
-
-    save_figure(path, fig, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def wrap_title(text: str, width: int) -> str:

@@ -50,9 +50,17 @@ def test_bootstrap_ci_is_seeded_and_brackets_the_estimate():
     assert low < narrow[0] < narrow[1] < high
 
 
-def test_roc_png(tmp_path):
+def test_roc_figure(tmp_path):
+    """The metric draws the figure and writes nothing: its caller saves it through its folder."""
+    import matplotlib.pyplot as plt
+
+    from medattn.outputs import OutputFolder
+
     probs = np.random.default_rng(0).dirichlet(np.ones(3), 12)
-    path = metrics.plot_roc(probs, np.arange(12) % 3, "multiclass", tmp_path / "roc.png", "t", ["a", "b", "c"])
+    figure = metrics.roc_figure(probs, np.arange(12) % 3, "multiclass", "t", ["a", "b", "c"])
+    assert len(figure.axes[0].get_lines()) == 4 and list(tmp_path.iterdir()) == []  # three classes, the diagonal
+    path = OutputFolder(tmp_path).save_figure("roc.png", figure, dpi=100)
+    plt.close(figure)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -97,13 +97,14 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
             result = score_split(pred, data_task, split, out, config["eval"], config["seed"], survival=survival,
                                  time_label=time_axis_label(config["data"].get("time_column")))
             if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
-                result.update(clinical(pred, result, data_task, split, out, trained.thresholds, config["eval"]["ci"]))
+                ci = config["eval"]["ci"]
+                result.update(clinical(pred, result, data_task, split, target, trained.thresholds, ci))
                 if per_patient:
                     patients = aggregate(pred, data_task.task_type, per_patient)
                     name = f"{split}_patients"
                     scored = score_split(patients, data_task, name, out, config["eval"], config["seed"])
                     result["per_patient"] = {"aggregation": per_patient, **scored, **clinical(
-                        patients, scored, data_task, name, out, trained.thresholds, config["eval"]["ci"])}
+                        patients, scored, data_task, name, target, trained.thresholds, config["eval"]["ci"])}
             result.update(checkpoint=str(folder), device=str(where), data=config["data"],
                           skipped_samples=bundle.skipped, synthetic=data_task.synthetic, split=split, out=str(out),
                           task=task_to_dict(data_task))
@@ -150,10 +151,11 @@ def aggregate(pred: Predictions, task_type: str, how: str) -> Predictions:
     return replace(pred, ids=patients, patients=patients, outputs=outputs, labels=labels, statistic=None)
 
 
-def clinical(pred: Predictions, scored: dict, task, split: str, out: Path, thresholds: list | None,
+def clinical(pred: Predictions, scored: dict, task, split: str, folder, thresholds: list | None,
              ci: float) -> dict:
     """Operating point at the stored thresholds, ECE and the reliability diagram of one split (``scored``: its
-    :func:`score_split` result; no ECE where it found the AUROC undefined, a class missing)."""
+    :func:`score_split` result; no ECE where it found the AUROC undefined, a class missing), the diagram saved in
+    ``folder`` (eval's :class:`~medattn.outputs.OutputFolder`)."""
     found = {"thresholds": thresholds, "operating_point": [], "ece": None}
     if thresholds is not None and not task_types.of(task.task_type).class_index:
         found["operating_point"] = clinical_metrics.operating_point(pred.outputs, pred.labels, thresholds, ci,
@@ -162,8 +164,12 @@ def clinical(pred: Predictions, scored: dict, task, split: str, out: Path, thres
         return found
     found["ece"] = clinical_metrics.expected_calibration_error(pred.outputs, pred.labels, task.task_type)
     title = f"{split}: ECE {found['ece']:.3f}, n={len(pred.ids)}" + (" (SYNTHETIC data)" if task.synthetic else "")
-    clinical_metrics.plot_reliability(pred.outputs, pred.labels, task.task_type, out / f"reliability_{split}.png",
-                                      title, names=task.class_names)
+    figure = clinical_metrics.reliability_figure(pred.outputs, pred.labels, task.task_type, title,
+                                                 names=task.class_names)
+    folder.save_figure(f"reliability_{split}.png", figure, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
     return found
 
 

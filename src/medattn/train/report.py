@@ -83,7 +83,9 @@ def write_classes(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, 
     ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
     title = f"{heading}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
     title += " (SYNTHETIC data)" if task.synthetic else ""
-    metrics.plot_roc(pred.outputs, pred.labels, task.task_type, out_dir / f"roc_{split}.png", title, task.class_names)
+    figure = metrics.roc_figure(pred.outputs, pred.labels, task.task_type, title, task.class_names)
+    save_figure(out_dir / f"roc_{split}.png", figure, dpi=100)
+    _close(figure)
 
 
 def span(low: float, high: float) -> str:
