@@ -3,7 +3,7 @@ import re
 import pytest
 import yaml
 
-from medattn.config import DEFAULTS, MAX_CONFIG_BYTES, load_config, packaged_configs, save_config
+from medattn.config import DEFAULTS, MAX_CONFIG_BYTES, config_yaml, load_config, packaged_configs
 from medattn.errors import UserError
 
 
@@ -16,7 +16,7 @@ def test_defaults_then_yaml_then_overrides(tmp_path):
     assert config["train"]["batch_size"] == DEFAULTS["train"]["batch_size"]
     assert config["data"] == {"kind": "synthetic_cxr", "size": [32, 32]}
     assert config["model"]["attention"] == "seqnorm" and config["model"]["kwargs"] == {"drop_rate": 0.1}
-    save_config(config, tmp_path / "resolved.yaml")
+    (tmp_path / "resolved.yaml").write_text(config_yaml(config))
     assert yaml.safe_load((tmp_path / "resolved.yaml").read_text()) == config
 
 
@@ -143,7 +143,7 @@ def test_diffusion_keys_exist_only_in_diffusion_configs(tmp_path):
 
     supervised = load_config("synthetic_cxr")
     assert "diffusion" not in supervised and "diffusion" not in DEFAULTS
-    save_config(supervised, tmp_path / "config.yaml")
+    (tmp_path / "config.yaml").write_text(config_yaml(supervised))
     assert "diffusion" not in yaml.safe_load((tmp_path / "config.yaml").read_text())
     for source, overrides in ((None, ["data.kind=x", "diffusion.timesteps=3"]),
                               ("synthetic_brain_vqae", ["task=supervised", "diffusion.temperature=0.5"])):
@@ -155,7 +155,7 @@ def test_diffusion_keys_exist_only_in_diffusion_configs(tmp_path):
     assert "diffusion" not in load_config(str(path))
     # the config.yaml of a run written while every config held the section: its defaults are dropped, not refused
     written = {**supervised, "diffusion": load_config(None, ["data.kind=x", "task=diffusion_vqae"])["diffusion"]}
-    save_config(written, tmp_path / "old_run.yaml")
+    (tmp_path / "old_run.yaml").write_text(config_yaml(written))
     assert load_config(str(tmp_path / "old_run.yaml")) == supervised
     with pytest.raises(UserError, match="^diffusion.timesteps: a key of"):
         validate({**supervised, "diffusion": {"timesteps": 3}})

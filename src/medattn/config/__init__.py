@@ -259,13 +259,12 @@ def _check_plain(value, prefix: str, path: tuple[str, ...]) -> None:
                         f"got a {type(value).__name__} ({value}); quote it to keep it as text")
 
 
-def save_config(config: dict, path: Path, defaults: dict | None = None) -> None:
-    """Write the resolved config as YAML; ``defaults`` (``{"data.augment": "strong", ...}``: values defaults chose
-    that the config does not hold) go above it as comment lines, for the reader."""
-    from medattn.outputs import save_text
-
+def config_yaml(config: dict, defaults: dict | None = None) -> str:
+    """The resolved config as YAML text (its writer saves it through its folder: a run's ``config.yaml``);
+    ``defaults`` (``{"data.augment": "strong", ...}``: values defaults chose that the config does not hold) go above it
+    as comment lines, for the reader."""
     lines = [f"# default: {key}={value}\n" for key, value in (defaults or {}).items()]
-    save_text(Path(path), "".join(lines) + yaml.safe_dump(config, sort_keys=False))
+    return "".join(lines) + yaml.safe_dump(config, sort_keys=False)
 
 
 def flatten(config: dict, prefix: str = "") -> dict:

@@ -27,12 +27,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from medattn.config import save_config, validate
+from medattn.config import config_yaml, validate
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle
-from medattn.errors import UserError, writing
+from medattn.errors import UserError
 from medattn.models.vit import VisionTransformer
-from medattn.outputs import append_csv, save_csv, save_json, save_text
+from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
@@ -121,6 +121,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         log(f"{run_dir} stopped before its first resumable checkpoint: pretraining it again from epoch 1")
         resume, overwrite = False, True
     with run_folder(run_dir, resume, overwrite):
+        run = OutputFolder.within(run_dir)  # the run folder's policy: train.rundir's transaction
         set_threads(config["train"]["threads"], log)
         seed_everything(seed)
         dataset, described = pretraining_set(bundle, config["data"], p["pool"])
@@ -140,11 +141,10 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
             state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
             log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
             kept = (run_dir / "metrics.csv").read_text().splitlines()[: 1 + state["epoch"]]  # rows after it: lost
-            save_text(run_dir / "metrics.csv", "\n".join(kept) + "\n")
+            run.save_text("metrics.csv", "\n".join(kept) + "\n")
         else:
-            with writing(run_dir / "config.yaml"):
-                save_config(config, run_dir / "config.yaml")
-            save_csv(run_dir / "metrics.csv", METRICS, [])
+            run.save_text("config.yaml", config_yaml(config))
+            run.save_csv("metrics.csv", METRICS, [])
         log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
             f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")
@@ -164,8 +164,8 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
             epoch_meta = {**meta, "epoch": epoch}
             checkpoint.save(run_dir / "checkpoints" / "best", mae.encoder, epoch_meta)
             checkpoint.save(run_dir / "checkpoints" / "last", mae, epoch_meta, optimizer, state)
-            append_csv(run_dir / "metrics.csv", [{"epoch": epoch, "lr": f"{lr:.6g}", "loss": f"{last_loss:.6f}",
-                                                  "seconds": f"{seconds:.2f}"}], METRICS)
+            run.append_csv("metrics.csv", [{"epoch": epoch, "lr": f"{lr:.6g}", "loss": f"{last_loss:.6f}",
+                                            "seconds": f"{seconds:.2f}"}], METRICS)
             log(f"pretrain epoch {epoch}/{p['epochs']}: reconstruction loss {row['loss']:.4f} ({seconds:.1f} s)")
             if on_epoch_end is not None:
                 on_epoch_end(epoch, row)
@@ -175,7 +175,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
                    "settings": p, "epochs": p["epochs"], "steps": state["step"], "final_loss": last_loss,
                    "train_seconds": state["seconds"], "threads": torch.get_num_threads(),
                    "checkpoint": str(run_dir / "checkpoints" / "best")}
-        save_json(run_dir / "pretrain.json", summary)
+        run.save_json("pretrain.json", summary)
         log(f"pretrained in {state['seconds'] / 60:.1f} min; start training from it with: medattn train CONFIG "
             f"--init-from {run_dir}")
         return summary

@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from medattn.config import save_config
-from medattn.errors import UserError, writing
+from medattn.config import config_yaml
+from medattn.errors import UserError
+from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint, distributed
 
 from . import report
@@ -48,8 +49,7 @@ def start_state(objective: TaskObjective, config: dict, run_dir: Path, resume: b
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
         report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], objective.fields)
     elif distributed.is_main():
-        with writing(run_dir / "config.yaml"):
-            save_config(config, run_dir / "config.yaml", built.defaults)
+        OutputFolder.within(run_dir).save_text("config.yaml", config_yaml(config, built.defaults))
     return state
 
 
