@@ -37,6 +37,7 @@ from medattn.bench.common import environment, median_time
 from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.readers.bags import read_slide
+from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
 from medattn.slides import (
@@ -186,9 +187,8 @@ def main() -> None:
     if args.png and "abmil" in report["models"]:
         shown = report["models"]["abmil"]["slides"][0]
         _, coords = read_slide(features_dir / f"{Path(shown['slide']).stem}.h5")
-        args.png.parent.mkdir(parents=True, exist_ok=True)
-        slide_heatmap(slides_dir / shown["slide"], coords.numpy(), np.array(shown["scores"]), size0, args.png,
-                      thumbnail_px=args.png_px, percentile=True)
+        slide_heatmap(slides_dir / shown["slide"], coords.numpy(), np.array(shown["scores"]), size0,
+                      OutputFolder.within(args.png.parent), args.png.name, thumbnail_px=args.png_px, percentile=True)
         report["png"] = {"path": str(args.png), "slide": shown["slide"]}
     report["total_seconds"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)

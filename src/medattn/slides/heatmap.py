@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
-from ..outputs import save_image
+from ..outputs import OutputFolder
 from ..vocabulary import task_types
 from . import figures
 from .reader import open_slide, reading, slide_mpp, thumbnail
@@ -90,10 +90,12 @@ def slide_overlay(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size
                           mpp * max(downsample))
 
 
-def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, out_png: Path,
-                  thumbnail_px: int = 2048, **options) -> Path:
-    """:func:`slide_overlay` written to ``out_png``."""
-    return save_image(out_png, slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options), format="PNG")
+def slide_heatmap(slide_path: Path, coords: np.ndarray, scores: np.ndarray, size0: int, folder: OutputFolder,
+                  name: str, thumbnail_px: int = 2048, **options) -> Path:
+    """:func:`slide_overlay` written as the PNG ``name`` in ``folder`` (its policy decides whether ``name`` may be
+    written) -> its path."""
+    return folder.save_image(name, slide_overlay(slide_path, coords, scores, size0, thumbnail_px, **options),
+                             format="PNG")
 
 
 def prediction_text(probabilities, names: list[str], task_type: str = "binary") -> str:
