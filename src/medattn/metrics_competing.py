@@ -25,7 +25,7 @@ import numpy as np
 
 from medattn.errors import UserError
 from medattn.metrics import UndefinedMetricError
-from medattn.metrics_survival import concordance_index
+from medattn.metrics_survival import concordance_bootstrap_ci, concordance_index
 
 #: Elements of one block of the O(N * events) pair comparison of :func:`competing_c_index` (bounds its memory).
 _BLOCK = 1 << 22
@@ -122,6 +122,14 @@ def cause_specific_c_index(risk_k, time, cause, k) -> float:
     """
     time, cause, risk = competing_arrays(time, cause, risk_k)
     return concordance_index(risk, time, cause == _cause_of_interest(k))
+
+
+def cause_specific_bootstrap_ci(risk_k, time, cause, k, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
+                                groups=None) -> tuple[float, float]:
+    """Percentile bootstrap CI of :func:`cause_specific_c_index` (resampling patients ``groups`` where given, as
+    :func:`medattn.metrics_survival.concordance_bootstrap_ci`, which it is with ``event = (cause == k)``)."""
+    time, cause, risk = competing_arrays(time, cause, risk_k)
+    return concordance_bootstrap_ci(risk, time, cause == _cause_of_interest(k), n_boot, ci, seed, groups)
 
 
 def _competing_pair_counts(risk, time, cause, k) -> tuple[int, int, int]:

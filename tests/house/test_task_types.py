@@ -26,8 +26,8 @@ VOCABULARY = SRC / "vocabulary"
 #: Words that are a task type's name but mean something else where they stand: path -> the source text of the line.
 NOT_TASK_TYPES = {"cli.py": ['"binary": "medattn.bench.binary"']}  # the bench named binary (BinaryFormer)
 
-BOOLS = ("labelled", "table", "numeric", "classes", "class_index", "thresholds", "exclusive", "events", "voxel_labels",
-         "outputs_are_probabilities", "dicom_result")
+BOOLS = ("labelled", "table", "numeric", "classes", "class_index", "thresholds", "exclusive", "events", "causes",
+         "voxel_labels", "outputs_are_probabilities", "dicom_result")
 
 
 def _outputs(kind: TaskType) -> int:
@@ -150,7 +150,8 @@ def test_every_task_type_answers_every_question(name, question):
 
 
 def test_the_flags_name_the_types_they_did():
-    assert names_where("table") == ("binary", "multiclass", "multilabel", "survival", "regression")
+    assert names_where("table") == ("binary", "multiclass", "multilabel", "survival", "regression", "competing_risks")
+    assert names_where("causes") == ("competing_risks",)
     assert names_where("thresholds") == ("binary", "multilabel")
     assert names_where("classes") == ("binary", "multiclass", "multilabel")
     assert [n for n, t in TASK_TYPES.items() if not t.labelled] == ["unlabelled"]

@@ -17,7 +17,8 @@ from .splits import SPLIT_KEYS, parse_split, split_records
 from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
-                  "label_columns", "time_column", "event_column", "event_values", "split_column", "task_type",
+                  "label_columns", "time_column", "event_column", "event_values", "cause_names", "split_column",
+                  "task_type",
                   "classes", "num_classes", "max_instances",
                   "check_files", "slides_dir", MIXED_KEY}) | SPLIT_KEYS
 

@@ -18,7 +18,7 @@ from .tables import BadSamples, RecordDataset, keep_valid, table_records
 from .transforms import augment_level, build_augmentation
 
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
-                  "time_column", "event_column", "event_values",
+                  "time_column", "event_column", "event_values", "cause_names",
                   "task_type", "classes", "num_classes", "image_size", "in_chans", "mean", "std", "augment",
                   "check_files"}) | SPLIT_KEYS
 

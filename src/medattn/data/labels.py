@@ -227,7 +227,8 @@ def infer_label_spec(values: list[list[float]], columns: list[str], task_type: s
         else:
             task_type = "binary" if seen <= {0.0, 1.0} else "multiclass"
     kind = _declared(task_type)
-    names, count = kind.table_spec(columns, classes, num_classes, {v for row in values for v in row})
+    seen = {row[-1] for row in values} if kind.events else {v for row in values for v in row}  # events: event cells
+    names, count = kind.table_spec(columns, classes, num_classes, seen)
     return LabelSpec(kind.name, names, count)
 
 
@@ -264,8 +265,17 @@ def inferred_class_problems(values: list[list[float]], wheres: list[str], column
 
 
 def label_options(cfg: dict) -> tuple[str | None, list[str] | None, int | None]:
-    """The ``task_type``, ``classes`` and ``num_classes`` keys of a table config."""
+    """The ``task_type``, ``classes`` and ``num_classes`` keys of a table config; a competing-risks task's
+    ``cause_names`` are its classes (the names of its outputs, cause 1 first)."""
     classes = cfg.get("classes")
+    if cfg.get("cause_names") is not None:
+        if not getattr(_declared(cfg.get("task_type")), "causes", False) or classes is not None:
+            raise UserError("data.cause_names names the causes 1..K of a competing_risks task's event column (set "
+                            "task_type: competing_risks; not with data.classes)")
+        classes = cfg["cause_names"]
+        if not isinstance(classes, list) or len(classes) < 2:
+            raise UserError(f"data.cause_names must list two or more causes 1..K in order (one cause: task_type: "
+                            f"survival), got {classes!r}")
     if classes is not None and (not isinstance(classes, list) or len(classes) < 2):
         raise UserError(f"classes must be a list of at least two class names, got {classes!r}")
     if classes is not None and len({str(c) for c in classes}) != len(classes):

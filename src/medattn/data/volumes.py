@@ -20,7 +20,7 @@ from .transforms import augment_level, build_augmentation
 
 SIDES = ("left", "right")
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
-                  "time_column", "event_column", "event_values",
+                  "time_column", "event_column", "event_values", "cause_names",
                   "subtract_column", "task_type", "classes", "num_classes", "target_spacing", "target_size",
                   "normalize", "split_sides", "augment", "check_files"}) | SPLIT_KEYS
 

@@ -41,16 +41,20 @@ def _bag_size(dataset, index: int) -> int:
 EVENTS = "survival"
 
 
-def survival_counts(dataset) -> dict:
-    """Cases, events, censored cases and comparable pairs of a survival split (labels ``[time, event]``)."""
+def survival_counts(dataset, causes: list[str] | None = None) -> dict:
+    """Cases, events, censored cases and comparable pairs of a survival split (labels ``[time, event]``); with the
+    names of ``causes`` (competing risks: the event is a cause 1..K) also the events per cause."""
     from medattn.metrics_survival import comparable_pairs
 
     if len(dataset) == 0:
-        return {"cases": 0, "events": 0, "censored": 0, "pairs": 0}
+        return {"cases": 0, "events": 0, "censored": 0, "pairs": 0, **({"by_cause": {}} if causes else {})}
     labels = dataset_labels(dataset).reshape(len(dataset), -1).double().numpy()
-    events = int(labels[:, 1].sum())
-    return {"cases": len(labels), "events": events, "censored": len(labels) - events,
-            "pairs": comparable_pairs(labels[:, 0], labels[:, 1].astype(bool))}
+    events = int((labels[:, 1] > 0).sum())
+    found = {"cases": len(labels), "events": events, "censored": len(labels) - events,
+             "pairs": comparable_pairs(labels[:, 0], labels[:, 1] > 0)}
+    if causes:
+        found["by_cause"] = {name: int((labels[:, 1] == k).sum()) for k, name in enumerate(causes, 1)}
+    return found
 
 
 def fingerprint(bundle: DataBundle) -> dict:
@@ -63,7 +67,8 @@ def fingerprint(bundle: DataBundle) -> dict:
         labels = dataset_labels(train).reshape(len(train), -1).float()
         found["positive_share"] = [round(float(v), 4) for v in labels.mean(0)]
     if kind.events:
-        found[EVENTS] = {name: survival_counts(split) for name, split in
+        causes = list(task.class_names) or [str(k) for k in range(1, task.num_outputs + 1)] if kind.causes else None
+        found[EVENTS] = {name: survival_counts(split, causes) for name, split in
                              (("train", train), ("val", bundle.val), ("test", bundle.test))}
     if input_kinds.of(task.input_kind).instances:
         sizes = np.array([_bag_size(train, i) for i in range(len(train))])

@@ -106,6 +106,12 @@ def _events(count: int) -> str:
     return f"{count} event" if count == 1 else f"{count} events"
 
 
+def _by_cause(counts: dict) -> str:
+    """`` (cancer 12, other 8)``: the events per cause of a competing-risks split, else nothing."""
+    by_cause = counts.get("by_cause")
+    return f" ({', '.join(f'{name} {n}' for name, n in by_cause.items())})" if by_cause else ""
+
+
 def apply(config: dict, decisions: list[Decision]) -> dict:
     """A copy of ``config`` with every applied decision's value set."""
     import copy
@@ -137,8 +143,9 @@ def describe(found: dict, decisions: list[Decision]) -> str:
     """The fingerprint and the plan as ``medattn plan`` prints them."""
     lines = ["fingerprint:"]
     lines += [f"  {key}: {value}" for key, value in found.items() if key != EVENTS]
-    lines += [f"  survival {split}: {c['cases']} cases, {_events(c['events'])}, {c['censored']} censored, {c['pairs']} "
-              f"comparable pair{'' if c['pairs'] == 1 else 's'}" for split, c in found.get(EVENTS, {}).items()]
+    lines += [f"  survival {split}: {c['cases']} cases, {_events(c['events'])}{_by_cause(c)}, {c['censored']} "
+              f"censored, {c['pairs']} comparable pair{'' if c['pairs'] == 1 else 's'}"
+              for split, c in found.get(EVENTS, {}).items()]
     lines.append("plan (keys the config leaves null; notes on values it sets):")
     lines += [f"  {d.key} = {d.value}{'' if d.applied else '  [as configured]'}: {d.reason}" for d in decisions]
     if not decisions:

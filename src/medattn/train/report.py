@@ -25,8 +25,11 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
     (:func:`medattn.train.survival_report.reference`) adds Brier scores, calibration and risk groups cut on
     training data (``calibration_<split>.png``); ``time_label`` names the time axis of the figures."""
     result = objective_for(task).score(pred, split, eval_cfg, seed)
-    events = task_types.of(task.task_type).events
-    if events and survival is not None and result.get("c_index") is not None:
+    kind = task_types.of(task.task_type)
+    events = kind.events
+    if kind.causes and survival is not None:  # competing risks: the cause-1 risk groups cut on training data
+        result["risk_groups"] = {"cut": survival["cut"], "quantile": survival["cut_quantile"]}
+    elif events and survival is not None and result.get("c_index") is not None:
         from . import survival_report
 
         result.update(survival_report.score(pred, survival, survival_report.times_of(pred, eval_cfg)))

@@ -42,10 +42,12 @@ def reference(train: Predictions, quantile: float = 0.5) -> dict:
     """What the training split fixes for scoring any other split: the Breslow baseline, the censoring survival G
     and the risk cut (the ``quantile`` of the training risks) -> JSON-able dict."""
     risk, time, event = _columns(train)
-    return {"n": len(risk), "events": int(event.sum()), "max_time": float(np.max(time)),
-            "cut_quantile": quantile, "cut": brier.training_cut(risk, quantile),
-            "baseline": brier.breslow(risk, time, event).to_dict(),
-            "censoring": brier.censoring(time, event).to_dict()}
+    found = {"n": len(risk), "events": int(event.sum()), "max_time": float(np.max(time)),
+             "cut_quantile": quantile, "cut": brier.training_cut(risk, quantile),
+             "censoring": brier.censoring(time, event).to_dict()}
+    if train.outputs.shape[1] == 1:  # one risk (competing risks: K, the cut is the first's, no baseline)
+        found["baseline"] = brier.breslow(risk, time, event).to_dict()
+    return found
 
 
 def plain_training_set(bundle):

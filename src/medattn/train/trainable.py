@@ -33,7 +33,7 @@ def check_trainable(bundle: DataBundle) -> None:
         return
     train, val = (dataset_labels(split).double().numpy().reshape(len(split), -1) for split in (bundle.train,
                                                                                                   bundle.val))
-    problem = survival_problem(train, val) if kind.events else regression_problem(task, train, val)
+    problem = survival_problem(train, val, kind.causes) if kind.events else regression_problem(task, train, val)
     if problem:
         raise UserError(f"this table cannot train a {task.task_type} model: {problem}")
 
@@ -46,9 +46,10 @@ def _has_pair(time: np.ndarray, event: np.ndarray) -> bool:
     return bool((time > first).any() or ((time == first) & ~event).any())
 
 
-def survival_problem(train: np.ndarray, val: np.ndarray) -> str | None:
-    """Why ``[time, event]`` labels (N, 2) of the training and validation splits cannot train a Cox model, or None."""
-    n, events = len(train) + len(val), int(train[:, 1].sum() + val[:, 1].sum())
+def survival_problem(train: np.ndarray, val: np.ndarray, causes: bool = False) -> str | None:
+    """Why ``[time, event]`` labels (N, 2) of the training and validation splits cannot train a Cox model, or None;
+    ``causes``: the event cell is a cause 1..K (competing risks), and cause 1's C-index keeps the best epoch."""
+    n, events = len(train) + len(val), int((train[:, 1] > 0).sum() + (val[:, 1] > 0).sum())
     if events == 0:
         return (f"no event: all {n} training and validation cases are censored (event 0); a survival model learns "
                 f"from observed events (event 1): check data.event_column and its values")
@@ -58,8 +59,9 @@ def survival_problem(train: np.ndarray, val: np.ndarray) -> str | None:
     if not train[:, 1].any():
         return (f"the training split has no event ({len(train)} cases, all censored; {events} events in the "
                 f"validation split): the Cox loss learns from events; set data.split_column or other fractions")
-    if not _has_pair(val[:, 0], val[:, 1].astype(bool)):
-        return (f"the validation split ({len(val)} cases, {int(val[:, 1].sum())} events) has no comparable pair (an "
+    if not _has_pair(val[:, 0], val[:, 1] == 1 if causes else val[:, 1] > 0):
+        return (f"the validation split ({len(val)} cases, {int((val[:, 1] > 0).sum())} events) has no comparable "
+                f"pair {'of cause 1 ' if causes else ''}(an "
                 f"event before another case's time), so the C-index that keeps the best epoch is undefined; give it "
                 f"more cases or events (data.val_fraction, data.split_column)")
     return None

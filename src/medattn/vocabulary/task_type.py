@@ -36,6 +36,9 @@ class TaskType:
     exclusive: ClassVar[bool] = False
     #: Labels are ``[time, event]`` (event 1 observed, 0 censored): events per split, event balance, risk groups.
     events: ClassVar[bool] = False
+    #: The event cell names the cause 1..K of the event (0 censored), one output per cause (competing risks):
+    #: events counted per cause; no Breslow baseline, Brier score or calibration of one risk.
+    causes: ClassVar[bool] = False
     #: Labels are label maps, one class per voxel: patches and sliding windows, label maps out, no explain.
     voxel_labels: ClassVar[bool] = False
     #: The model's outputs are probabilities (calibration, operating points, case heatmaps of the top scores).

@@ -20,6 +20,7 @@ import numpy as np
 
 from medattn.errors import UserError
 
+from .competing import CompetingRisks
 from .task_type import TaskType
 
 __all__ = ["TASK_TYPES", "UNLABELLED", "TaskType", "names_where", "of", "task_type"]
@@ -268,7 +269,7 @@ class Unlabelled(TaskType):
 
 #: Every task type by its stored name.
 TASK_TYPES: dict[str, TaskType] = {t.name: t() for t in (Binary, Multiclass, Multilabel, Segmentation, Survival,
-                                                          Regression, Unlabelled)}
+                                                          Regression, CompetingRisks, Unlabelled)}
 #: The name of the unlabelled type (the data kinds without labels give it).
 UNLABELLED = Unlabelled.name
 
