@@ -1,4 +1,4 @@
-"""What medattn has, by name, without importing torch: model presets, attention mechanisms, data kinds.
+"""What medattn has, by name, without importing torch: model presets, attention mechanisms, data kinds, training tasks.
 
 The one list of each; the registries that build them (:mod:`medattn.models.presets`, :mod:`medattn.attention`,
 :mod:`medattn.data.build`, :mod:`medattn.diffusion`) resolve these names to their classes and functions on use,
@@ -186,5 +186,15 @@ DATA_KINDS: dict[str, tuple[str, str]] = {
 #: which read only these; supervised training refuses them.
 UNLABELLED_KINDS: tuple[str, ...] = ("synthetic_brain", "nifti_volumes")
 
-#: Diffusion inpainting (docs/diffusion.md): task -> the model it trains.
-DIFFUSION_STAGES: dict[str, str] = {"diffusion_vqae": "vqae3d", "diffusion_transformer": "absorbing_transformer"}
+#: The training tasks, the values of a config's ``task`` (not a task *type*: :mod:`medattn.vocabulary.task_types`):
+#: name -> (``"module:class"`` of its :class:`medattn.train.training_tasks.TrainingTask`, the one model it trains or
+#: None for any preset). The one list: the config's rule (:mod:`medattn.config.keys`), the loop's look-up
+#: (:func:`medattn.train.training_tasks.training_task`) and :data:`DIFFUSION_STAGES` read it.
+TRAINING_TASKS: dict[str, tuple[str, str | None]] = {
+    "supervised": ("medattn.train.supervised:Supervised", None),
+    "diffusion_vqae": ("medattn.diffusion.vqae_stage:VQAEStage", "vqae3d"),  # diffusion inpainting, docs/diffusion.md
+    "diffusion_transformer": ("medattn.diffusion.transformer_stage:TransformerStage", "absorbing_transformer"),
+}
+
+#: Diffusion inpainting (docs/diffusion.md): the training tasks that train one fixed model, task -> that model.
+DIFFUSION_STAGES: dict[str, str] = {task: model for task, (_, model) in TRAINING_TASKS.items() if model is not None}

@@ -177,20 +177,20 @@ def test_patch_and_window_options():
 
 def test_training_on_patches_with_sliding_window_evaluation(tmp_path, monkeypatch):
     from medattn.data import build_datasets
-    from medattn.train import fit, loop
+    from medattn.train import fit, supervised
 
     config = load_config("synthetic_vertebrae", [
         "train.epochs=1", "train.patch_size=[16,16,32]", "train.loss=dice", "data.num_samples=[4,2,2]",
         "eval.bootstrap=0", "model.name=unet3d"])
     inputs = []  # (batch, spatial shape) of every forward call
-    build = loop.build_model
+    build = supervised.build_model
 
     def build_and_hook(*args, **kwargs):
         model = build(*args, **kwargs)
         model.register_forward_pre_hook(lambda module, args: inputs.append((args[0].shape[0], args[0].shape[2:])))
         return model
 
-    monkeypatch.setattr(loop, "build_model", build_and_hook)
+    monkeypatch.setattr(supervised, "build_model", build_and_hook)
     results = fit(config, build_datasets(config["data"], seed=0), tmp_path / "run", progress=False, log=print)
     assert results["test"]["dice"] is not None and results["n_train"] == 4
     # training and evaluation both ran on (16, 16, 32) inputs: patches, then windows over 64-voxel columns

@@ -32,9 +32,9 @@ from medattn.models.presets import PRESETS
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model
 from medattn.runtime.predictor import Predictor
-from medattn.train.loaders import make_loader
-from medattn.train.loop import predict
 from medattn.train.objectives import objective_for
+from medattn.train.predictions import predict
+from medattn.train.sampling import make_loader
 from writers import write_csv, write_h5, write_nifti, write_pillow
 
 pytest.importorskip("nibabel")

@@ -8,12 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from medattn.catalogue import TRAINING_TASKS
 from medattn.cli import main
 from medattn.config import load_config
 from medattn.diffusion.data import volume_bundle
 from medattn.errors import UserError
 from medattn.train import fit
-from medattn.train.tasks import TASKS, task_objective
+from medattn.train.training_tasks import training_task
 
 DATA = ["data.size=[16, 16, 32]", "data.num_samples={train: 3, val: 1, test: 1}", "train.threads=1"]
 STAGE1 = ["synthetic_brain_vqae", *DATA, "train.epochs=2", "train.batch_size=5", "model.kwargs.patch_size=8",
@@ -50,8 +51,8 @@ def _assert_same_runs(full, resumed, epochs):
 
 
 def test_every_task_has_an_objective_of_the_loop():
-    assert set(TASKS) == {"supervised", "diffusion_vqae", "diffusion_transformer"}
-    assert all(callable(task_objective(task)) for task in TASKS)
+    assert set(TRAINING_TASKS) == {"supervised", "diffusion_vqae", "diffusion_transformer"}
+    assert all(callable(training_task(name)) for name in TRAINING_TASKS)
 
 
 def test_a_killed_diffusion_stage_resumes_to_the_uninterrupted_numbers(tmp_path, capsys):

@@ -55,7 +55,7 @@ def test_at_zero_every_block_is_the_identity_and_the_head_reads_the_stem(attenti
 
 def test_small_presets_start_with_small_factors_and_record_them(tmp_path):
     """The CPU ViT presets start their branches at 1e-5; a run records it as a preset value (model_defaults)."""
-    from medattn.train.model_notes import preset_design
+    from medattn.train.model_setup import preset_design
 
     for preset in ("vit2d_small", "vit3d_small"):
         model = create_model(preset, attention="seqnorm")

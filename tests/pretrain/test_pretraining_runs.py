@@ -22,7 +22,7 @@ from medattn.models import create_model
 from medattn.pretrain import MaskedAutoencoder
 from medattn.pretrain.data import pretraining_set
 from medattn.runtime import checkpoint
-from medattn.train.initialise import initialise
+from medattn.train.model_setup import initialise
 
 PRETRAINED = {"objective": "masked autoencoding", "train_cases": 16, "pool": None, "pool_cases": 0}
 

@@ -12,7 +12,7 @@ from medattn.attention import available_attentions, build_attention
 from medattn.config import DEFAULTS
 from medattn.errors import UserError
 from medattn.models import create_model
-from medattn.train import acceleration, fit
+from medattn.train import fit, model_setup
 from medattn.train.optim import make_optimizer
 
 
@@ -29,12 +29,12 @@ def test_compiled_checkpointed_step_matches_eager(monkeypatch, mechanism):
     """The whole model's forward and backward captured with fullgraph=True (a graph break raises) and
     checkpointed blocks give the eager model's loss and gradients. (Every mechanism's own capture is
     checked fast in tests/attention/test_contract_attention.py; here the whole model, seqnorm in CI.)"""
-    monkeypatch.setattr(acceleration, "COMPILE_BACKEND", "aot_eager")  # the same capture, no C++ build
+    monkeypatch.setattr(model_setup, "COMPILE_BACKEND", "aot_eager")  # the same capture, no C++ build
     torch.manual_seed(0)
     model = create_model("vit2d_tiny", attention=mechanism)
     x = torch.randn(2, 1, 32, 32)
     loss, grads = _loss_and_grads(model, model, x)
-    module = acceleration.training_module(model, model, {"compile": True, "activation_checkpointing": True})
+    module = model_setup.training_module(model, model, {"compile": True, "activation_checkpointing": True})
     assert module is not model and model.encoder.activation_checkpointing
     compiled_loss, compiled_grads = _loss_and_grads(module, model, x)
     torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-6)
@@ -43,7 +43,7 @@ def test_compiled_checkpointed_step_matches_eager(monkeypatch, mechanism):
 
 
 def test_fit_with_compile_and_checkpointing_keeps_plain_checkpoints(tmp_path, monkeypatch):
-    monkeypatch.setattr(acceleration, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(model_setup, "COMPILE_BACKEND", "aot_eager")
     config = tiny_config("train.compile=true", "train.activation_checkpointing=true", "train.epochs=1",
                          "model.attention=seqnorm")
     results = fit(config, image_bundle(), tmp_path / "run", progress=False, log=lambda m: None)
@@ -61,10 +61,10 @@ def test_checkpointing_a_model_without_blocks_is_a_user_error(tmp_path):
 
 def test_compile_without_a_cxx_compiler_is_a_user_error(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(acceleration.shutil, "which", lambda name: None)
+    monkeypatch.setattr(model_setup.shutil, "which", lambda name: None)
     model = create_model("vit2d_tiny")
     with pytest.raises(UserError, match=r"train.compile: inductor needs a C\+\+ compiler"):
-        acceleration.training_module(model, model, {"compile": True})
+        model_setup.training_module(model, model, {"compile": True})
 
 
 def test_options_are_checked_in_the_config():

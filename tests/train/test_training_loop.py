@@ -20,7 +20,7 @@ from medattn.runtime.device import check_device
 from medattn.train import fit
 from medattn.train.defaults import resolve_training
 from medattn.train.loop import improves
-from medattn.train.model_notes import size_warnings
+from medattn.train.model_setup import size_warnings
 from medattn.train.optim import lr_at
 from medattn.train.report import learning_warnings
 
@@ -199,7 +199,7 @@ def test_the_size_warning_reaches_the_summary_and_results(tmp_path):
 
 def test_a_log_line_shows_a_few_tensor_names_and_counts_the_rest():
     """--init-from printed about 250 tensor names on one line."""
-    from medattn.train.initialise import SHOWN_NAMES, _some
+    from medattn.train.model_setup import SHOWN_NAMES, _some
 
     names = [f"encoder.blocks.{i}.attn.q_norm.weight" for i in range(40)]
     assert _some(names).count("encoder") == SHOWN_NAMES and _some(names).endswith(f"and {40 - SHOWN_NAMES} more")

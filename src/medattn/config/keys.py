@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from medattn.catalogue import DIFFUSION_STAGES, TRAINING_TASKS
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -68,7 +70,8 @@ def _choice(*values) -> Rule:
 BOOLEAN = Rule("true or false", lambda v: isinstance(v, bool))
 
 #: The values of ``task`` that train a diffusion stage (docs/diffusion.md); the others' configs hold no ``diffusion``.
-DIFFUSION_TASKS = ("diffusion_vqae", "diffusion_transformer")
+#: From the one list of training tasks, :data:`medattn.catalogue.TRAINING_TASKS`.
+DIFFUSION_TASKS = tuple(DIFFUSION_STAGES)
 
 #: The one list of config keys: default, rule and meaning. A section (``train``) is a mapping of its keys;
 #: ``data`` and ``model.kwargs`` are free-form mappings (their keys belong to the data builder and the model).
@@ -187,8 +190,8 @@ KEYS: dict[str, Key] = {
     "eval.window_overlap": Key(None, Rule("null or a number in [0, 1)",
                                           lambda v: v is None or (_is_number(v) and 0 <= v < 1)),
                                "overlap of neighbouring windows, in [0, 1); null -> 0.5"),
-    "task": Key("supervised", _choice("supervised", *DIFFUSION_TASKS),
-                "supervised | diffusion_vqae | diffusion_transformer (docs/diffusion.md)"),
+    "task": Key("supervised", _choice(*TRAINING_TASKS),
+                " | ".join(TRAINING_TASKS) + " (docs/diffusion.md)"),
     "diffusion.vqae_checkpoint": Key(None, _text(optional=True),
                                      "stage 2: the stage-1 (diffusion_vqae) run folder or checkpoint"),
     "diffusion.perceptual_net": Key(None, _text(optional=True),

@@ -2,13 +2,13 @@
 
 Stage 1 (``task: diffusion_vqae``, :mod:`medattn.diffusion.vqae_stage`) trains the VQ-AE on p^3 patches; stage 2
 (``task: diffusion_transformer``, :mod:`medattn.diffusion.transformer_stage`) trains the absorbing transformer on the
-token grids of the frozen stage-1 VQ-AE. Both are objectives of the supervised training loop
-(:func:`medattn.train.loop.fit`, registered in :data:`medattn.train.tasks.TASKS`): its epochs and optimizer step
+token grids of the frozen stage-1 VQ-AE. Both are training tasks of the supervised training loop
+(:func:`medattn.train.loop.fit`, registered in :data:`medattn.catalogue.TRAINING_TASKS`): its epochs and optimizer step
 (``train.schedule``, ``train.grad_clip``), metrics.csv, checkpoints (``checkpoints/last`` every epoch with the
 optimizer and RNG states, ``checkpoints/best`` at the lowest validation score), the held run folder
 (:func:`medattn.train.rundir.run_folder`: locked; ``--overwrite`` deletes the previous run only once the new one has
 a checkpoint), ``--resume`` (a stopped run continues exactly) and ``train.tensorboard``. What the stages share is
-:mod:`medattn.diffusion.objective`.
+:mod:`medattn.diffusion.stage`.
 
 The run folder holds ``config.yaml``, ``metrics.csv`` (one row per epoch), ``checkpoints/last`` and
 ``checkpoints/best`` (safetensors, :mod:`medattn.diffusion.model`'s metadata), ``results.json`` (``synthetic: true``
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from medattn.diffusion.data import volume_bundle
-from medattn.diffusion.objective import check_diffusion_run, diffusion_summary
+from medattn.diffusion.stage import check_diffusion_run, diffusion_summary
 from medattn.train.defaults import resolve_training
 from medattn.train.loop import fit
 
@@ -34,7 +34,7 @@ def train_diffusion(config: dict, run_dir: Path, *, overwrite: bool = False, res
                     init_from: str | None = None, progress: bool = True,
                     log: Callable[[str], None] = print) -> dict:
     """Run the stage ``config["task"]`` names in ``run_dir``; returns its results (also results.json). The config is
-    checked before the volumes are read; then :func:`medattn.train.loop.fit` trains the stage's objective."""
+    checked before the volumes are read; then :func:`medattn.train.loop.fit` trains the stage."""
     config = {**config, "out": str(run_dir)}
     check_diffusion_run(resolve_training(config)[0], init_from)  # null train keys: the general defaults
     return fit(config, volume_bundle(config), Path(run_dir), resume=resume, overwrite=overwrite, init_from=init_from,

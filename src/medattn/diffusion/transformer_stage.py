@@ -1,4 +1,4 @@
-"""Stage 2 of the 3D VQ diffusion model (``task: diffusion_transformer``), an objective of the training loop.
+"""Stage 2 of the 3D VQ diffusion model (``task: diffusion_transformer``), a training task of the training loop.
 
 The frozen stage-1 VQ-AE (``diffusion.vqae_checkpoint``; kept in every stage-2 checkpoint) encodes every training and
 validation volume once, on first use (after a resumed run's weights are loaded); batches of ``train.batch_size``
@@ -20,20 +20,21 @@ import torch
 from medattn.diffusion.data import volume_shape
 from medattn.diffusion.inpaint import centre_mask, inpaint, score_case, tokens_to_voxels, versus_random
 from medattn.diffusion.model import DiffusionModel, build_transformer, load_stage
-from medattn.diffusion.objective import DiffusionObjective, volume
+from medattn.diffusion.stage import DiffusionStage, volume
 from medattn.diffusion.transformer import absorbing_loss, mask_schedule, masked_ce
 from medattn.diffusion.vqae import encode_volume
-from medattn.train.tasks import Batches, Built, Validation
+from medattn.train.training_tasks import Batches, Built, Planned, Validation
 
 FIELDS = ("epoch", "lr", "train_loss", "val_loss", "seconds")
 
 
-class TransformerObjective(DiffusionObjective):
+class TransformerStage(DiffusionStage):
     """The absorbing transformer over the frozen VQ-AE's token grids (see the module docstring)."""
 
     fields = FIELDS
 
-    def build(self, config: dict, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+        config = planned.config
         self.start(config, device)
         stage1, stage1_meta = load_stage(self.diff_cfg["vqae_checkpoint"])
         self.stage1_config = stage1_meta["config"]

@@ -1,7 +1,7 @@
-"""Stage 1 of the 3D VQ diffusion model (``task: diffusion_vqae``), an objective of the training loop.
+"""Stage 1 of the 3D VQ diffusion model (``task: diffusion_vqae``), a training task of the training loop.
 
 Every training volume is cut into its p^3 patches; patches of the volumes in a shuffled order are gathered and
-shuffled into batches of ``train.batch_size`` patches (:meth:`VQAEObjective.batches`); loss
+shuffled into batches of ``train.batch_size`` patches (:meth:`VQAEStage.batches`); loss
 :func:`medattn.diffusion.losses.vqae_loss` (metrics.csv: ``train_loss``, ``train_l1``, ``train_commitment``).
 Validation: L1 and PSNR of the reconstructed validation volumes and the codebook usage; the best epoch has the
 lowest validation L1. Test: PSNR and SSIM of the reconstructed test volumes by ``checkpoints/best``.
@@ -19,20 +19,21 @@ from medattn.diffusion.data import volume_shape
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.diffusion.metrics import psnr, ssim
 from medattn.diffusion.model import DiffusionModel, build_vqae, load_stage
-from medattn.diffusion.objective import DiffusionObjective, volume
+from medattn.diffusion.stage import DiffusionStage, volume
 from medattn.diffusion.vqae import from_patches, patch_grid, to_patches
-from medattn.train.tasks import Batches, Built, Validation
+from medattn.train.training_tasks import Batches, Built, Planned, Validation
 
 FIELDS = ("epoch", "lr", "train_loss", "train_l1", "train_commitment", "val_l1", "val_psnr", "codebook_usage",
           "seconds")
 
 
-class VQAEObjective(DiffusionObjective):
+class VQAEStage(DiffusionStage):
     """The VQ-AE on patches (see the module docstring)."""
 
     fields = FIELDS
 
-    def build(self, config: dict, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+        config = planned.config
         self.start(config, device)
         self.vqae = vqae = build_vqae(config).to(device)
         self.perceptual = None

@@ -134,7 +134,7 @@ def initial_checkpoints(arms: dict[str, dict], init_from: str | Path | None) -> 
     if not whole and not any((root / name).is_dir() for name in arms):
         raise UserError(f"--init-from {init_from}: neither a checkpoint nor a folder with one per arm "
                         f"({', '.join(arms)})")
-    from medattn.train.initialise import takes_encoder
+    from medattn.train.model_setup import takes_encoder
 
     starts = {name: str(root / name) if (root / name).is_dir() else str(root) if whole else None for name in arms}
     for name, start in starts.items():  # an arm is pretrained only when its encoder loads (no checkpoint: its run says)

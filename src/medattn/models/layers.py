@@ -171,7 +171,7 @@ class ConvStem(nn.Module):
 class FeatureStandardizer(nn.Module):
     """Per-feature standardisation of pre-extracted instance features, ``(x - mean) / std``, with the statistics
     held as buffers: fitted on the training split (:meth:`set_statistics`, called by
-    :func:`medattn.train.standardize.fit_feature_norm`), saved in the checkpoint and applied wherever the model
+    :func:`medattn.train.model_setup.fit_feature_norm`), saved in the checkpoint and applied wherever the model
     runs (eval, predict, export), since feature scales differ by extractor (a ResNet-50's pooled features lie in
     [0, 3], a ViT's in [-10, 10], hand-made ones in counts).
 

@@ -38,10 +38,10 @@ from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
 from medattn.text import bars_off
 from medattn.threads import set_threads
-from medattn.train.loaders import seed_everything
-from medattn.train.model_notes import preset_design
+from medattn.train.model_setup import preset_design
 from medattn.train.optim import lr_at, param_groups
 from medattn.train.rundir import config_diff, killed_run_config, run_folder
+from medattn.train.sampling import seed_everything
 
 from .data import pretraining_set
 from .mae import MaskedAutoencoder

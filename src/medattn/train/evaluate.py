@@ -51,8 +51,8 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     from medattn.runtime.device import inference_device
     from medattn.runtime.trained import load_checkpoint
 
-    from .loaders import make_loader
-    from .scoring import predict
+    from .predictions import predict
+    from .sampling import make_loader
 
     if per_patient is not None and per_patient not in clinical_metrics.AGGREGATIONS:
         raise UserError(f"per-patient aggregation must be one of {', '.join(clinical_metrics.AGGREGATIONS)}, got "

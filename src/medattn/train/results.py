@@ -1,6 +1,6 @@
 """The end of a training run: the kept checkpoint on the test split, the verdict, the report files.
 
-:func:`test_best` loads ``checkpoints/best``, scores the test split (:func:`medattn.train.scoring.predict`), judges
+:func:`test_best` loads ``checkpoints/best``, scores the test split (:func:`medattn.train.predictions.predict`), judges
 whether the run learned (:func:`learning_verdict`, :mod:`medattn.train.verdict`), writes predictions, ROC, curves,
 the case heatmaps the caller hands in, results.json and report.html (:mod:`medattn.train.page`), and prints the
 summary.
@@ -24,11 +24,10 @@ from medattn.vocabulary import task_types
 from torch import nn
 
 from . import report, verdict
-from .loaders import make_loader
 from .objectives import objective_for
 from .page import run_page
-from .sampling import class_keys, positive_weight
-from .scoring import predict
+from .predictions import predict
+from .sampling import class_keys, make_loader, positive_weight
 
 #: What draws the report's case heatmaps, handed in by the caller (``medattn train``, cv and compare, the demo:
 #: :func:`medattn.explain.cases.case_heatmaps`): ``(model, test set, probabilities, labels, ids, task, run folder,

@@ -16,17 +16,17 @@ from medattn.runtime import checkpoint, distributed
 
 from . import report
 from .rundir import config_diff
-from .tasks import Built, TaskObjective
+from .training_tasks import Built, TrainingTask
 
-#: The prefix of an objective's own tensors in a training checkpoint (:meth:`TaskObjective.state_tensors`).
-OBJECTIVE_TENSORS = "stage."
+#: The prefix of a training task's own tensors in a training checkpoint (:meth:`TrainingTask.state_tensors`).
+TASK_TENSORS = "stage."
 
 
-def check_resume(objective: TaskObjective, config: dict, run_dir: Path, resume: bool, restart_of: dict | None,
+def check_resume(training: TrainingTask, config: dict, run_dir: Path, resume: bool, restart_of: dict | None,
                  log: Callable[[str], None]) -> None:
     """A resumed or restarted run must have the saved config (``checkpoints/last``'s, or ``restart_of``)."""
     if resume or restart_of is not None:
-        saved = restart_of or objective.saved_config(checkpoint.resolve(run_dir / "checkpoints" / "last"))
+        saved = restart_of or training.saved_config(checkpoint.resolve(run_dir / "checkpoints" / "last"))
         changed = config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
@@ -34,10 +34,11 @@ def check_resume(objective: TaskObjective, config: dict, run_dir: Path, resume: 
         log(f"{run_dir} stopped before its first resumable checkpoint: training it again from epoch 1")
 
 
-def start_state(objective: TaskObjective, config: dict, run_dir: Path, resume: bool, built: Built,
+def start_state(training: TrainingTask, config: dict, run_dir: Path, resume: bool, built: Built,
                 optimizer: torch.optim.Optimizer, log: Callable[[str], None]) -> dict:
-    """The training state: a resumed run's from ``checkpoints/last`` (model, optimizer, EMA and the objective's own
-    tensors loaded, metrics.csv cut back to it), else a fresh one (and config.yaml written with the defaults used)."""
+    """The training state: a resumed run's from ``checkpoints/last`` (model, optimizer, EMA and the training
+    task's own tensors loaded, metrics.csv cut back to it), else a fresh one (and config.yaml written with the defaults
+    used)."""
     state = {"epoch": 0, "step": 0, "best_score": None, "best_loss": None, "best_epoch": None, "ema_updates": 0}
     if resume:
         last = checkpoint.resolve(run_dir / "checkpoints" / "last")
@@ -45,9 +46,9 @@ def start_state(objective: TaskObjective, config: dict, run_dir: Path, resume: b
         state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
         if built.ema is not None:
             built.ema.load_state_dict(checkpoint.load_extra_tensors(last, "ema."), state["ema_updates"])
-        objective.load_state_tensors(checkpoint.load_extra_tensors(last, OBJECTIVE_TENSORS))
+        training.load_state_tensors(checkpoint.load_extra_tensors(last, TASK_TENSORS))
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
-        report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], objective.fields)
+        report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], training.fields)
     elif distributed.is_main():
         OutputFolder.within(run_dir).save_text("config.yaml", config_yaml(config, built.defaults))
     return state
@@ -63,13 +64,14 @@ def improves(state: dict, score: float, loss: float, higher_is_better: bool = Tr
     return score == best and (state.get("best_loss") is None or loss < state["best_loss"])
 
 
-def save_checkpoints(run_dir: Path, objective: TaskObjective, built: Built, optimizer: torch.optim.Optimizer,
+def save_checkpoints(run_dir: Path, training: TrainingTask, built: Built, optimizer: torch.optim.Optimizer,
                      state: dict, evaluated: nn.Module, meta: dict, is_best: bool) -> None:
     """``checkpoints/best`` (the scored weights, ``evaluated``) when the epoch is the best so far, then
-    ``checkpoints/last`` (the model with the optimizer, the training state, the EMA's and the objective's tensors)."""
+    ``checkpoints/last`` (the model with the optimizer, the training state, the EMA's and the training task's
+    tensors)."""
     if is_best:
         checkpoint.save(run_dir / "checkpoints" / "best", evaluated, meta)
     state["ema_updates"] = 0 if built.ema is None else built.ema.updates
-    tensors = {**({} if built.ema is None else built.ema.state_dict()), **objective.state_tensors()}
+    tensors = {**({} if built.ema is None else built.ema.state_dict()), **training.state_tensors()}
     checkpoint.save(run_dir / "checkpoints" / "last", built.model, meta, optimizer, state,
                     extra_tensors=tensors or None)

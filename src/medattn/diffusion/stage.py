@@ -1,4 +1,4 @@
-"""What the two diffusion stages share as objectives of the training loop (:mod:`medattn.train.tasks`).
+"""What the two diffusion stages share as training tasks of the training loop (:mod:`medattn.train.training_tasks`).
 
 Both train on the unlabelled volumes of a registered kind (:func:`medattn.diffusion.data.volume_bundle`), in fp32,
 in one process, without gradient accumulation (:func:`check_diffusion_run`). Their batch order and the absorbing
@@ -26,6 +26,7 @@ from medattn.errors import UserError
 from medattn.outputs import save_json
 from medattn.runtime import distributed
 from medattn.runtime.device import check_device
+from medattn.train.training_tasks import Planned
 from medattn.vocabulary.task_types import task_type
 
 
@@ -54,8 +55,8 @@ def volume(dataset, index: int) -> torch.Tensor:
     return dataset[index]["input"][None].float()
 
 
-class DiffusionObjective:
-    """The hooks both stages answer alike (:class:`medattn.train.tasks.TaskObjective`); a stage adds ``fields``,
+class DiffusionStage:
+    """The hooks both stages answer alike (:class:`medattn.train.training_tasks.TrainingTask`); a stage adds ``fields``,
     ``build``, ``batches``, ``batch_loss``, ``validate`` and ``test``."""
 
     higher_is_better = False  # the lowest validation L1 (stage 1) or loss (stage 2) is best
@@ -73,8 +74,8 @@ class DiffusionObjective:
             raise UserError("data: the diffusion stages need training volumes and at least one validation and one "
                             "test volume")
 
-    def plan(self, config: dict, chosen: dict) -> dict:
-        return config  # the config as given: no data plan, and config.yaml lists no defaults
+    def plan(self, config: dict, chosen: dict) -> Planned:
+        return Planned(config)  # the config as given: no data plan, and config.yaml lists no defaults
 
     def saved_config(self, folder: Path) -> dict:
         return read_meta(folder)["config"]

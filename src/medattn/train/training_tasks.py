@@ -1,20 +1,22 @@
-"""What the training loop runs for each config ``task``: the registry of task objectives and the hooks they answer.
+"""What the training loop runs for each config ``task``: the training tasks and the hooks they answer.
 
-:func:`medattn.train.loop.fit` runs every task the same way: the held run folder, config.yaml, the epochs
+A *training task* is what a config's ``task`` names (``supervised``, ``diffusion_vqae``, ``diffusion_transformer``;
+the one list is :data:`medattn.catalogue.TRAINING_TASKS`); it is not a *task type* (binary, survival, ...:
+:mod:`medattn.vocabulary.task_types`), which a supervised run's data has and whose
+:class:`~medattn.train.objectives.Objective` says what is optimised and scored.
+
+:func:`medattn.train.loop.fit` runs every training task the same way: the held run folder, config.yaml, the epochs
 (:func:`medattn.train.loop.train_one_epoch`: the optimizer step, gradient accumulation), metrics.csv, the checkpoints
 (``last`` after every epoch with the optimizer and RNG states, ``best`` when the validation score improves),
-``--resume`` and the hand-over to the test are the loop's. What differs per task is asked of its objective, the
-class :data:`TASKS` names for it:
+``--resume`` and the hand-over to the test are the loop's. What differs per training task is asked of it:
 
-* ``supervised``: :class:`medattn.train.loop.Supervised` (what is optimised and scored per task type:
-  :mod:`medattn.train.objectives`);
+* ``supervised``: :class:`medattn.train.supervised.Supervised`;
 * ``diffusion_vqae`` and ``diffusion_transformer``, the two stages of the 3D VQ diffusion model:
-  :class:`medattn.diffusion.vqae_stage.VQAEObjective` and
-  :class:`medattn.diffusion.transformer_stage.TransformerObjective`.
+  :class:`medattn.diffusion.vqae_stage.VQAEStage` and :class:`medattn.diffusion.transformer_stage.TransformerStage`.
 
-The table holds names, not imports: the diffusion stages sit above ``train`` (docs/architecture.md), and
-:func:`task_objective` imports only the one a run needs. An objective is made with ``(bundle, log)`` and answers the
-hooks of :class:`TaskObjective`.
+The registry holds names, not imports: the diffusion stages sit above ``train`` (docs/architecture.md), and
+:func:`training_task` imports only the one a run needs. A training task is made with ``(bundle, log)`` and answers
+the hooks of :class:`TrainingTask`.
 """
 
 from __future__ import annotations
@@ -28,25 +30,31 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from medattn.catalogue import TRAINING_TASKS
 from medattn.errors import UserError
 
-#: config ``task`` -> ``"module:class"`` of its objective.
-TASKS = {"supervised": "medattn.train.loop:Supervised",
-         "diffusion_vqae": "medattn.diffusion.vqae_stage:VQAEObjective",
-         "diffusion_transformer": "medattn.diffusion.transformer_stage:TransformerObjective"}
+
+def training_task(name: str) -> type[TrainingTask]:
+    """The class of config ``task`` ``name`` (:data:`medattn.catalogue.TRAINING_TASKS`)."""
+    if name not in TRAINING_TASKS:
+        raise UserError(f"task must be one of {', '.join(TRAINING_TASKS)}, got {name!r}")
+    module, cls = TRAINING_TASKS[name][0].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-def task_objective(task: str) -> type[TaskObjective]:
-    """The objective class of config ``task`` (:data:`TASKS`)."""
-    if task not in TASKS:
-        raise UserError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    module, name = TASKS[task].split(":")
-    return getattr(importlib.import_module(module), name)
+@dataclass
+class Planned:
+    """What a training task's :meth:`TrainingTask.plan` hands to its :meth:`TrainingTask.build` (through the loop,
+    not through attributes): the config the run saves, and what chose its values."""
+
+    config: dict  # the planned config: what config.yaml and the checkpoints hold
+    defaults: dict = field(default_factory=dict)  # values defaults and the plan chose: config.yaml's comment lines
+    record: dict | None = None  # the plan's fingerprint and decisions (results.json), None without a plan
 
 
 @dataclass
 class Built:
-    """What an objective's :meth:`TaskObjective.build` gives the loop."""
+    """What a training task's :meth:`TrainingTask.build` gives the loop."""
 
     model: nn.Module  # what the checkpoints hold and a resumed run loads
     trained: nn.Module  # what the optimizer trains and the gradient clipping sees (the model, or a part of it)
@@ -72,19 +80,20 @@ class Batches:
 
 @dataclass
 class Validation:
-    """One epoch's validation by an objective."""
+    """One epoch's validation by a training task."""
 
-    score: float  # selects the best epoch (the direction: ``TaskObjective.higher_is_better``)
+    score: float  # selects the best epoch (the direction: ``TrainingTask.higher_is_better``)
     loss: float  # breaks ties of the score: the lower wins
     row: dict  # the metrics.csv columns it fills (``val_loss``, ``val_auroc``; ``val_l1``, ...)
     meta: dict  # the epoch's checkpoint metadata (checkpoint.json of ``last`` and, when best, ``best``)
     line: str  # the epoch's log line after the training loss
 
 
-class TaskObjective(Protocol):
+class TrainingTask(Protocol):
     """The hooks the loop calls, in this order (``state_tensors`` after every epoch, ``load_state_tensors`` once, on
     resume). ``fields``: the metrics.csv columns (known after :meth:`build`); ``higher_is_better``: the direction of
-    :attr:`Validation.score`. The loop branches on nothing else of a task."""
+    :attr:`Validation.score`. The loop branches on nothing else of a training task. What :meth:`build` makes, the
+    later hooks use: a training task is one run's, made for it and dropped after it."""
 
     fields: tuple[str, ...]
     higher_is_better: bool
@@ -94,18 +103,18 @@ class TaskObjective(Protocol):
     def check(self, config: dict, init_from: str | Path | None, progress: bool) -> None:
         """Everything cheap, before the run folder is held (a UserError names the problem)."""
 
-    def plan(self, config: dict, chosen: dict) -> dict:
-        """-> the config the run saves (``chosen``: the training values defaults chose, for the record); called
-        inside the held run folder."""
+    def plan(self, config: dict, chosen: dict) -> Planned:
+        """-> the config the run saves and what chose it (``chosen``: the training values defaults chose, for the
+        record); called inside the held run folder."""
 
     def saved_config(self, folder: Path) -> dict:
         """The config a checkpoint of this task saved (a resumed run must have it)."""
 
-    def build(self, config: dict, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
-        """The model and the training batches of the planned ``config`` (after the seed is set)."""
+    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+        """The model and the training batches of the :meth:`plan`'s ``planned`` config (after the seed is set)."""
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Tensors of the objective's own training state (names ``stage.*``, e.g. a batch order's generator) that
+        """Tensors of the training task's own state (names ``stage.*``, e.g. a batch order's generator) that
         ``checkpoints/last`` keeps for ``--resume``."""
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
