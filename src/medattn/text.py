@@ -1,11 +1,7 @@
-"""Plain text for people: tables for the terminal (benchmarks, cross-validation and comparison summaries), CSV
-files, and when progress bars are drawn."""
+"""Plain text for people: tables for the terminal (benchmarks, cross-validation and comparison summaries) and
+when progress bars are drawn (CSV files: :meth:`medattn.outputs.OutputFolder.save_csv`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from medattn.outputs import save_csv
 
 
 def bars_off(wanted: bool) -> bool | None:
@@ -25,8 +21,3 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
 
-
-def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    """A CSV file of ``header`` and ``rows``, its folder created, written atomically
-    (:func:`medattn.outputs.save_csv`); a failed write is a one-line UserError."""
-    save_csv(Path(path), header, rows)

@@ -8,8 +8,6 @@ share a floor (docs/architecture.md) and neither imports the other; the command 
 
 from __future__ import annotations
 
-import json
-
 from medattn.outputs import OutputFolder
 
 #: Why one would pick SeqNorm: one attention layer (dim 512, 8 heads of 64, forward + backward, batch 1) as the
@@ -23,17 +21,15 @@ def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
     from medattn.bench.attention import run_attention_bench
     from medattn.bench.plots import plot_attention_scaling
     from medattn.bench.roofline import measure_rates
-    from medattn.text import format_table, write_csv
+    from medattn.text import format_table
 
     seq_lens = SCALING["quick_seq_lens"] if quick else SCALING["seq_lens"]
     rows = run_attention_bench(SCALING["mechanisms"], seq_lens, parts=("layer",), passes=("fwd+bwd",), repeats=2,
                                budget_s=20.0, memory_budget_gb=4.0, include_peers=False, threads=threads,
                                rates=measure_rates(("fp32",), matmul_size=1024, bandwidth_megabytes=64, repeats=3))
     keys = ["mechanism", "n", "status", "median_s", "peak_mem_mb"]
-    with out.write("scaling.csv") as tmp:
-        write_csv(tmp, keys, [[row.get(k) for k in keys] for row in rows])
-    with out.write("scaling.json") as tmp:
-        tmp.write_text(json.dumps(rows, indent=1, default=str))
+    out.save_csv("scaling.csv", keys, [[row.get(k) for k in keys] for row in rows])
+    out.save_json("scaling.json", rows, default=str)
     title = (f"one attention layer (dim 512, 8 heads), forward+backward, batch 1, {threads} thread(s)"
              + (" [--quick: small N]" if quick else ""))
     with out.write("scaling.png") as tmp:

@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
     from medattn.deploy.runtime import open_model
     from medattn.outputs import OutputFolder
     from medattn.runtime.threshold import parse_thresholds
-    from medattn.text import write_csv
     from medattn.vocabulary import task_types
 
     runner = open_model(args.checkpoint, args.device)
@@ -123,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
         used = dict(zip(names, counts))
         table.header += ["slides_used", "slides_listed"]
         table.rows = [[*row, *used[row[0]]] for row in table.rows]
-    with folder.write(out.name) as tmp:
-        write_csv(tmp, table.header, table.rows)
+    folder.save_csv(out.name, table.header, table.rows)
     tag = " [model trained on SYNTHETIC data]" if prep.synthetic else ""
     joined = f" (patients: {sum(map(len, inputs))} slides joined by {args.patients})" if names else ""
     print(f"wrote {len(table.rows)} prediction(s) to {out}{joined}{tag}")
@@ -141,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if table.threshold_source:
         print(f"threshold: {table.threshold_source}")
     if args.skip_bad:
-        with folder.write(skipped) as tmp:
-            write_csv(tmp, ["file", "reason"], [list(b) for b in table.bad])
+        folder.save_csv(skipped, ["file", "reason"], [list(b) for b in table.bad])
         if table.bad:
             print(f"skipped {len(table.bad)} bad file(s) (--skip-bad), listed with reasons in "
                   f"{out.with_name(skipped)}")
