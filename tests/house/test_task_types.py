@@ -125,6 +125,15 @@ def _case_scores(kind: TaskType) -> bool:
     return scores.shape == (5,)
 
 
+def _cases(kind: TaskType) -> bool:
+    """Which ends of its scores a report draws, the output a case's map explains, and a case's words."""
+    k = _outputs(kind)
+    label = _label_cells(kind) if kind.table else [1.0] * k
+    text = kind.case_text(np.linspace(0.1, 0.9, k), label, [f"c{j}" for j in range(k)], "os_months (months)")
+    return (set(kind.case_ends) <= {"highest", "lowest"} and isinstance(text, str) and bool(text)
+            and (kind.case_output is None or 0 <= kind.case_output < k))
+
+
 #: Each question a task type answers -> a check that the answer has the right kind.
 QUESTIONS = {
     "flags": lambda kind: all(isinstance(getattr(kind, name), bool) for name in BOOLS),
@@ -140,6 +149,7 @@ QUESTIONS = {
     "words": _words,
     "readouts": _readouts,
     "case_scores": _case_scores,
+    "cases": _cases,
 }
 
 

@@ -1,7 +1,9 @@
 """Heatmaps of a run's highest-scored test cases, for its report page (``eval.heatmaps``).
 
 After the test, the kept model explains the ``count`` test cases it scores highest (binary and multi-label: the
-first output's probability; multiclass: the predicted class's) with the default method
+first output's probability; multiclass: the predicted class's; survival and regression: the ``count`` highest and
+the ``count`` lowest risks or first target's values, the risk or value explained, as the task type's ``case_ends``,
+``case_output`` and ``case_text`` say) with the default method
 (:func:`~medattn.explain.core.default_method`), each drawn as ``medattn explain`` draws a file: 2D images beside
 the map over them, volumes as three orthogonal slices, bags as their tiles at their coordinates; each with a colour
 bar and a title naming run, method, case, probability and label. The cases are the prepared test tensors (after
@@ -27,6 +29,7 @@ from PIL import Image
 
 from ..data import input_kinds
 from ..outputs import save_image
+from ..survival_plots import time_axis_label
 from ..vocabulary import task_types
 from . import outputs, tile_scores
 from .core import explain
@@ -83,42 +86,64 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
                   task, out_dir: Path, title: str, count: int,
                   slides: str | Path | None = None, config: dict | None = None) -> tuple[list[str], list[str]]:
     """Write ``heatmaps/<rank>.png`` for the ``count`` highest-scored cases of ``dataset`` (``probabilities``
-    (N, K) and ``labels`` in dataset order, as the test's predictions) into ``out_dir``; -> (the paths written,
-    relative to ``out_dir``; warnings). ``slides``: the folder of the scanner files of a bag data set's slides
-    (:func:`case_slide`); a case whose slide is not drawn there gets a warning saying why and is drawn on a blank
-    canvas. Nothing for ``count`` 0. Segmentation (``probabilities``: the test's Dice per case and class): the best and
-    worst cases' label maps over their inputs (:mod:`medattn.explain.segmentation_cases`; with the run's ``config``)."""
+    (N, K), the test's outputs, and ``labels`` in dataset order, as the test's predictions) into ``out_dir``; ->
+    (the paths written, relative to ``out_dir``; warnings). A task type that draws both ends of its scores
+    (:attr:`~medattn.vocabulary.task_type.TaskType.case_ends`: a survival run's risks, a regression's values) gets
+    ``heatmaps/highest_<k>.png`` and ``heatmaps/lowest_<k>.png``, each map explaining the type's
+    ``case_output`` (the risk, the first target: red raises it) and titled by its ``case_text``. ``slides``: the
+    folder of the scanner files of a bag data set's slides (:func:`case_slide`); a case whose slide is not drawn
+    there gets a warning saying why and is drawn on a blank canvas. Nothing for ``count`` 0. Segmentation
+    (``probabilities``: the test's Dice per case and class): the best and worst cases' label maps over their inputs
+    (:mod:`medattn.explain.segmentation_cases`; with the run's ``config``)."""
     kind = task_types.of(task.task_type)
     if kind.voxel_labels and config is not None:
         from .segmentation_cases import segmentation_cases
 
         return segmentation_cases(model, dataset, probabilities, ids, task, out_dir, title, count, config)
-    if count <= 0 or kind.voxel_labels or len(probabilities) == 0:
+    if count <= 0 or kind.voxel_labels or not kind.case_ends or len(probabilities) == 0:
         return [], []
     probabilities = np.asarray(probabilities).reshape(len(probabilities), -1)
     scores = kind.case_scores(probabilities)
-    device = next(model.parameters()).device
-    kind = input_kinds.of(task.input_kind)
+    time_label = time_axis_label((config or {}).get("data", {}).get("time_column"))
+    drawn: list[int] = []
     names, warnings = [], []
-    for index in np.argsort(-scores, kind="stable")[:count]:
-        sample = dataset[int(index)]
-        x, kwargs = kind.one(sample, device)
-        result = explain(model, x, "auto", **kwargs)
-        label = np.asarray(labels[index]).ravel().tolist()
-        heading = (f"{title} | {result.method} | test case {ids[index]}: p = {scores[index]:.2f}, "
-                   f"label {label[0] if len(label) == 1 else label}")
-        slide, attrs, why = (None, {}, "") if slides is None or not kind.instances else \
-            case_slide(dataset, int(index), kind, slides)
-        if why:
-            warnings.append(f"report.html: test case {ids[index]}: {why}; its heatmap is drawn at the tile "
-                            f"coordinates on a blank canvas")
-        picture = kind.show_case(CasePictures(heading, result.method, task.synthetic, slide, attrs), sample,
-                                 result.relevance[0].detach().cpu())
-        if picture is not None:
-            name = f"heatmaps/{len(names) + 1}.png"
-            save_image(out_dir / name, picture, format="PNG")
-            names.append(name)
+    for end in kind.case_ends:
+        order = np.argsort(-scores if end == "highest" else scores, kind="stable")
+        chosen = [int(i) for i in order if int(i) not in drawn][:count]
+        for k, index in enumerate(chosen, start=1):
+            both = len(kind.case_ends) > 1
+            text = kind.case_text(probabilities[index], labels[index], list(task.class_names), time_label)
+            heading = f"{end + ' ' if both else ''}test case {ids[index]}: {text}"
+            name = f"heatmaps/{end}_{k}.png" if both else f"heatmaps/{len(names) + 1}.png"
+            if _draw_case(model, dataset, index, task, kind.case_output, (title, heading), out_dir / name, slides,
+                          warnings, ids[index]):
+                names.append(name)
+            drawn.append(index)
     return names, warnings
+
+
+def _draw_case(model: torch.nn.Module, dataset, index: int, task, target: int | None, heading: tuple[str, str],
+               path: Path, slides: str | Path | None, warnings: list[str], case_id: str) -> bool:
+    """Explain case ``index`` of ``dataset`` (logit ``target``; None: the predicted class) with the default method
+    and save its picture at ``path`` as its input kind shows a case, titled ``run | method | case`` (``heading``:
+    the run's title and the case's words); -> whether a picture was written. A bag whose slide is not drawn adds a
+    warning to ``warnings``."""
+    kind = input_kinds.of(task.input_kind)
+    sample = dataset[index]
+    x, kwargs = kind.one(sample, next(model.parameters()).device)
+    result = explain(model, x, "auto", target=target, **kwargs)
+    slide, attrs, why = (None, {}, "") if slides is None or not kind.instances else \
+        case_slide(dataset, index, kind, slides)
+    if why:
+        warnings.append(f"report.html: test case {case_id}: {why}; its heatmap is drawn at the tile "
+                        f"coordinates on a blank canvas")
+    title = f"{heading[0]} | {result.method} | {heading[1]}"
+    picture = kind.show_case(CasePictures(title, result.method, task.synthetic, slide, attrs), sample,
+                             result.relevance[0].detach().cpu())
+    if picture is None:
+        return False
+    save_image(path, picture, format="PNG")
+    return True
 
 
 def case_pictures_for(config: dict) -> Callable[..., tuple[list[str], list[str]]]:

@@ -129,7 +129,7 @@ def _pyplot():
 def _finish(fig, title: str, synthetic: bool) -> Image.Image:
     """``title`` above the panels, the SYNTHETIC note below them (never over the data), the figure as an RGB image;
     the figure is closed."""
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, wrap=True)  # a long title (a case's risk and observed time) on two lines
     if synthetic:
         fig.text(0.5, 0.01, SYNTHETIC_NOTE, ha="center", va="bottom", fontsize=8, color="#b00000")
     buffer = io.BytesIO()

@@ -58,6 +58,11 @@ def caption(name: str) -> str:
     if path.parent.name == "heatmaps" and path.stem.isdigit():
         return (f"Test case ranked {path.stem} by predicted probability: the input beside the map of what the "
                 f"model looked at (the title gives the case, its probability and its true label).")
+    end, _, rank = path.stem.partition("_")
+    if path.parent.name == "heatmaps" and end in ("highest", "lowest") and rank.isdigit():
+        return (f"Test case of the {end} prediction, number {rank} (a risk: log relative risk, higher = earlier "
+                f"event; or a predicted value): what each tile or pixel contributes to it (a signed map: red raises "
+                f"it, blue lowers it; the title gives the case, its prediction and what was observed).")
     return path.stem.replace("_", " ").capitalize() + "."
 
 

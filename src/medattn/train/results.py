@@ -76,8 +76,8 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             if survival is not None:
                 save_json(run_dir / "survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
-            if case_pictures is not None and (objective.outputs_are_probabilities or kind.voxel_labels):
-                try:  # the highest-scored test cases; a segmentation's best and worst (by Dice)
+            if case_pictures is not None and kind.case_ends:
+                try:  # the highest-scored test cases (a risk's, a value's lowest too); a segmentation's best, worst
                     labels = report.class_labels(test.labels, task) if objective.outputs_are_probabilities else \
                         test.labels
                     results["heatmaps"], drawn = case_pictures(model, bundle.test, test.outputs, labels, test.ids,

@@ -67,6 +67,8 @@ class TaskType:
     question: ClassVar[str] = "whether a finding is present"
     #: What explain and a slide map's title show per output: ``P({name})``, ``risk``, ``predicted {name}``.
     shows: ClassVar[str] = "P({name})"
+    #: The output a report's case map explains (None: the explainer's default, the predicted class).
+    case_output: ClassVar[int | None] = None
 
     # --- outputs ---------------------------------------------------------------------------------------------------
     def activate(self, logits, target_mean=(), target_std=()):
@@ -95,6 +97,21 @@ class TaskType:
     def case_scores(self, outputs: np.ndarray) -> np.ndarray:
         """(N,) the score by which a report picks its cases to draw: the first output here."""
         return np.asarray(outputs).reshape(len(outputs), -1)[:, 0]
+
+    @property
+    def case_ends(self) -> tuple[str, ...]:
+        """Which ends of :meth:`case_scores` a report draws ``eval.heatmaps`` test cases from: ``highest`` (the
+        highest scored), and ``lowest`` too where both ends say something (a risk, a value); empty: none drawn.
+        Here the highest, for outputs that are probabilities (and a segmentation's best and worst by Dice)."""
+        return ("highest",) if self.outputs_are_probabilities or self.voxel_labels else ()
+
+    def case_text(self, outputs, label, names: list[str], time_label: str = "time") -> str:
+        """A drawn test case's prediction and truth for its map's title (``outputs`` (K,), ``label`` as the report
+        gives it, a class label in words here; ``time_label`` the time column's axis label): ``p = 0.87, label
+        tumour``."""
+        score = self.case_scores(np.asarray(outputs, dtype=np.float64).reshape(1, -1))[0]
+        label = np.asarray(label).ravel().tolist()
+        return f"p = {score:.2f}, label {label[0] if len(label) == 1 else label}"
 
     # --- labels ----------------------------------------------------------------------------------------------------
     def problem(self, num_outputs: int, class_names: list[str]) -> str | None:

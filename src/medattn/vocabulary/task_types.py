@@ -152,6 +152,7 @@ class Survival(TaskType):
     readouts = ("attention", "max", "mean")
     question = "how large a burden drives the hazard"
     shows = "risk"
+    case_ends, case_output = ("highest", "lowest"), 0  # the highest and lowest risks, the map: what raises it
 
     def activate(self, logits, target_mean=(), target_std=()):
         return logits
@@ -165,6 +166,11 @@ class Survival(TaskType):
     def summary(self, values, names):
         values = np.asarray(values, dtype=np.float64).ravel()
         return f"slide risk = {values[0]:.3g} (log relative risk, higher = earlier event)"
+
+    def case_text(self, outputs, label, names, time_label="time"):
+        risk, (time, event) = float(np.ravel(outputs)[0]), np.asarray(label, dtype=np.float64).ravel()[:2]
+        return (f"risk = {risk:.2f} (log relative risk, higher = earlier event), observed {time_label} = "
+                f"{time:.4g}, {'event' if event else 'censored'}")
 
     def problem(self, num_outputs, class_names):
         if num_outputs != 1:
@@ -207,6 +213,7 @@ class Regression(TaskType):
     readouts = ("attention", "max", "mean", "count")
     question = "how much of the bag is positive"
     shows = "predicted {name}"
+    case_ends, case_output = ("highest", "lowest"), 0  # the first target's highest and lowest predictions
 
     def activate(self, logits, target_mean=(), target_std=()):
         if len(target_std) == 0:
@@ -224,6 +231,12 @@ class Regression(TaskType):
         values = np.asarray(values, dtype=np.float64).ravel()
         names = list(names) if names else [f"output {k}" for k in range(len(values))]
         return "slide " + ", ".join(f"predicted {name} = {value:.4g}" for name, value in zip(names, values))
+
+    def case_text(self, outputs, label, names, time_label="time"):
+        values, truth = np.ravel(outputs), np.asarray(label, dtype=np.float64).ravel()
+        names = list(names) if names else [f"output {k}" for k in range(len(values))]
+        return ", ".join(f"predicted {name} = {value:.4g} (true {true:.4g}; column {name}, in its unit)"
+                         for name, value, true in zip(names, values, truth))
 
     def table_spec(self, columns, classes, num_classes, seen):
         return list(columns), len(columns)
