@@ -42,8 +42,8 @@ def _cohort(root, n: int = 150, seed: int = 0, events: list | None = None) -> di
         clinical.append([f"P{i}", f"{times[first]:.4f}", events[i] if events else cause])
     return {"kind": "wsi_bags", "feature_dir": str(root / "feats"),
             "slide_table": str(write_csv(root / "slides.csv", ["PATIENT", "FILENAME"], slides)),
-            "clinical_table": str(write_csv(root / "clinical.csv", ["PATIENT", "months", "status"], clinical)),
-            "task_type": "competing_risks", "time_column": "months", "event_column": "status",
+            "clinical_table": str(write_csv(root / "clinical.csv", ["PATIENT", "os_months", "status"], clinical)),
+            "task_type": "competing_risks", "time_column": "os_months", "event_column": "status",
             "cause_names": ["cancer", "other"], "val_fraction": 0.2, "test_fraction": 0.3}
 
 

@@ -172,6 +172,8 @@ def write_competing(pred: Predictions, task: TaskInfo, split: str, out_dir: Path
     if (cause == 1).any():
         first = result.get("causes", {}).get(names[0], {})
         value = "undefined" if first.get("c_index") is None else f"{first['c_index']:.3f}"
+        if first.get("ci_low") is not None:
+            value += f" (95% CI {first['ci_low']:.3f} to {first['ci_high']:.3f})"
         title = f"{heading}: cause-specific C-index of {names[0]} {value}, n={len(time)}"
         _plot_incidence(time, cause, high, names[0], out_dir / f"cif_{split}.png",
                         title + (" (SYNTHETIC data)" if task.synthetic else ""), time_label,
@@ -200,7 +202,7 @@ def _plot_incidence(time: np.ndarray, cause: np.ndarray, high: np.ndarray, name:
         ax.step(x, y, where="post", color=colour, label=f"{label} (n={int(members.sum())}, "
                                                         f"{events_text(int((cause[members] == 1).sum()))} of {name})")
     ax.set(xlabel=time_label, ylabel=f"cumulative incidence of {name}", ylim=(0, 1.02), xlim=(0, None))
-    ax.legend(title=f"groups cut at the {cut_from} median risk of {name}", loc="upper left", fontsize=8,
+    ax.legend(title=f"groups cut at the {cut_from} median risk of {name}", loc="lower right", fontsize=8,
               title_fontsize=8)
     ax.set_title(wrap_title(title, 60), fontsize=9)
     fig.tight_layout()

@@ -40,6 +40,9 @@ CAPTIONS = {
     "km_test.png": "Kaplan-Meier curves of the test cases the model ranks in the higher and the lower half of risk "
                    "(censored cases marked +, numbers at risk below); the title gives the C-index with its 95% "
                    "interval and n, the legend the log-rank p-value.",
+    "cif_test.png": "Cumulative incidence (Aalen-Johansen) of cause 1 in the test cases whose cause-1 risk lies above "
+                    "and below the training split's median: the share who had cause 1 by each time, a patient who "
+                    "died of another cause no longer at risk of it (docs/survival.md, Competing risks).",
     "calibration_test.png": "Calibration at one time on the test split: each quarter of predicted survival's mean "
                             "predicted survival against its Kaplan-Meier observed survival; the dotted line marks "
                             "perfect calibration (docs/survival.md).",
@@ -74,7 +77,8 @@ def _image(folder: Path, name: str) -> str:
 
 
 #: How the summary names a metric.
-ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice", "c_index": "C-index", "r2": "R^2"}
+ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice", "c_index": "C-index", "r2": "R^2",
+                 "cause_c_index": "cause-1 C-index"}
 
 
 def number(value: float | None) -> str:
@@ -137,5 +141,5 @@ def run_page(run_dir: Path, results: dict) -> Path:
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
-                      ["roc_test.png", "km_test.png", "calibration_test.png", "predicted_test.png",
+                      ["roc_test.png", "km_test.png", "cif_test.png", "calibration_test.png", "predicted_test.png",
                        "training_curves.png", *results.get("heatmaps", [])])
