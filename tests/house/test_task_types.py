@@ -68,6 +68,15 @@ def _columns(kind: TaskType) -> bool:
             and (not kind.thresholds or any(c.startswith("threshold_") for c in decisions)))
 
 
+def _decide(kind: TaskType) -> bool:
+    """``predict``'s decision cells of a sample: one per decision column (with thresholds where the type has them;
+    a segmentation's predict writes label maps instead)."""
+    names, values = [f"c{k}" for k in range(_outputs(kind))], np.linspace(0.1, 0.9, _outputs(kind))
+    values = values / values.sum() if kind.exclusive else values
+    cut = [0.5] * len(names) if kind.thresholds else None
+    return kind.voxel_labels or len(kind.decide(values, names, cut)) == len(kind.decision_columns(names))
+
+
 def _activate(kind: TaskType) -> bool:
     logits = torch.randn(3, _outputs(kind))
     out = kind.activate(logits, [1.0] * _outputs(kind), [2.0] * _outputs(kind))
@@ -144,6 +153,7 @@ QUESTIONS = {
     "losses": lambda kind: isinstance(kind.losses, tuple) and all(isinstance(x, str) for x in kind.losses),
     "metric": _metric,
     "columns": _columns,
+    "decide": _decide,
     "activation": _activate,
     "labels": _labels,
     "words": _words,

@@ -113,12 +113,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
                                    *([] if accepted is None else [""])])
                 continue
             probs = [f"{v:.6f}" for v in p]
-            if not decision:
-                decided = []
-            elif cut is None:
-                decided = [names[int(np.argmax(p))]]
-            else:
-                decided = [int(v >= t) for v, t in zip(p, cut)] + [f"{t:.6f}" for t in cut]
+            decided = task_types.of(prep.task_type).decide(p, names, cut)  # the cells of the decision columns
             _report_outputs(reports, item, prep, p, cut)
             sides = [item.side] if prep.split_sides else []
             table.rows.append([item.name, *sides, *probs, *decided, *provenance,

@@ -154,13 +154,13 @@ def aggregate(pred: Predictions, task_type: str, how: str) -> Predictions:
 def clinical(pred: Predictions, scored: dict, task, split: str, folder, thresholds: list | None,
              ci: float) -> dict:
     """Operating point at the stored thresholds, ECE and the reliability diagram of one split (``scored``: its
-    :func:`score_split` result; no ECE where it found the AUROC undefined, a class missing), the diagram saved in
-    ``folder`` (eval's :class:`~medattn.outputs.OutputFolder`)."""
+    :func:`score_split` result; no ECE where it found the task's metric undefined, a class missing), the diagram
+    saved in ``folder`` (eval's :class:`~medattn.outputs.OutputFolder`)."""
     found = {"thresholds": thresholds, "operating_point": [], "ece": None}
     if thresholds is not None and not task_types.of(task.task_type).class_index:
         found["operating_point"] = clinical_metrics.operating_point(pred.outputs, pred.labels, thresholds, ci,
                                                                     task.class_names)
-    if scored["auroc"] is None:
+    if scored.get(task_types.of(task.task_type).metric) is None:  # the split's metric undefined (a class missing)
         return found
     found["ece"] = clinical_metrics.expected_calibration_error(pred.outputs, pred.labels, task.task_type)
     title = f"{split}: ECE {found['ece']:.3f}, n={len(pred.ids)}" + (" (SYNTHETIC data)" if task.synthetic else "")

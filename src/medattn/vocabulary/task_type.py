@@ -83,6 +83,13 @@ class TaskType:
         """The columns ``medattn predict`` adds to decide from the outputs."""
         return [f"pred_{n}" for n in names] + [f"threshold_{n}" for n in names]
 
+    def decide(self, values, names: list[str], cut) -> list:
+        """The cells of :meth:`decision_columns` for one sample's outputs ``values`` (``cut``: the thresholds where
+        :attr:`thresholds`, else None): 0/1 per output at its threshold, then the thresholds; none without ``cut``."""
+        if cut is None:
+            return []
+        return [int(v >= t) for v, t in zip(values, cut)] + [f"{t:.6f}" for t in cut]
+
     def row(self, values, names: list[str]) -> dict[str, str]:
         """A sample's outputs as prediction columns (:meth:`columns`) and their text."""
         values = np.asarray(values, dtype=np.float64).ravel()

@@ -69,6 +69,9 @@ class Multiclass(TaskType):
     def decision_columns(self, names):
         return ["pred_label"]
 
+    def decide(self, values, names, cut):
+        return [names[int(np.argmax(values))]]
+
     def summary(self, values, names):
         values = np.asarray(values, dtype=np.float64).ravel()
         names = list(names) if names else [f"output {k}" for k in range(len(values))]
