@@ -170,10 +170,11 @@ def test_every_task_type_answers_every_question(name, question):
 
 
 def test_the_flags_name_the_types_they_did():
-    assert names_where("table") == ("binary", "multiclass", "multilabel", "survival", "regression", "competing_risks")
+    assert names_where("table") == ("binary", "multiclass", "multilabel", "survival", "regression", "competing_risks",
+                                          "ordinal")
     assert names_where("causes") == ("competing_risks",)
     assert names_where("thresholds") == ("binary", "multilabel")
-    assert names_where("classes") == ("binary", "multiclass", "multilabel")
+    assert names_where("classes") == ("binary", "multiclass", "multilabel", "ordinal")
     assert [n for n, t in TASK_TYPES.items() if not t.labelled] == ["unlabelled"]
 
 
@@ -181,14 +182,14 @@ def test_an_unknown_task_type_is_refused_not_run_through_a_sigmoid():
     from medattn.data.base import task_problem
     from medattn.runtime.predictor import Predictor, probabilities
 
-    with pytest.raises(UserError, match=r"unknown task type 'ordinal'; known: binary, multiclass"):
-        task_type("ordinal")
+    with pytest.raises(UserError, match=r"unknown task type 'ranking'; known: binary, multiclass"):
+        task_type("ranking")
     with pytest.raises(UserError, match="unknown task type"):
-        probabilities(torch.zeros(2, 3), "ordinal")
+        probabilities(torch.zeros(2, 3), "ranking")
     with pytest.raises(UserError, match="unknown task type"):
-        Predictor(torch.nn.Linear(3, 3), "ordinal", "image2d")
+        Predictor(torch.nn.Linear(3, 3), "ranking", "image2d")
     with pytest.raises(UserError, match="unknown task type"):
-        task_problem("ordinal", 3, [])
+        task_problem("ranking", 3, [])
 
 
 # --- no branch on a task type's name outside the vocabulary -------------------------------------------------------
