@@ -1,4 +1,4 @@
-"""The training loop: one for every task, input kind, task type and mechanism, readable top to bottom.
+"""The training loop: one for every training task, input kind, task type and mechanism, readable top to bottom.
 
 :func:`fit` (the training task of the config's ``task``, :func:`medattn.train.training_tasks.training_task`; its
 checks; the held run folder) -> :func:`_fit`: :func:`_setup` (the training task's plan and model, the optimizer, a
