@@ -25,11 +25,15 @@ OS errors while writing (disk full, read-only folder) become one-line :class:`~m
 
 This module is the only code in ``src/`` that writes or removes files (``tests/house/test_output_policy.py``),
 besides the checkpoint writer (:mod:`medattn.runtime.checkpoint`) and train's run-folder transaction
-(:mod:`medattn.train.rundir`). Code below the policy, or writing into a folder whose policy its caller applied (a
-run folder, a cache), uses the module's primitives: :func:`atomic` (a temporary path renamed into place),
-:func:`save_text`, :func:`save_json`, :func:`save_csv`, :func:`save_dicts`, :func:`append_csv`,
-:func:`save_figure`, :func:`save_image` and :func:`remove`. A format's own writer (PIL, nibabel, h5py, tifffile,
-torch.export) writes the temporary path :meth:`OutputFolder.write` or :func:`atomic` hands out.
+(:mod:`medattn.train.rundir`). A writer below the commands takes a folder, never a bare path: the command's
+:class:`OutputFolder`, or, for a folder whose policy its caller applied (a run folder, a cache, a slide's folder),
+:meth:`OutputFolder.within`. A format's own writer (PIL, nibabel, h5py, tifffile, torch.export) writes the temporary
+path :meth:`OutputFolder.write` hands out.
+
+The path primitives (:func:`atomic`, :func:`save_text`, :func:`save_json`, :func:`save_csv`, :func:`save_dicts`,
+:func:`append_csv`, :func:`save_figure`, :func:`save_image`, :func:`remove`) decide nothing: the policy's internals,
+left public only for the writers not yet converted, which ``tests/house/test_one_writer.py`` lists (a list that only
+shrinks); the names with a leading underscore are this module's alone.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from medattn.errors import UserError, writing
@@ -48,7 +52,7 @@ from medattn.errors import UserError, writing
 DOUBLE_SUFFIXES = (".nii.gz",)
 
 
-def file_stem(path: Path) -> str:
+def _file_stem(path: Path) -> str:
     """The file name without its suffix (``scan.nii.gz`` -> ``scan``; a DICOM series folder keeps its name)."""
     name = Path(path).name
     for suffix in DOUBLE_SUFFIXES:
@@ -57,7 +61,7 @@ def file_stem(path: Path) -> str:
     return Path(name).stem or name
 
 
-def safe_name(name: str) -> str:
+def _safe_name(name: str) -> str:
     """``name`` as one file name inside a folder: a UserError for an empty name, ``..``, or a separator."""
     text = str(name)
     if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
@@ -65,7 +69,7 @@ def safe_name(name: str) -> str:
     return text
 
 
-def temporary_name(target: Path) -> Path:
+def _temporary_name(target: Path) -> Path:
     """``.<name>.tmp-<pid><suffix>`` beside ``target``: hidden, this process's, and with the target's suffix (the
     writers of PIL and nibabel choose their format by it)."""
     name = target.name
@@ -81,19 +85,13 @@ def atomic(path: str | Path) -> Iterator[Path]:
     :func:`~medattn.errors.writing` for a one-line error)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(target)
+    tmp = _temporary_name(target)
     try:
         yield tmp
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary path)``, then rename it to ``path`` (:func:`atomic`)."""
-    with atomic(path) as tmp:
-        write(tmp)
 
 
 def save_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
@@ -113,7 +111,7 @@ def save_json(path: str | Path, value, indent: int | None = 1, **options) -> Pat
 CSV_LINE_END = "\n"
 
 
-def csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
+def _csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
     """``header`` (None: no header) and ``rows`` as CSV text, as :mod:`csv` writes them with :data:`CSV_LINE_END`."""
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer, lineterminator=CSV_LINE_END)
@@ -123,7 +121,7 @@ def csv_text(header: Sequence | None, rows: Iterable[Sequence]) -> str:
     return buffer.getvalue()
 
 
-def dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True) -> str:
+def _dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True) -> str:
     """``rows`` (mappings) as CSV text with the columns ``fields``, as :class:`csv.DictWriter` writes them with
     :data:`CSV_LINE_END`."""
     buffer = io.StringIO(newline="")
@@ -136,12 +134,12 @@ def dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True)
 
 def save_csv(path: str | Path, header: Sequence | None, rows: Iterable[Sequence]) -> Path:
     """A CSV file of ``header`` and ``rows``, atomically."""
-    return save_text(path, csv_text(header, rows))
+    return save_text(path, _csv_text(header, rows))
 
 
 def save_dicts(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
     """A CSV file of ``rows`` (mappings) with the columns ``fields``, atomically."""
-    return save_text(path, dicts_text(rows, fields))
+    return save_text(path, _dicts_text(rows, fields))
 
 
 def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
@@ -151,7 +149,7 @@ def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) ->
     path = Path(path)
     with writing(path):
         old = path.read_text(encoding="utf-8") if path.exists() else ""
-    return save_text(path, old + dicts_text(rows, fields, header=not old))
+    return save_text(path, old + _dicts_text(rows, fields, header=not old))
 
 
 def save_figure(path: str | Path, fig, **options) -> Path:
@@ -214,7 +212,7 @@ class OutputFolder:
     def stem_for(self, source: str | Path) -> str:
         """A stem for the outputs of input ``source``, distinct from every stem given before in this command (also
         in case: the outputs stay apart on a case-insensitive disk): ``x``, then ``x_2``, ``x_3``, ..."""
-        stem = safe_name(file_stem(Path(source)))
+        stem = _safe_name(_file_stem(Path(source)))
         unique, n = stem, 1
         while unique.casefold() in self._stems:
             n += 1
@@ -224,7 +222,7 @@ class OutputFolder:
 
     def path(self, name: str) -> Path:
         """The checked target ``folder/name`` (see the module docstring); the folder is created."""
-        target = self.folder / safe_name(name)
+        target = self.folder / _safe_name(name)
         if any(self._same(target, p) or target == p for p in self._inputs):
             raise UserError(f"{target} is an input of this command: refusing to write over it (choose another "
                             f"--out)")
@@ -241,8 +239,8 @@ class OutputFolder:
         return self.folder
 
     def entry(self, name: str) -> Path:
-        """``folder/name`` for a relative path ``name`` (``runs/x``), each part confined as by :func:`safe_name`."""
-        return self.folder.joinpath(*(safe_name(part) for part in str(name).split("/")))
+        """``folder/name`` for a relative path ``name`` (``runs/x``), each part confined as by :func:`_safe_name`."""
+        return self.folder.joinpath(*(_safe_name(part) for part in str(name).split("/")))
 
     def _read_manifest(self) -> list[str]:
         """The entries the manifest records; none when it is missing or unreadable (then nothing is replaced)."""
@@ -304,11 +302,11 @@ class OutputFolder:
 
     def save_csv(self, name: str, header: Sequence | None, rows: Iterable[Sequence]) -> Path:
         """``folder/name``: a CSV file of ``header`` and ``rows``."""
-        return self.save_text(name, csv_text(header, rows))
+        return self.save_text(name, _csv_text(header, rows))
 
     def save_dicts(self, name: str, rows: Iterable[dict], fields: Sequence[str]) -> Path:
         """``folder/name``: a CSV file of ``rows`` (mappings) with the columns ``fields``."""
-        return self.save_text(name, dicts_text(rows, fields))
+        return self.save_text(name, _dicts_text(rows, fields))
 
     def save_figure(self, name: str, fig, **options) -> Path:
         """``folder/name``: a matplotlib figure (format from the suffix)."""

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from medattn.cli import main
-from medattn.outputs import append_csv, csv_text, dicts_text, save_csv
+from medattn.outputs import OutputFolder
 
 #: A bag model trained for two epochs (metrics.csv appended twice) in seconds.
 BAGS = ["model.name=vitwsi_tiny", "data.num_instances=[10, 30]", "data.feature_dim=16",
@@ -26,13 +26,16 @@ def rows(path: Path) -> list[dict]:
 
 
 def test_the_writers_end_lines_with_a_newline_only(tmp_path):
-    assert csv_text(["a", "b"], [[1, "x, y"], [2, 'say "hi"']]) == 'a,b\n1,"x, y"\n2,"say ""hi"""\n'
-    assert dicts_text([{"a": 1, "b": 2}], ["a", "b"]) == "a,b\n1,2\n"
+    folder = OutputFolder.within(tmp_path)
+    folder.save_csv("quoted.csv", ["a", "b"], [[1, "x, y"], [2, 'say "hi"']])
+    assert (tmp_path / "quoted.csv").read_bytes() == b'a,b\n1,"x, y"\n2,"say ""hi"""\n'
+    folder.save_dicts("dicts.csv", [{"a": 1, "b": 2}], ["a", "b"])
+    assert (tmp_path / "dicts.csv").read_bytes() == b"a,b\n1,2\n"
     path = tmp_path / "old.csv"
     path.write_bytes(b"a,b\r\n1,2\r\n")  # a file an earlier medattn wrote
-    append_csv(path, [{"a": 3, "b": 4}], ["a", "b"])
+    folder.append_csv("old.csv", [{"a": 3, "b": 4}], ["a", "b"])
     assert path.read_bytes() == b"a,b\n1,2\n3,4\n"
-    save_csv(tmp_path / "new.csv", ["a"], [[1]])
+    folder.save_csv("new.csv", ["a"], [[1]])
     assert (tmp_path / "new.csv").read_bytes() == b"a\n1\n"
 
 

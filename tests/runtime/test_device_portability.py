@@ -200,15 +200,15 @@ def test_benchmarks_name_the_gpu(monkeypatch):
     assert plots.hardware([row]) == "NVIDIA H100 80GB HBM3"
     titles = []
     monkeypatch.setattr(plots, "_pyplot", lambda: _FakePyplot)
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, panels, ticks, xlabel, title, path, dpi: titles.append(title))
-    plots.plot_scaling([row], "unused.png")
-    plots.plot_attention_scaling([row], "unused.png", "one attention layer")
+    monkeypatch.setattr(plots, "_finish", lambda fig, panels, ticks, xlabel, title, dpi: titles.append(title))
+    plots.scaling_figure([row])
+    plots.attention_scaling_figure([row], "one attention layer")
     assert titles == ["vit2d_tiny training step, batch 2, bf16, NVIDIA H100 80GB HBM3",
                       "one attention layer, NVIDIA H100 80GB HBM3"]
 
 
 class _FakePyplot:
-    """As much of pyplot as the plot functions call before :func:`medattn.bench.plots._save`."""
+    """As much of pyplot as the plot functions call before :func:`medattn.bench.plots._finish`."""
 
     class _Axis:
         def plot(self, *args, **kwargs) -> None:

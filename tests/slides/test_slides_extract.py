@@ -19,6 +19,7 @@ from medattn.cli import main  # noqa: E402
 from medattn.data import build_datasets  # noqa: E402
 from medattn.data.readers.bags import read_slide  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
+from medattn.outputs import OutputFolder  # noqa: E402
 from medattn.slides import (  # noqa: E402
     MacenkoNormalizer,
     TileSettings,
@@ -33,7 +34,6 @@ from medattn.slides import (  # noqa: E402
     write_tiles,
 )
 from medattn.slides.stain import IO, REFERENCE_STAINS  # noqa: E402
-from medattn.slides.tiling import atomic_write  # noqa: E402
 
 SMALL = TileSettings(patch_um=64, patch_px=32, thumbnail_px=512)
 
@@ -335,8 +335,8 @@ def test_a_failed_write_leaves_nothing_under_the_final_name(tmp_path):
         path.write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError):
-        atomic_write(tmp_path / "x.h5", write)
+    with pytest.raises(UserError, match="No space left"), OutputFolder(tmp_path).write("x.h5") as tmp:
+        write(tmp)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -19,7 +19,7 @@ def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
     """Time and memory of one SeqNorm and one softmax attention layer as N grows (:data:`SCALING`), measured now,
     each (mechanism, N) in a fresh process for its memory; writes scaling.csv, scaling.json and scaling.png."""
     from medattn.bench.attention import run_attention_bench
-    from medattn.bench.plots import plot_attention_scaling
+    from medattn.bench.plots import attention_scaling_figure, close
     from medattn.bench.roofline import measure_rates
     from medattn.text import format_table
 
@@ -32,8 +32,10 @@ def scaling_section(out: OutputFolder, quick: bool, threads: int) -> str:
     out.save_json("scaling.json", rows, default=str)
     title = (f"one attention layer (dim 512, 8 heads), forward+backward, batch 1, {threads} thread(s)"
              + (" [--quick: small N]" if quick else ""))
-    with out.write("scaling.png") as tmp:
-        plot_attention_scaling(rows, tmp, title)
+    figure = attention_scaling_figure(rows, title)
+    if figure is not None:
+        out.save_figure("scaling.png", figure, dpi=figure.dpi)
+        close(figure)
     by = {(r["mechanism"], r["n"]): r for r in rows}
     table = [{"n": n, **{f"{m}_ms": by[m, n].get("median_s", 0) * 1000 if by[m, n]["status"] == "ok" else None
                          for m in SCALING["mechanisms"]},

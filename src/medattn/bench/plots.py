@@ -1,18 +1,17 @@
-"""Figures of benchmark results (matplotlib with the Agg backend, imported only when a figure is drawn)."""
+"""Figures of benchmark results (matplotlib with the Agg backend, imported only when a figure is drawn): each
+function returns the figure (None without matplotlib) and writes nothing; the bench saves it through its
+:class:`~medattn.outputs.OutputFolder` and :func:`close` s it."""
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
-
-from medattn.outputs import save_figure
 
 
-def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
+def scaling_figure(rows: list[dict]):
     """Two panels, epoch time (h) and peak memory (GiB) versus resolution, one line per mechanism (and variant).
 
     Log scale on both axes; configurations that were skipped are listed in the legend label.
-    Returns the PNG path, or None where matplotlib is not installed.
+    Returns the figure, or None where matplotlib is not installed.
     """
     plt = _pyplot()
     if plt is None:
@@ -30,11 +29,11 @@ def plot_scaling(rows: list[dict], path: str | Path) -> Path | None:
     first = rows[0] if rows else {}
     title = (f"{first.get('model', '')} training step, batch {first.get('batch_size', '')}, "
              f"{first.get('precision', '')}, {hardware(rows)}")
-    return _save(plt, fig, ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")),
-                 sorted({row["resolution"] for row in rows}), "image size (px)", title, Path(path), dpi=120)
+    return _finish(fig, ((ax_time, "time per epoch (h)"), (ax_mem, "peak memory (GiB)")),
+                   sorted({row["resolution"] for row in rows}), "image size (px)", title, dpi=120)
 
 
-def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Path | None:
+def attention_scaling_figure(rows: list[dict], title: str):
     """Two panels, time and peak memory of one attention layer (forward + backward) versus the token count N, one
     line per mechanism, log-log; skipped configurations are named in the legend; the title ends with the hardware the
     rows were measured on (:func:`hardware`). None without matplotlib."""
@@ -49,9 +48,9 @@ def plot_attention_scaling(rows: list[dict], path: str | Path, title: str) -> Pa
         label = mechanism + (f" (skipped: {', '.join(skipped)})" if skipped else "")
         ax_time.plot([r["n"] for r in done], [r["median_s"] * 1000 for r in done], marker="o", label=label)
         ax_mem.plot([r["n"] for r in done], [r["peak_mem_mb"] for r in done], marker="o", label=label)
-    return _save(plt, fig, ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")),
-                 sorted({row["n"] for row in rows}), "tokens N (image patches or bag instances)",
-                 ", ".join(filter(None, (title, hardware(rows)))), Path(path), dpi=110)
+    return _finish(fig, ((ax_time, "time per call (ms)"), (ax_mem, "peak memory (MiB)")),
+                   sorted({row["n"] for row in rows}), "tokens N (image patches or bag instances)",
+                   ", ".join(filter(None, (title, hardware(rows)))), dpi=110)
 
 
 def hardware(rows: list[dict]) -> str:
@@ -72,9 +71,16 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, panels, ticks: list, xlabel: str, title: str, path: Path, dpi: int) -> Path:
+def close(figure) -> None:
+    """Forget ``figure`` (pyplot keeps every figure it made until it is closed), once it is saved."""
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
+def _finish(fig, panels, ticks: list, xlabel: str, title: str, dpi: int):
     """Each of ``panels`` ((axis, y label), ...) log-log with the x ``ticks`` named, a grid and a legend; the title;
-    the figure written to ``path`` and closed -> ``path``."""
+    ``dpi`` the figure's own (its caller saves it at ``figure.dpi``) -> the figure."""
     for ax, ylabel in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -85,7 +91,6 @@ def _save(plt, fig, panels, ticks: list, xlabel: str, title: str, path: Path, dp
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
+    fig.set_dpi(dpi)
     fig.tight_layout()
-    save_figure(path, fig, dpi=dpi)  # its folder created by the primitive
-    plt.close(fig)
-    return path
+    return fig

@@ -261,8 +261,12 @@ def run(args: argparse.Namespace) -> int:
     csv_path, json_path = write_results(rows, out, "scaling", env)
     print(format_table(rows, TABLE))
     print(f"wrote {csv_path} and {json_path}")
-    from .plots import plot_scaling
+    from .plots import close, scaling_figure
 
-    png = plot_scaling(rows, out.path("scaling.png"))
-    print(f"wrote {png}" if png else "matplotlib is not installed: no PNG written")
+    figure = scaling_figure(rows)
+    if figure is None:
+        print("matplotlib is not installed: no PNG written")
+    else:
+        print(f"wrote {out.save_figure('scaling.png', figure, dpi=figure.dpi)}")
+        close(figure)
     return 0

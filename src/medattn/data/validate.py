@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from ..outputs import save_json
+from ..outputs import OutputFolder
 from ..text import bars_off
 from .base import DataBundle
 from .tables import RecordDataset
@@ -43,7 +43,8 @@ def _load_cache() -> set[str]:
 
 def _save_cache(keys: set[str]) -> None:
     try:
-        save_json(cache_path(), sorted(keys), indent=None)
+        cache = cache_path()
+        OutputFolder.within(cache.parent).save_json(cache.name, sorted(keys), indent=None)  # the cache's own folder
     except (OSError, UserError):
         pass  # a cache that cannot be written costs time on the next run, nothing else
 

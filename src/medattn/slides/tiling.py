@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
-from ..outputs import OutputFolder, atomic_write  # noqa: F401 (atomic_write: the slides' writers used it here)
+from ..outputs import OutputFolder
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
 from .synthetic import is_synthetic
