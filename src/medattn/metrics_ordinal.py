@@ -39,11 +39,13 @@ def grades(true, pred, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check(probs, labels) -> tuple[np.ndarray, np.ndarray]:
-    """``probs`` (N, K) in [0, 1] and ``labels`` (N,) class indices as float64 and int64; a UserError otherwise."""
+    """``probs`` (N, K) in [0, 1], rows summing to 1 (to 1e-3), and ``labels`` (N,) class indices as float64 and int64;
+    a UserError otherwise."""
     probs = np.asarray(probs, dtype=np.float64)
     if probs.ndim != 2 or probs.shape[1] < 2 or not np.isfinite(probs).all() or (probs < 0).any() \
-            or (probs > 1 + 1e-6).any():
-        raise UserError(f"probs must be (N, K >= 2) class probabilities in [0, 1], got shape {probs.shape}")
+            or (probs > 1 + 1e-6).any() or np.abs(probs.sum(1) - 1).max(initial=0) > 1e-3:
+        raise UserError(f"probs must be (N, K >= 2) class probabilities in [0, 1], each row summing to 1, got shape "
+                        f"{probs.shape}")
     labels = np.asarray(labels).reshape(-1)
     if len(labels) != len(probs):
         raise UserError(f"labels must give one class per row of probs ({len(probs)}), got {len(labels)}")
