@@ -14,6 +14,7 @@ import html
 from pathlib import Path
 
 from medattn.outputs import save_text
+from medattn.vocabulary.task_types import TASK_TYPES
 
 from .report import recipe_text, span, survival_lines
 
@@ -76,9 +77,8 @@ def _image(folder: Path, name: str) -> str:
            f'<figcaption>{html.escape(text)} <small>({html.escape(name)})</small></figcaption></figure>'
 
 
-#: How the summary names a metric.
-ABBREVIATIONS = {"auroc": "AUROC", "dice": "Dice", "c_index": "C-index", "r2": "R^2",
-                 "cause_c_index": "cause-1 C-index"}
+#: How the summary names a metric: each task type's metric key -> its label (``TaskType.metric``, ``metric_label``).
+ABBREVIATIONS = {kind.metric: kind.metric_label for kind in TASK_TYPES.values() if kind.metric}
 
 
 def number(value: float | None) -> str:
