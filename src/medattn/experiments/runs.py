@@ -26,8 +26,8 @@ import numpy as np
 
 from medattn import metrics
 from medattn.config import flatten, read_config_file, with_defaults
-from medattn.errors import UserError, writing
-from medattn.outputs import save_json
+from medattn.errors import UserError
+from medattn.outputs import OutputFolder
 from medattn.runtime.build import check_model_config
 from medattn.train.defaults import resolve_training
 from medattn.train.rundir import config_diff
@@ -156,8 +156,8 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
         log(f"[{number}/{len(jobs)}] {job.name}: " + {"done": "finished, skipped", "resume": "resuming",
                                                       "new": "training"}[state])
         if state == "new":  # the start, kept beside the run (a resumed run's results.json records none)
-            with writing(run_dir):
-                save_json(run_dir / START_FILE, {"init_from": None if job.init_from is None else str(job.init_from)})
+            OutputFolder.within(run_dir).save_json(START_FILE, {"init_from": None if job.init_from is None
+                                                                else str(job.init_from)})
         if state != "done":
             config = job.config
             bundle = build_datasets(config["data"], seed=config["seed"], skip_bad=config["train"]["skip_bad"])
