@@ -186,3 +186,23 @@ def test_an_image_table_trains_predicts_and_evaluates_an_ordinal_model(tmp_path)
                  "--out", str(tmp_path / "p.csv")]) == 0
     assert [r["file"].rsplit("/", 1)[-1] for r in _check_predictions(tmp_path / "p.csv", ["0", "1", "2"])] == \
         ["i0.png", "i1.png"]
+
+
+def test_compare_cv_and_explain_serve_an_ordinal_task(tmp_path, capsys):
+    """compare: the kappa per seed; cv: a kappa per fold, named QWK; explain: the class probabilities of a bag and its
+    tiles' scores."""
+    config = _config(tmp_path, _bags(tmp_path, n=60), {"name": "abmil_small", "attention": None})
+    out = tmp_path / "compare"
+    assert main(["compare", config, "--models", "abmil_small", "transmil_tiny", "--seeds", "0", "1",
+                 "--out", str(out), "model.attention=null", "train.epochs=4"]) == 0
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["metric"] == "qwk" and "QWK" in capsys.readouterr().out
+    assert all(-1 <= v <= 1 for arm in summary["arms"] for v in arm["per_seed"] if v is not None)
+    assert main(["cv", config, "--folds", "2", "--out", str(tmp_path / "cv"), "train.epochs=3",
+                 "data.test_fraction=null", "data.val_fraction=0.2"]) == 0
+    folds = json.loads((tmp_path / "cv" / "cv.json").read_text())
+    assert folds["metric"] == "qwk" and folds["rows"][0]["structure"] == "QWK"
+    run = next(out.glob("abmil_small/seed_0"))
+    assert main(["explain", str(run), str(tmp_path / "feats" / "s3.h5"), "--out", str(tmp_path / "explained")]) == 0
+    scores = np.array([float(t["score"]) for t in _rows(tmp_path / "explained" / "s3_tiles.csv")])
+    assert np.isfinite(scores).all() and np.ptp(scores) > 0
