@@ -31,6 +31,7 @@ TOY_RUNS = {
     "extract_overlap.py": (["--encoders", "resnet50", "--side", "768", "--rounds", "1", "--threads", "1",
                             "--out", "{out}"], "'overlap_saved'"),
     "independent_survival.py": (["--write", "16", "4", "10", "--out", "{out}"], "test C-index"),
+    "module_walk.py": (["--out", "{out}/walk.json", "--", "models"], "package changes"),
     "pam_cpu_seconds.py": (["1000", "1"], "cpu_s_per_1M"),
     "pam_segmentation_training.py": (["--model-pair", "unet", "--seeds", "0", "--steps", "2", "--train-size", "2",
                                       "--val-size", "2", "--threads", "1"], "mean upamnet"),
