@@ -146,3 +146,27 @@ def test_a_survival_bag_run_given_its_slides_draws_its_risks_on_the_slide_thumbn
     assert results["heatmaps"] == ["heatmaps/highest_1.png", "heatmaps/lowest_1.png"]
     assert all(glass_fraction(run / name) > 0.1 for name in results["heatmaps"])  # the slide's glass around its tissue
     assert not [w for w in results["warnings"] if "report.html" in w or "heatmaps" in w]
+
+
+@pytest.mark.parametrize("task", ["survival", "regression"])
+def test_an_image_table_run_draws_its_highest_and_lowest_cases_beside_their_maps(tmp_path, task):
+    """Images too: each case beside its map (a CNN's gradient x input of the risk or value)."""
+    from writers import write_pillow
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(40):
+        write_pillow(tmp_path / f"i{i}.png", rng.integers(0, 255, (32, 32), dtype=np.uint8))
+        rows.append([f"i{i}.png", f"{rng.exponential(10):.3f}", i % 2])
+    write_csv(tmp_path / "cases.csv", ["path", "t", "e"], rows)
+    data = {"kind": "image_table", "csv": str(tmp_path / "cases.csv"), "task_type": task, "image_size": 32,
+            "in_chans": 1, "val_fraction": 0.25, "test_fraction": 0.25}
+    data.update({"time_column": "t", "event_column": "e"} if task == "survival" else {"label_columns": ["t"]})
+    config = {"name": "t", "seed": 0, "data": data, "model": {"name": "resnet2d_tiny", "attention": None},
+              "train": {"epochs": 1, "batch_size": 8, "threads": 1}, "eval": {"bootstrap": 0, "heatmaps": 1}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "config.yaml"), "--out", str(run), "--no-progress"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["heatmaps"] == ["heatmaps/highest_1.png", "heatmaps/lowest_1.png"]
+    assert not [w for w in results["warnings"] if "heatmaps" in w]
