@@ -15,6 +15,7 @@ from medattn.data import build_datasets
 from medattn.errors import UserError
 from medattn.experiments import compare as compare_module
 from medattn.experiments.compare import arms_of, compare, initial_checkpoints, plot_arms
+from medattn.outputs import OutputFolder
 from medattn.pretrain import pretrain
 
 
@@ -44,7 +45,7 @@ def test_each_arm_names_its_start_and_a_finished_arm_is_reused_only_from_the_sam
     assert [r["start"] for r in json.loads((root / "compare.json").read_text())["arms"]] == [str(pre), "scratch"]
     assert "start" in lines[-1] and str(pre) in lines[-1] and "scratch" in lines[-1]  # the printed table
     assert str(pre) in (root / "report.html").read_text()
-    labels = [t.get_text() for t in plot_arms(summary, tmp_path / "arms.png").get_xticklabels()]
+    labels = [t.get_text() for t in plot_arms(summary, OutputFolder(tmp_path), "arms.png").get_xticklabels()]
     assert labels[0].endswith("\nfrom pre") and "from" not in labels[1]  # compare.png
     # the same request reuses every finished arm; another start is refused before anything runs
     lines.clear()

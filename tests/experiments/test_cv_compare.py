@@ -254,11 +254,12 @@ def test_command_lines(capsys):
 
 def test_compare_draws_each_arm_per_seed_and_marks_arms_that_did_not_learn(tmp_path):
     from medattn.experiments.compare import plot_arms
+    from medattn.outputs import OutputFolder
 
     summary = {"metric": "auroc", "data": "d", "synthetic": True, "seeds": [0, 1], "arms": [
         {"arm": "softmax", "per_seed": [0.8, 0.9], "mean": 0.85, "status": "learned"},
         {"arm": "seqnorm", "per_seed": [0.5, 0.52], "mean": 0.51, "status": "DID NOT LEARN (seed 0, 1)"}]}
-    axis = plot_arms(summary, tmp_path / "compare.png")
+    axis = plot_arms(summary, OutputFolder(tmp_path))
     labels = [tick.get_text() for tick in axis.get_xticklabels()]
     assert labels == ["softmax", "seqnorm\n(did not learn)"] and (tmp_path / "compare.png").stat().st_size > 0
     assert [round(bar.get_height(), 2) for bar in axis.patches] == [0.85, 0.51]

@@ -41,7 +41,7 @@ import numpy as np
 
 from medattn import metrics
 from medattn.errors import UserError, writing
-from medattn.outputs import OutputFolder, save_figure
+from medattn.outputs import OutputFolder
 from medattn.train.page import ABBREVIATIONS, number, write_page
 
 from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
@@ -301,8 +301,8 @@ def format_summary(summary: dict) -> str:
     ])
 
 
-def plot_arms(summary: dict, path: Path):
-    """``compare.png``: each arm's test metric per seed (points) and its mean (bar), arms that did not learn
+def plot_arms(summary: dict, folder: OutputFolder, name: str = "compare.png"):
+    """``name`` in ``folder``: each arm's test metric per seed (points) and its mean (bar), arms that did not learn
     hatched and named so, an arm started from a checkpoint labelled ``from <its name>``; -> the axes (closed), for
     tests."""
     import matplotlib
@@ -328,7 +328,7 @@ def plot_arms(summary: dict, path: Path):
     axis.set_title(f"{summary['data']}: mean over seeds {summary['seeds']} (points: seeds)"
                    + (" [SYNTHETIC data]" if summary["synthetic"] else ""), fontsize=9)
     fig.tight_layout()
-    save_figure(path, fig, dpi=100)
+    folder.save_figure(name, fig, dpi=100)
     plt.close(fig)
     return axis
 
@@ -366,7 +366,7 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
         keys = ["arm", "reference", "test", "n", "n_cases", "n_boot", "difference", "statistic", "ci_low", "ci_high",
                 "p_value", "note"]
         out.save_csv("compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
-        plot_arms(summary, root / "compare.png")
+        plot_arms(summary, out)
         write_page(root, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
                    [["arm", "start", "mean", "std", "status"],
                     *[[r["arm"], r["start"], number(r["mean"]), number(r["std"]), r["status"]]
