@@ -1,5 +1,6 @@
 """Competing risks as a task type (issue 51): a table whose event column holds the cause (0 censored, 1..K) through
-train, predict and plan; bags where a planted feature raises cause 1's hazard only, small enough for seconds."""
+plan, train, predict, explain and eval; bags where a planted feature raises cause 1's hazard only, small enough for
+a minute."""
 
 from __future__ import annotations
 
@@ -99,6 +100,14 @@ def test_a_competing_risks_run_learns_cause_1_and_every_command_serves_it(tmp_pa
     assert {"risk_cancer", "risk_other"} <= set(predicted[0])
     np.testing.assert_allclose([float(r["risk_cancer"]) for r in predicted],
                                [float(r["risk_cancer"]) for r in rows[:4]], rtol=1e-4, atol=1e-5)
+    assert main(["explain", str(run), *map(str, bags[:2]), "--out", str(tmp_path / "explained")]) == 0
+    explained = _rows(tmp_path / "explained" / "summary.csv")
+    np.testing.assert_allclose([[float(r[c]) for c in ("risk_cancer", "risk_other")] for r in explained],
+                               [[float(r[c]) for c in ("risk_cancer", "risk_other")] for r in predicted[:2]], atol=2e-6)
+    assert main(["eval", str(run), config, "--out", str(tmp_path / "eval")]) == 0  # the same test split, its cut
+    evaluated = json.loads(next((tmp_path / "eval").rglob("eval.json")).read_text())
+    assert evaluated["causes"]["cancer"]["c_index"] == pytest.approx(test["causes"]["cancer"]["c_index"], abs=1e-6)
+    assert evaluated["risk_groups"]["cut"] == reference["cut"] and (tmp_path / "eval" / "cif_test.png").is_file()
 
 
 @pytest.mark.parametrize("cell, why", [("-1", "event -1 is not 0"), ("1.5", "event 1.5 is not 0"),
