@@ -22,7 +22,7 @@ from ..vocabulary.task_types import TASK_TYPES, TaskType, names_where, task_type
 from .options import require
 
 if TYPE_CHECKING:
-    from .tables import Record
+    from ..vocabulary.record import Record
 
 #: Task types a label table can describe (segmentation labels come as label maps, not columns).
 TABLE_TASKS = names_where("table")

@@ -11,29 +11,17 @@ import csv
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..vocabulary.record import Record
 from .files import check_regular
 from .labels import LabelSpec, event_values, label_entries, label_options, parse_cells
 
 log = logging.getLogger("medattn.data")
-
-
-@dataclass
-class Record:
-    """One sample before loading: where it comes from (``where`` = "file.csv row N") and its label."""
-
-    id: str
-    patient: str
-    where: str
-    paths: tuple[Path, ...]
-    label: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class BadSamples:

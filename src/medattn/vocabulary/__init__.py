@@ -7,4 +7,6 @@ look a noun up here instead of comparing its name.
 * :mod:`medattn.vocabulary.task_types`: :class:`~medattn.vocabulary.task_types.TaskType`, one class per task type
   (binary, multi-class, multi-label, segmentation, survival, regression, unlabelled), registered in
   :data:`~medattn.vocabulary.task_types.TASK_TYPES`; :func:`~medattn.vocabulary.task_types.task_type` looks one up.
+* :mod:`medattn.vocabulary.record`: :class:`~medattn.vocabulary.record.Record`, one sample before loading (the leaf
+  data type the label parsers, table readers and readers of one file name).
 """

@@ -16,7 +16,7 @@ from ..bag_rows import check_stored
 from ..files import check_regular
 
 if TYPE_CHECKING:
-    from ..tables import Record
+    from ...vocabulary.record import Record
 
 LAYOUTS = ("features", "feats")  # CLAM, STAMP
 WRITTEN_LAYOUTS = ("clam", "stamp")  # what write_bag writes, by name

@@ -26,7 +26,7 @@ from ..files import check_regular
 from ..transforms import Augmentation
 
 if TYPE_CHECKING:
-    from ..tables import Record
+    from ...vocabulary.record import Record
 
 DICOM_SUFFIXES = (".dcm", ".dicom", "")
 LUMA = torch.tensor([0.299, 0.587, 0.114])

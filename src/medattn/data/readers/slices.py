@@ -12,7 +12,7 @@ from .images import match_channels, read_image
 from .volumes import crop_or_pad, is_nifti, normalise, read_volume, resample
 
 if TYPE_CHECKING:
-    from ..tables import Record
+    from ...vocabulary.record import Record
 
 
 def in_plane(volume: torch.Tensor, axis: int, size: tuple[int, int]) -> torch.Tensor:

@@ -42,7 +42,7 @@ from ..transforms import Augmentation
 from .dicom_series import read_dicom_series, series_geometry
 
 if TYPE_CHECKING:
-    from ..tables import Record
+    from ...vocabulary.record import Record
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 NORMALISATIONS = ("zscore", "percentile", "none")
