@@ -52,6 +52,11 @@ CAPTIONS = {
                            "score (right) per epoch; the dashed line marks the kept epoch.",
     "compare.png": "The compared models' scores over the seeds.",
 }
+#: A task type's own sentence for its figure (``TaskType.figure_caption``), where it gives one.
+CAPTIONS.update({f"{kind.figure}_test.png": kind.figure_caption for kind in TASK_TYPES.values()
+                 if kind.figure and kind.figure_caption})
+#: The figure of each task type's test split (``TaskType.figure``: roc, km, ...), in the registry's order.
+FIGURES = list(dict.fromkeys(f"{kind.figure}_test.png" for kind in TASK_TYPES.values() if kind.figure))
 
 
 def caption(name: str) -> str:
@@ -141,5 +146,4 @@ def run_page(run_dir: Path, results: dict) -> Path:
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
     return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
-                      ["roc_test.png", "km_test.png", "cif_test.png", "calibration_test.png", "predicted_test.png",
-                       "training_curves.png", *results.get("heatmaps", [])])
+                      [*FIGURES, "calibration_test.png", "training_curves.png", *results.get("heatmaps", [])])

@@ -55,6 +55,8 @@ class TaskType:
     objective: ClassVar[str | None] = None
     #: The figure of a scored split beside ``predictions_<split>.csv`` (``roc``: roc_<split>.png), or None.
     figure: ClassVar[str | None] = None
+    #: What the figure shows, in a sentence for report.html (None: the page's own, ``train.page.CAPTIONS``).
+    figure_caption: ClassVar[str | None] = None
     #: What writes a scored split's files (``module:function``, called ``(pred, task, split, out_dir, result,
     #: heading, time_label)``): ``predictions_<split>.csv`` and the :attr:`figure`.
     writer: ClassVar[str | None] = None
