@@ -113,6 +113,8 @@ class Ordinal(Multiclass):
     name, noun = "ordinal", "an ordinal task"
     metric, metric_label, chance_score = "qwk", "QWK", 0.0
     objective, figure = "medattn.train.ordinal_objective:Ordinal", "confusion"
+    figure_caption = ("Confusion counts on the test split: each true grade (row) against the most probable predicted "
+                      "grade (column); the title gives the quadratic weighted kappa with its 95% interval and n.")
     writer = "medattn.train.ordinal_objective:write_ordinal"
     question = "how advanced the finding is"
 
