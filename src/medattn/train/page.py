@@ -41,9 +41,6 @@ CAPTIONS = {
     "km_test.png": "Kaplan-Meier curves of the test cases the model ranks in the higher and the lower half of risk "
                    "(censored cases marked +, numbers at risk below); the title gives the C-index with its 95% "
                    "interval and n, the legend the log-rank p-value.",
-    "cif_test.png": "Cumulative incidence (Aalen-Johansen) of cause 1 in the test cases whose cause-1 risk lies above "
-                    "and below the training split's median: the share who had cause 1 by each time, a patient who "
-                    "died of another cause no longer at risk of it (docs/survival.md, Competing risks).",
     "calibration_test.png": "Calibration at one time on the test split: each quarter of predicted survival's mean "
                             "predicted survival against its Kaplan-Meier observed survival; the dotted line marks "
                             "perfect calibration (docs/survival.md).",

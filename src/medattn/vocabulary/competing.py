@@ -27,6 +27,9 @@ class CompetingRisks(TaskType):
     table = numeric = events = causes = True
     metric, metric_label, chance_score = "cause_c_index", "cause-1 C-index", 0.5
     objective, figure = "medattn.train.competing_objective:CompetingRisks", "cif"
+    figure_caption = ("Cumulative incidence (Aalen-Johansen) of cause 1 in the test cases whose cause-1 risk lies "
+                      "above and below the training split's median: the share who had cause 1 by each time, a patient "
+                      "who died of another cause no longer at risk of it (docs/survival.md, Competing risks).")
     writer = "medattn.train.competing_objective:write_competing"
     losses = ("cox",)
     dicom_result = False  # a DICOM SR of one risk (TID 1500) does not say which cause
