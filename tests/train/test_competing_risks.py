@@ -52,7 +52,7 @@ def _config(root, data: dict) -> str:
     config = {"name": "t", "seed": 0, "data": data, "model": {"name": "abmil_small", "attention": None},
               "train": {"epochs": 12, "batch_size": 16, "lr": 3e-3, "threads": 1, "warmup_epochs": 0,
                         "event_balance": True},
-              "eval": {"bootstrap": 50, "heatmaps": 0}}
+              "eval": {"bootstrap": 50, "heatmaps": 1}}
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -94,6 +94,8 @@ def test_a_competing_risks_run_learns_cause_1_and_every_command_serves_it(tmp_pa
     high = np.array([r["risk_group"] == "high" for r in rows])
     assert np.array_equal(high, np.array([float(r["risk_cancer"]) for r in rows]) > reference["cut"])
     assert (run / "cif_test.png").stat().st_size > 10_000
+    assert sorted(results["heatmaps"]) == ["heatmaps/highest_1.png", "heatmaps/lowest_1.png"]  # cause 1's risk
+    assert "cif_test.png" in (run / "report.html").read_text()
     bags = [tmp_path / "feats" / f"{r['id'].replace('P', 's')}.h5" for r in rows[:4]]
     assert main(["predict", str(run), *map(str, bags), "--out", str(tmp_path / "p.csv")]) == 0
     predicted = _rows(tmp_path / "p.csv")

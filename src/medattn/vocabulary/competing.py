@@ -36,6 +36,7 @@ class CompetingRisks(TaskType):
     readouts = ("attention", "max", "mean")
     question = "how large a burden drives the hazard of cause 1"
     shows = "risk of {name}"
+    case_ends, case_output = ("highest", "lowest"), 0  # the highest and lowest cause-1 risks; the map: what raises it
 
     def activate(self, logits, target_mean=(), target_std=()):
         return logits
@@ -86,6 +87,13 @@ class CompetingRisks(TaskType):
 
     def case_scores(self, outputs):
         return np.asarray(outputs).reshape(len(outputs), -1)[:, 0]  # the risk of cause 1
+
+    def case_text(self, outputs, label, names, time_label="time"):
+        risks, (time, cause) = np.ravel(outputs), np.asarray(label, dtype=np.float64).ravel()[:2]
+        names = list(names) if len(names) == len(risks) else [str(k + 1) for k in range(len(risks))]
+        ended = "censored" if cause == 0 else f"event of {names[int(cause) - 1] if cause <= len(names) else cause}"
+        return (f"risk of {names[0]} = {risks[0]:.2f} (log cause-specific hazard ratio), observed {time_label} = "
+                f"{time:.4g}, {ended}")
 
     def label_text(self, values, names):
         cause = int(values[1]) if len(values) > 1 else int(values[0])
