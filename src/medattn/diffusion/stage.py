@@ -23,7 +23,7 @@ from medattn.data import DataBundle
 from medattn.diffusion.data import KINDS, volume_shape
 from medattn.diffusion.model import check_stage_config, read_meta
 from medattn.errors import UserError
-from medattn.outputs import save_json
+from medattn.outputs import OutputFolder
 from medattn.runtime import distributed
 from medattn.runtime.device import check_device
 from medattn.train.training_tasks import Planned
@@ -107,7 +107,7 @@ class DiffusionStage:
 
     def finish(self, run_dir: Path, results: dict) -> dict:
         """results.json and the summary."""
-        save_json(run_dir / "results.json", results)
+        OutputFolder.within(run_dir).save_json("results.json", results)
         self.log(diffusion_summary(results, run_dir))
         return results
 

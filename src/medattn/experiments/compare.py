@@ -367,7 +367,7 @@ def compare(config: dict, attentions: list[str], models: list[str], seeds: list[
                 "p_value", "note"]
         out.save_csv("compare_tests.csv", keys, [[t.get(k) for k in keys] for t in summary["tests"]])
         plot_arms(summary, out)
-        write_page(root, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
+        write_page(out, f"comparison on {summary['data']} (seeds {summary['seeds']})", summary["synthetic"],
                    [["arm", "start", "mean", "std", "status"],
                     *[[r["arm"], r["start"], number(r["mean"]), number(r["std"]), r["status"]]
                       for r in summary["arms"]]],

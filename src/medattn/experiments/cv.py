@@ -100,7 +100,7 @@ def cross_validate(config: dict, folds: int, root: str | Path, *, progress: bool
         out.save_json("cv.json", summary)
         out.save_csv("cv.csv", ["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std", "n_folds"],
                   [[row["structure"], *row["per_fold"], row["mean"], row["std"], row["n"]] for row in summary["rows"]])
-        write_page(root, f"{folds}-fold cross-validation of {summary['model']} on {summary['data']}",
+        write_page(out, f"{folds}-fold cross-validation of {summary['model']} on {summary['data']}",
                    summary["synthetic"], [["structure", *[f"fold_{k}" for k in range(folds)], "mean", "std"],
                                           *[[r["structure"], *[number(v) for v in r["per_fold"]], number(r["mean"]),
                                              number(r["std"])] for r in summary["rows"]]],

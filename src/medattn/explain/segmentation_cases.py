@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..outputs import save_figure
+from ..outputs import OutputFolder
 
 #: Okabe-Ito colours of classes 1, 2, ... (background is not drawn).
 COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -46,6 +46,7 @@ def segmentation_cases(model: torch.nn.Module, dataset, dice: np.ndarray, ids: l
     best = order[:count]
     worst = [i for i in order[::-1][:count] if i not in best]
     predictor = Predictor.for_run(model, config, task, next(model.parameters()).device)
+    folder = OutputFolder.within(Path(out_dir) / "heatmaps")  # inside the run folder, whose policy train applied
     names = []
     for which, cases in (("best", best), ("worst", worst)):
         for k, index in enumerate(cases, start=1):
@@ -56,9 +57,9 @@ def segmentation_cases(model: torch.nn.Module, dataset, dice: np.ndarray, ids: l
             truth = batch["label"][0].cpu().numpy()
             heading = (f"{title} | {which} test case {k}: {ids[index]}, mean Dice {mean[index]:.3f} "
                        f"(rank {order.index(index) + 1} of {len(order)})")
-            name = f"heatmaps/{which}_test_case_{k}.png"
-            _draw(out_dir / name, image, truth, predicted, list(task.class_names), heading, task.synthetic)
-            names.append(name)
+            name = f"{which}_test_case_{k}.png"
+            _draw(folder, name, image, truth, predicted, list(task.class_names), heading, task.synthetic)
+            names.append(f"heatmaps/{name}")
     return names, []
 
 
@@ -71,8 +72,10 @@ def _plane(image: np.ndarray, truth: np.ndarray, predicted: np.ndarray):
     return image[..., s], truth[..., s], predicted[..., s], f" (slice {s + 1} of {truth.shape[-1]})"
 
 
-def _draw(path: Path, image, truth, predicted, names: list[str], heading: str, synthetic: bool) -> None:
-    """Two panels: the true and the predicted label map over the image, one colour per class, a legend."""
+def _draw(folder: OutputFolder, name: str, image, truth, predicted, names: list[str], heading: str,
+          synthetic: bool) -> None:
+    """``name`` in ``folder``: two panels, the true and the predicted label map over the image, one colour per class,
+    a legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,5 +97,5 @@ def _draw(path: Path, image, truth, predicted, names: list[str], heading: str, s
     figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
     figure.suptitle(heading + (" | SYNTHETIC data" if synthetic else ""), fontsize=9, wrap=True)
     figure.tight_layout(rect=(0, 0.06, 1, 0.92))
-    save_figure(path, figure, dpi=100)
+    folder.save_figure(name, figure, dpi=100)
     plt.close(figure)

@@ -13,7 +13,7 @@ import base64
 import html
 from pathlib import Path
 
-from medattn.outputs import save_text
+from medattn.outputs import OutputFolder
 from medattn.vocabulary.task_types import TASK_TYPES
 
 from .report import recipe_text, span, survival_lines
@@ -88,19 +88,18 @@ def number(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def write_page(folder: Path, title: str, synthetic: bool, summary: list[list], warnings: list[str],
+def write_page(out: OutputFolder, title: str, synthetic: bool, summary: list[list], warnings: list[str],
                images: list[str]) -> Path:
-    """``folder/report.html``: ``title``, the warnings, the ``summary`` table (first row: header) and the PNGs of
-    ``images`` (names in ``folder``; missing ones are left out)."""
-    folder = Path(folder)
+    """``report.html`` in ``out``: ``title``, the warnings, the ``summary`` table (first row: header) and the PNGs of
+    ``images`` (names in the folder; missing ones are left out)."""
+    folder = out.folder
     mark = '<p class="synthetic">SYNTHETIC data: not real patients, not a clinical result</p>' if synthetic else ""
     notes = "".join(f'<div class="warning">{html.escape(w)}</div>' for w in warnings)
     pictures = "".join(_image(folder, name) for name in images if (folder / name).is_file())
     page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{mark}{notes}{_table(summary)}"
             f"{pictures}</body></html>")
-    path = folder / "report.html"
-    return save_text(path, page)
+    return out.save_text("report.html", page)
 
 
 def _rate(rate: dict) -> str:
@@ -142,5 +141,6 @@ def run_page(run_dir: Path, results: dict) -> Path:
                 ("medattn version", "medattn_version")) if provenance.get(key)],
             ["time", f"{results.get('elapsed_seconds', results.get('train_seconds', 0)):.1f} s"]]
     title = f"{results.get('model')} {results.get('attention') or ''} on {results.get('data')}".replace("  ", " ")
-    return write_page(run_dir, title, bool(results.get("synthetic")), rows, results.get("warnings", []),
+    return write_page(OutputFolder.within(run_dir), title, bool(results.get("synthetic")), rows,
+                      results.get("warnings", []),
                       [*FIGURES, "calibration_test.png", "training_curves.png", *results.get("heatmaps", [])])

@@ -16,7 +16,7 @@ import torch
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle, dataset_labels
 from medattn.errors import UserError, writing
-from medattn.outputs import save_json
+from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint, distributed
 from medattn.runtime.predictor import Predictor
 from medattn.survival_plots import time_axis_label
@@ -74,7 +74,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label,
                                                  survival, time_axis_label(config["data"].get("time_column")))
             if survival is not None:
-                save_json(run_dir / "survival_reference.json", survival)
+                OutputFolder.within(run_dir).save_json("survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
             if case_pictures is not None and kind.case_ends:
                 try:  # the highest-scored test cases (a risk's, a value's lowest too); a segmentation's best, worst
@@ -88,7 +88,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
             report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
-            save_json(run_dir / "results.json", results)
+            OutputFolder.within(run_dir).save_json("results.json", results)
             run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
         log(report.summary(results, objective))
     distributed.barrier()
