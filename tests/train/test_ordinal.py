@@ -149,6 +149,8 @@ def test_a_bag_table_trains_predicts_evaluates_and_exports_an_ordinal_model(tmp_
     assert quadratic_weighted_kappa([int(r["label"]) for r in rows], [GRADES.index(r["pred_label"]) for r in rows],
                                     3) == pytest.approx(test["qwk"], abs=1e-12)
     assert (run / "confusion_test.png").stat().st_size > 5_000
+    assert "confusion_test.png" in (run / "report.html").read_text() and "Confusion counts" in \
+        (run / "report.html").read_text()
     assert main(["eval", str(run), config, "--out", str(tmp_path / "eval")]) == 0  # the same test split
     evaluated = json.loads(next((tmp_path / "eval").rglob("eval.json")).read_text())
     assert evaluated["qwk"] == pytest.approx(test["qwk"], abs=1e-6)
@@ -206,3 +208,25 @@ def test_compare_cv_and_explain_serve_an_ordinal_task(tmp_path, capsys):
     assert main(["explain", str(run), str(tmp_path / "feats" / "s3.h5"), "--out", str(tmp_path / "explained")]) == 0
     scores = np.array([float(t["score"]) for t in _rows(tmp_path / "explained" / "s3_tiles.csv")])
     assert np.isfinite(scores).all() and np.ptp(scores) > 0
+
+
+def test_a_volume_table_trains_and_predicts_an_ordinal_model(tmp_path):
+    """24 NIfTI volumes whose intensity rises with the grade, named low, mid, high in the table."""
+    from writers import write_nifti
+
+    rng = np.random.default_rng(2)
+    names, rows = ["low", "mid", "high"], []
+    for i in range(24):
+        write_nifti(tmp_path / f"v{i}.nii.gz", rng.normal(100 + 40 * (i % 3), 10, (8, 8, 4)))
+        rows.append([f"v{i}.nii.gz", names[i % 3]])
+    data = {"kind": "volume_table", "csv": str(write_csv(tmp_path / "v.csv", ["path", "grade"], rows)),
+            "task_type": "ordinal", "label_columns": ["grade"], "classes": names, "target_size": [8, 8, 4],
+            "val_fraction": 0.25, "test_fraction": 0.25}
+    config = _config(tmp_path, data, {"name": "resnet3d_tiny", "attention": None}, epochs=2)
+    run = tmp_path / "run"
+    assert main(["train", config, "--out", str(run)]) == 0
+    assert json.loads((run / "results.json").read_text())["metric"] == "qwk"
+    _check_predictions(run / "predictions_test.csv", names)
+    assert main(["predict", str(run), str(tmp_path / "v0.nii.gz"), "--out", str(tmp_path / "p.csv")]) == 0
+    assert list(_check_predictions(tmp_path / "p.csv", names)[0])[1:6] == ["prob_low", "prob_mid", "prob_high",
+                                                                           "pred_label", "expected_grade"]
