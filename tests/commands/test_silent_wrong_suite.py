@@ -43,7 +43,8 @@ from writers import write_csv, write_h5, write_nifti, write_pillow
 #: The supervised task types a table of cases serves (segmentation has its own suite, see the module docstring).
 TASKS = ("binary", "multiclass", "multilabel", "regression", "survival")
 ELSEWHERE = {"segmentation": "tests/deploy/test_whole_volume_segmentation.py", "unlabelled": "tests/diffusion/",
-             "competing_risks": "tests/train/test_competing_risks.py"}
+             "competing_risks": "tests/train/test_competing_risks.py",
+             "ordinal": "tests/train/test_ordinal.py"}  # QWK against scikit-learn: tests/core/test_metrics_ordinal.py
 #: The commands checked here; the others read no labelled cohort per case (demo, models, wsi, realistic, inpaint,
 #: pretrain, plan), or repeat train over folds, seeds or arms (cv, compare: tests/experiments/), or write a model
 #: (export: its outputs equal the checkpoint's, tests/deploy/test_deploy_export.py).
