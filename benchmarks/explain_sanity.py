@@ -30,8 +30,8 @@ from sklearn.metrics import roc_auc_score
 
 from medattn.attention.rows import FactorisedRows
 from medattn.data import build_datasets
-from medattn.data import synthetic_wsi as sw
 from medattn.explain import explain, record_attention, rows_for
+from medattn.generators import synthetic_wsi as sw
 from medattn.runtime.build import build_model
 from medattn.runtime.trained import load_checkpoint
 

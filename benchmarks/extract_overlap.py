@@ -3,7 +3,7 @@ ahead in a thread saves.
 
     python benchmarks/extract_overlap.py --encoders resnet50 vit-b16 --threads 2 --rounds 3
 
-A SYNTHETIC pyramidal TIFF slide (:mod:`medattn.slides.synthetic`, 0.5 um per pixel) is tiled once (tissue
+A SYNTHETIC pyramidal TIFF slide (:mod:`medattn.generators.slides`, 0.5 um per pixel) is tiled once (tissue
 mask, 112 um / 224 px patches: the input of the ViT encoders at 20x). Per encoder (random weights in the
 publisher's architecture, :data:`medattn.bench.extract.ARCHITECTURES`), timed in rounds in this process:
 
@@ -29,11 +29,11 @@ import torch
 
 from medattn.bench.common import environment, write_results
 from medattn.bench.extract import build
+from medattn.generators.slides import write_synthetic_slide
 from medattn.slides.extract import extract_slide
 from medattn.slides.extractors import Extractor
 from medattn.slides.reader import open_slide
 from medattn.slides.settings import TileSettings
-from medattn.slides.synthetic import write_synthetic_slide
 from medattn.slides.tiling import PatchDataset, loader, tissue_candidates
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from medattn.cli import main
-from medattn.data import synthetic_breast_mri, synthetic_cxr
+from medattn.generators import synthetic_breast_mri, synthetic_cxr
 
 
 def run(argv: list[str]) -> None:

@@ -127,7 +127,7 @@ def main() -> None:
     if args.write:
         if not args.out:
             parser.error("--write needs --out")
-        from medattn.realistic import make_task
+        from medattn.generators.realistic import make_task
 
         sizes = dict(zip(("train", "val", "test"), args.write))
         args.tasks += [make_task(name, args.out / "tasks", sizes=sizes) for name in ("ihc_survival", "ihc_regression")]

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from medattn.data.synthetic_vertebrae import SyntheticVertebrae
+from medattn.generators.synthetic_vertebrae import SyntheticVertebrae
 from medattn.models import create_model
 from medattn.models.segmentation import dice_per_class, soft_dice_loss
 from medattn.models.segmentation.blocks import count_parameters

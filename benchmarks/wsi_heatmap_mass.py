@@ -4,7 +4,7 @@ on the planted tumour of held-out slides.
 Usage:  OMP_NUM_THREADS=1 python benchmarks/wsi_heatmap_mass.py [--slides 40] [--out reports/wsi-heatmap-mass]
             [--png docs/images/wsi_heatmap_synthetic.png]
 
-Steps, all on SYNTHETIC slides (``medattn.slides.write_synthetic_cohort``: not tissue, every other slide
+Steps, all on SYNTHETIC slides (``medattn.generators.slides.write_synthetic_cohort``: not tissue, every other slide
 with a planted tumour region, ground-truth masks kept): tile every slide (tissue mask, grid, white and blur
 filter), extract the weight-free descriptor from the kept tiles, train models on the bags with
 ``medattn.train.fit`` (the packaged ``synthetic_slides`` config: gated attention-MIL, and the

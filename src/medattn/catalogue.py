@@ -164,22 +164,22 @@ ATTENTIONS: dict[str, str] = {
     "binary-bernoulli": "medattn.attention.binary:BinaryBernoulliAttention",
 }
 
-# kind -> (module in medattn.data, builder function); modules are imported on use, so optional
-# readers (Pillow, pydicom, nibabel, h5py) load only for the kinds that need them.
+# kind -> (module, builder function); modules are imported on use, so optional readers (Pillow, pydicom, nibabel,
+# h5py) load only for the kinds that need them. The SYNTHETIC kinds are generators' (medattn.generators).
 DATA_KINDS: dict[str, tuple[str, str]] = {
-    "synthetic_cxr": ("synthetic_cxr", "build_synthetic_cxr"),
-    "synthetic_breast_mri": ("synthetic_breast_mri", "build_synthetic_breast_mri"),
-    "synthetic_wsi": ("synthetic_wsi", "build_synthetic_wsi"),
-    "synthetic_vertebrae": ("synthetic_vertebrae", "build_synthetic_vertebrae"),
-    "image_table": ("images", "build_image_table"),
-    "volume_table": ("volumes", "build_volume_table"),
-    "wsi_bags": ("bags", "build_wsi_bags"),
-    "medmnist": ("medmnist", "build_medmnist"),
-    "nifti_segmentation": ("segmentation", "build_nifti_segmentation"),
-    "nifti_slices": ("slices", "build_nifti_slices"),
-    "synthetic_mri_slices": ("synthetic_mri_slices", "build_synthetic_mri_slices"),
-    "synthetic_brain": ("synthetic_brain", "build_synthetic_brain"),
-    "nifti_volumes": ("nifti_volumes", "build_nifti_volumes"),
+    "synthetic_cxr": ("medattn.generators.synthetic_cxr", "build_synthetic_cxr"),
+    "synthetic_breast_mri": ("medattn.generators.synthetic_breast_mri", "build_synthetic_breast_mri"),
+    "synthetic_wsi": ("medattn.generators.synthetic_wsi", "build_synthetic_wsi"),
+    "synthetic_vertebrae": ("medattn.generators.synthetic_vertebrae", "build_synthetic_vertebrae"),
+    "image_table": ("medattn.data.images", "build_image_table"),
+    "volume_table": ("medattn.data.volumes", "build_volume_table"),
+    "wsi_bags": ("medattn.data.bags", "build_wsi_bags"),
+    "medmnist": ("medattn.data.medmnist", "build_medmnist"),
+    "nifti_segmentation": ("medattn.data.segmentation", "build_nifti_segmentation"),
+    "nifti_slices": ("medattn.data.slices", "build_nifti_slices"),
+    "synthetic_mri_slices": ("medattn.generators.synthetic_mri_slices", "build_synthetic_mri_slices"),
+    "synthetic_brain": ("medattn.generators.synthetic_brain", "build_synthetic_brain"),
+    "nifti_volumes": ("medattn.data.nifti_volumes", "build_nifti_volumes"),
 }
 
 #: The data kinds whose bundles carry no labels (task type ``unlabelled``): the volumes of the diffusion stages,

@@ -45,7 +45,7 @@ KIND_NOTES: dict[str, tuple[str, str, str]] = {
 
 def _kinds() -> list[tuple[str, str]]:
     """(kind, the function that builds it) for every data kind of the catalogue, in its order."""
-    return [(kind, f"data.{module}.{builder}") for kind, (module, builder) in catalogue.DATA_KINDS.items()]
+    return [(kind, f"{module}.{builder}") for kind, (module, builder) in catalogue.DATA_KINDS.items()]
 
 
 def data_kinds_table() -> str:
@@ -59,7 +59,7 @@ def data_kinds_table() -> str:
     rows = ["| kind | input | data | keys | built by |", "|---|---|---|---|---|"]
     for kind, builder in kinds:
         shape, data, where = KIND_NOTES[kind]
-        rows.append(f"| `{kind}` | {shape} | {data} | [{where.partition('#')[0]}]({where}) | `medattn.{builder}` |")
+        rows.append(f"| `{kind}` | {shape} | {data} | [{where.partition('#')[0]}]({where}) | `{builder}` |")
     return "\n".join(rows)
 
 

@@ -7,8 +7,8 @@ import torch
 
 from medattn.data import build_datasets
 from medattn.data.base import collate
-from medattn.data.synthetic_vertebrae import SyntheticVertebrae
 from medattn.errors import UserError
+from medattn.generators.synthetic_vertebrae import SyntheticVertebrae
 
 VERTEBRAE = {"kind": "synthetic_vertebrae", "volume_size": [8, 8, 32], "num_blobs": 2,
              "num_samples": {"train": 3, "val": 2, "test": 2}}

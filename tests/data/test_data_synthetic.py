@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from medattn.data import build_datasets, collate
-from medattn.data.synthetic_base import item_generator
-from medattn.data.synthetic_cxr import render_cxr
-from medattn.data.synthetic_wsi import PATCH_PIXELS, feature_space
+from medattn.data.seeded import item_generator
 from medattn.errors import UserError
+from medattn.generators.synthetic_cxr import render_cxr
+from medattn.generators.synthetic_wsi import PATCH_PIXELS, feature_space
 
 SMALL = {  # the generators without training augmentation (its default: test_recipe.py)
     "synthetic_cxr": {"image_size": 32, "num_samples": [16, 8, 8], "augment": False},

@@ -60,8 +60,8 @@ def test_extraction_reading_ahead_writes_the_features_it_writes_without(tmp_path
     import h5py
     import numpy as np
 
+    from medattn.generators.slides import write_synthetic_cohort
     from medattn.slides import extract as extract_module
-    from medattn.slides import write_synthetic_cohort
     from medattn.slides.extract import extract_slide
     from medattn.slides.extractors import build_extractor
     from medattn.slides.settings import TileSettings

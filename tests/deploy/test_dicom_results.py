@@ -161,7 +161,7 @@ def dicom_slide_bag(tmp_path_factory):
     pytest.importorskip("wsidicom")
     tifffile = pytest.importorskip("tifffile")
     from dicom_wsi import write_dicom_slide
-    from medattn.slides import write_synthetic_cohort
+    from medattn.generators.slides import write_synthetic_cohort
 
     root = tmp_path_factory.mktemp("wsi")
     (tiff,) = write_synthetic_cohort(root / "plain", count=1, seed=3, shape=(384, 512))

@@ -146,7 +146,7 @@ def _medmnist(root: Path) -> tuple[dict, callable]:
 
 
 def _synthetic_cxr(root: Path) -> tuple[dict, callable]:
-    from medattn.data.synthetic_cxr import make_sample
+    from medattn.generators.synthetic_cxr import make_sample
 
     def files(bundle, i):  # the generator's raw [0, 1] image as an 8-bit PNG (read back as value / 255)
         raw = make_sample(IMAGE[0], 0, "test", i)
@@ -159,7 +159,7 @@ def _synthetic_cxr(root: Path) -> tuple[dict, callable]:
 
 
 def _synthetic_breast_mri(root: Path) -> tuple[dict, callable]:
-    from medattn.data.synthetic_breast_mri import make_sample
+    from medattn.generators.synthetic_breast_mri import make_sample
 
     def files(bundle, i):
         raw = make_sample(VOLUME, 0, "test", i)
@@ -171,7 +171,7 @@ def _synthetic_breast_mri(root: Path) -> tuple[dict, callable]:
 
 
 def _synthetic_vertebrae(root: Path) -> tuple[dict, callable]:
-    from medattn.data.synthetic_vertebrae import make_sample
+    from medattn.generators.synthetic_vertebrae import make_sample
 
     def files(bundle, i):
         raw = make_sample(0, "test", i, size=VOLUME, num_blobs=2)
@@ -189,8 +189,8 @@ def _synthetic_wsi(root: Path) -> tuple[dict, callable]:
 
 
 def _synthetic_mri_slices(root: Path) -> tuple[dict, callable]:
-    from medattn.data.synthetic_base import item_seed
-    from medattn.data.synthetic_mri_slices import NAME, make_phantom
+    from medattn.data.seeded import item_seed
+    from medattn.generators.synthetic_mri_slices import NAME, make_phantom
 
     def files(bundle, i):  # the raw phantom, not z-scored: the description must say how the builder normalised
         image, _ = make_phantom(item_seed(NAME, 0, "test", i), (*IMAGE, 12))

@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from medattn.cli import main
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.data.synthetic_brain import synthetic_brain
 from medattn.diffusion.losses import load_perceptual_net, vqae_loss
 from medattn.errors import UserError
+from medattn.generators.synthetic_brain import synthetic_brain
 
 DATA = ["data.size=[16, 16, 32]", "data.num_samples={train: 2, val: 1, test: 1}", "train.threads=1"]
 STAGE1 = ["synthetic_brain_vqae", *DATA, "train.epochs=1", "train.batch_size=8", "model.kwargs.patch_size=8",

@@ -16,7 +16,7 @@ from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.base import DataBundle, TaskInfo
 from medattn.data.folds import pooled_folds
-from medattn.data.synthetic_base import SyntheticDataset
+from medattn.data.seeded import SyntheticDataset
 from medattn.errors import UserError
 from medattn.experiments import cv
 from medattn.experiments.compare import arms_of, compare, summarise

@@ -105,7 +105,7 @@ def slide_cohort(tmp_path_factory):
     the weight-free descriptor), and the train arguments of a one-epoch wsi_bags run on them drawing 2 cases."""
     pytest.importorskip("openslide")
     pytest.importorskip("tifffile")
-    from medattn.slides import write_synthetic_cohort
+    from medattn.generators.slides import write_synthetic_cohort
 
     root = tmp_path_factory.mktemp("cohort")
     slides, features = root / "slides", root / "features"

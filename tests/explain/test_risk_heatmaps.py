@@ -124,7 +124,7 @@ def test_a_survival_bag_run_given_its_slides_draws_its_risks_on_the_slide_thumbn
     earlier."""
     pytest.importorskip("openslide")
     pytest.importorskip("tifffile")
-    from medattn.slides import write_synthetic_cohort
+    from medattn.generators.slides import write_synthetic_cohort
     from pictures import glass_fraction
 
     slides, features = tmp_path / "slides", tmp_path / "features"

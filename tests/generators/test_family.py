@@ -13,8 +13,8 @@ import pytest
 
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.realistic import TASKS, make_task, outcomes, retina
-from medattn.realistic.bag_tasks import write_bags
+from medattn.generators.realistic import TASKS, make_task, outcomes, retina
+from medattn.generators.realistic.bag_tasks import write_bags
 
 pytest.importorskip("skimage")
 
@@ -30,7 +30,7 @@ def test_the_family_spans_tissues_rates_sizes_and_questions():
 
 
 def test_the_retina_finding_sits_in_exactly_the_chosen_tiles():
-    from medattn.realistic.anatomy import retina_image
+    from medattn.generators.realistic.anatomy import retina_image
 
     image = retina_image()
     plain, coords = retina.retina_bag(image, np.random.default_rng(3), (60, 61), count=0)

@@ -14,9 +14,9 @@ from medattn.cli import main
 from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.errors import UserError
+from medattn.generators.realistic import TASKS, ihc, make_task, outcomes
+from medattn.generators.realistic.ihc import FEATURE_DIM
 from medattn.metrics_survival import concordance_index
-from medattn.realistic import TASKS, ihc, make_task, outcomes
-from medattn.realistic.ihc import FEATURE_DIM
 
 pytest.importorskip("nilearn")
 pytest.importorskip("skimage")
@@ -34,7 +34,7 @@ def small_family_bags(monkeypatch):
     from dataclasses import replace
     from functools import partial
 
-    from medattn.realistic.bag_tasks import write_bags
+    from medattn.generators.realistic.bag_tasks import write_bags
 
     for name, task in TASKS.items():
         if task.bags is not None and task.bags.sizes is not None:
@@ -117,7 +117,7 @@ def test_probe_json_holds_the_coarse_layout_probe_of_each_split(tmp_path):
     folder = make_task("brain_mri_2d", tmp_path, sizes={"train": 12, "val": 6, "test": 6}, log=lambda m: None)
     layout = json.loads((folder / "probe.json").read_text())["layout_auroc"]
     assert set(layout) == {"train", "val", "test"} and all(0 <= v <= 1 for v in layout.values())
-    from medattn.realistic.tasks import _layout
+    from medattn.generators.realistic.tasks import _layout
 
     image = np.zeros((4, 6))
     image[:2, 3:] = 8.0
@@ -203,7 +203,7 @@ def test_the_share_is_the_share_of_hot_spot_tiles(monkeypatch):
     """With the same stream a bag with share s differs from a negative one in about s of its tiles (same tiles,
     same places); without a share a positive bag draws its share from TUMOUR_SHARE (2-10%) as before."""
     monkeypatch.setattr(ihc, "BAG_SIZES", (300, 301))
-    from medattn.realistic.anatomy import ihc_image
+    from medattn.generators.realistic.anatomy import ihc_image
 
     image = ihc_image()
     negative, coords = ihc.ihc_bag(image, False, np.random.default_rng(3))
@@ -228,7 +228,7 @@ def test_the_command_writes_a_survival_task_that_trains(tmp_path, capsys, small_
 
 
 def test_a_burden_task_whose_probe_reaches_its_limit_is_refused(tmp_path, monkeypatch, small_bags):
-    from medattn.realistic import tasks
+    from medattn.generators.realistic import tasks
     from medattn.vocabulary.task_types import Regression, Survival
 
     assert tasks.PROBES[Survival][2] == 0.7 and tasks.PROBES[Regression][2] == 0.35

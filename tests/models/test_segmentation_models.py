@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from medattn.data.synthetic_vertebrae import SyntheticVertebrae, make_vertebrae
+from medattn.generators.synthetic_vertebrae import SyntheticVertebrae, make_vertebrae
 from medattn.models.segmentation import DilatedFCN3D, UNet3D, dice_per_class, soft_dice_loss
 from medattn.models.segmentation.blocks import count_parameters
 

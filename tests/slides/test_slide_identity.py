@@ -17,7 +17,8 @@ from engine_data import save_checkpoint  # noqa: E402
 from medattn.cli import main  # noqa: E402
 from medattn.data.base import TaskInfo  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from medattn.slides import TileSettings, build_extractor, extract_slides, write_synthetic_cohort  # noqa: E402
+from medattn.generators.slides import write_synthetic_cohort  # noqa: E402
+from medattn.slides import TileSettings, build_extractor, extract_slides  # noqa: E402
 
 IDENTITY_ATTR = "slide_identity"  # medattn.slides.identity.IDENTITY_ATTR, spelled out (before: a failure, not an error)
 
@@ -98,7 +99,7 @@ def test_a_bag_without_identity_is_drawn_by_name_with_a_warning(cohorts, model, 
 
 
 def test_a_slide_of_other_dimensions_is_named_so(cohorts, tmp_path):
-    from medattn.slides import write_synthetic_slide
+    from medattn.generators.slides import write_synthetic_slide
     from medattn.slides.identity import mismatch
 
     write_synthetic_slide(tmp_path / "slide_000.tif", shape=(256, 512), seed=0, levels=2)

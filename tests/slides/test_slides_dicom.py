@@ -13,7 +13,7 @@ tifffile = pytest.importorskip("tifffile")
 from dicom_wsi import write_dicom_slide  # noqa: E402
 from medattn.cli import main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from medattn.slides import write_synthetic_cohort  # noqa: E402
+from medattn.generators.slides import write_synthetic_cohort  # noqa: E402
 from medattn.slides.reader import list_slides, open_slide, slide_mpp, thumbnail  # noqa: E402
 from medattn.slides.tiling import read_tiles  # noqa: E402
 

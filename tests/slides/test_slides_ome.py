@@ -10,7 +10,7 @@ pytest.importorskip("openslide")
 tifffile = pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
-from medattn.slides import write_synthetic_cohort  # noqa: E402
+from medattn.generators.slides import write_synthetic_cohort  # noqa: E402
 from medattn.slides.reader import open_slide, slide_mpp, thumbnail  # noqa: E402
 from medattn.slides.tiling import read_tiles  # noqa: E402
 

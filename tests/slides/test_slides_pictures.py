@@ -14,6 +14,7 @@ pytest.importorskip("openslide")
 pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
+from medattn.generators.slides import render, write_pyramid  # noqa: E402
 from medattn.slides import (  # noqa: E402
     bag_is_synthetic,
     draw_grid,
@@ -27,7 +28,6 @@ from medattn.slides import (  # noqa: E402
     write_synthetic_slide,
 )
 from medattn.slides.figures import NO_SCALE, TILE_OUTLINE, outline_width, scale_bar  # noqa: E402
-from medattn.slides.synthetic import render, write_pyramid  # noqa: E402
 from medattn.slides.tiling import COLOURS  # noqa: E402
 
 SMALL = ["--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]
@@ -58,7 +58,7 @@ def test_the_grid_outlines_keep_their_colour_scale_with_the_cell_and_a_legend_na
         assert tuple(image[20, x + 2]) == (240, 240, 240)  # the cell's inside shows the tissue
     colours = list(COLOURS.values())
     assert min(_distance(a, b) for i, a in enumerate(colours) for b in colours[i + 1:]) > 50
-    from medattn.slides.synthetic import BACKGROUND, NUCLEUS, STROMA
+    from medattn.generators.slides import BACKGROUND, NUCLEUS, STROMA
 
     for colour in colours:  # and apart from the glass, stroma and nuclei they are drawn on
         assert min(_distance(colour, other) for other in ((BACKGROUND,) * 3, STROMA, NUCLEUS)) > 40

@@ -15,7 +15,8 @@ pytest.importorskip("tifffile")
 
 from medattn.cli import build_parser, main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
-from medattn.slides import load_truth, read_tiles, write_synthetic_cohort  # noqa: E402
+from medattn.generators.slides import load_truth, write_synthetic_cohort  # noqa: E402
+from medattn.slides import read_tiles  # noqa: E402
 from pictures import colour_bar_span, glass_fraction  # noqa: E402
 
 SMALL = ["--patch-um", "64", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]

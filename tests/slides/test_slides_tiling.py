@@ -200,7 +200,7 @@ def test_tile_command_bad_inputs(tmp_path, capsys):
     bare = write_synthetic_slide(tmp_path / "bare.tif", shape=(256, 256), mpp=None, levels=1).path
     blank = tmp_path / "blank"
     blank.mkdir()
-    from medattn.slides.synthetic import write_pyramid
+    from medattn.generators.slides import write_pyramid
 
     write_pyramid(blank / "empty.tif", np.full((256, 256, 3), 243, np.uint8), mpp=1.0, levels=1)
     out = str(tmp_path / "out")

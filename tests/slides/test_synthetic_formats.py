@@ -15,7 +15,8 @@ pytest.importorskip("wsidicom")
 pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
-from medattn.slides import bag_is_synthetic, is_synthetic, list_slides, load_truth  # noqa: E402
+from medattn.generators.slides import load_truth  # noqa: E402
+from medattn.slides import bag_is_synthetic, is_synthetic, list_slides  # noqa: E402
 from medattn.slides.reader import open_slide, slide_mpp  # noqa: E402
 
 SMALL = ["--patch-um", "128", "--patch-px", "32", "--thumbnail-px", "256", "--no-progress"]

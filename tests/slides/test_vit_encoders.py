@@ -116,7 +116,7 @@ def test_extract_with_a_publisher_encoder_writes_its_input_record_and_warns_on_m
     import h5py
 
     from medattn.cli import main
-    from medattn.slides import write_synthetic_cohort
+    from medattn.generators.slides import write_synthetic_cohort
     from medattn.slides.vit_encoder import ENCODERS
 
     pytest.importorskip("openslide")

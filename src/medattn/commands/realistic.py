@@ -15,7 +15,7 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from medattn.realistic.tasks import SPLITS, TASKS  # no torch: numpy, scipy and yaml only
+    from medattn.generators.realistic.tasks import SPLITS, TASKS  # no torch: numpy, scipy and yaml only
 
     parser.add_argument("--out", required=True, help="folder that receives one sub-folder per task")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS), metavar="TASK",
@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from medattn.realistic import make_task
-    from medattn.realistic.tasks import TASKS
+    from medattn.generators.realistic import make_task
+    from medattn.generators.realistic.tasks import TASKS
 
     sizes = dict(zip(("train", "val", "test"), args.cases))
     for task in args.tasks:

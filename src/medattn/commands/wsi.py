@@ -208,7 +208,7 @@ def run_extract(args: argparse.Namespace) -> int:
 
 
 def run_synthetic(args: argparse.Namespace) -> int:
-    from medattn.slides.synthetic import write_synthetic_cohort
+    from medattn.generators.slides import write_synthetic_cohort
 
     if args.count < 1:
         raise UserError(f"--count must be >= 1, got {args.count}")

@@ -29,7 +29,7 @@ def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     if kind not in DATA_KINDS:
         raise UserError(f"unknown data kind {kind!r}; available: {', '.join(available_data_kinds())}")
     module_name, function = DATA_KINDS[kind]
-    module = importlib.import_module(f".{module_name}", __package__)
+    module = importlib.import_module(module_name)
     builder = getattr(module, function)
     if data_cfg.get("folds") is not None and "folds" not in getattr(module, "KEYS", ()):
         from .folds import pooled_folds  # a kind without a patient table: its splits are pooled, then folded

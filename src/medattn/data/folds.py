@@ -22,8 +22,8 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 from ..errors import UserError
 from ..vocabulary import task_types
 from .base import DataBundle
+from .seeded import SyntheticDataset
 from .splits import SPLIT_KEYS, assign_splits
-from .synthetic_base import SyntheticDataset
 
 
 class _Finished(Dataset):

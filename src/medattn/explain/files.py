@@ -334,7 +334,7 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
         written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
     if slide is not None and dicom is not None and is_dicom(slide):
-        from ..slides.synthetic import SYNTHETIC_ATTR
+        from ..slides.mark import SYNTHETIC_ATTR
 
         annotations = dicom.write(slide, level0, side, scores, method, out, stem, bool(attrs.get(SYNTHETIC_ATTR)))
         written += [annotations] if annotations else []

@@ -7,8 +7,8 @@ background lie three tissue blobs (pink stroma with fibre texture and purple nuc
 the third blob is out of focus (Gaussian blur, sigma 6 px); a grey, unsaturated smudge (dust, not
 tissue) sits on the glass. A ``tumour`` slide carries a planted tumour region in the first blob:
 nuclei denser, larger and darker. The returned masks are the ground truth at level 0. Each slide's
-ImageDescription starts with :data:`SYNTHETIC_MARK`: ``medattn wsi tile`` and ``wsi extract`` carry the mark into
-the tiles' JSON and the bags' HDF5 attribute :data:`SYNTHETIC_ATTR` (:func:`is_synthetic`, :func:`bag_is_synthetic`).
+ImageDescription starts with :data:`~medattn.slides.mark.SYNTHETIC_MARK`: ``medattn wsi tile`` and ``wsi extract``
+carry the mark into the tiles' JSON and the bags' HDF5 attribute (:mod:`medattn.slides.mark` reads it).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from scipy import ndimage
 
 from ..extras import require
 from ..outputs import OutputFolder, atomic
+from ..slides.mark import SYNTHETIC_MARK
 
 BACKGROUND = 243
 STROMA = np.array([232, 150, 196], dtype=np.float32)
@@ -28,15 +29,8 @@ NUCLEUS = np.array([82, 38, 128], dtype=np.float32)
 BLUR_SIGMA = 6.0
 MASKS = ("tissue", "blurry", "tumour", "dust")
 TRUTH_DIR = "truth"
-#: The start of the TIFF ImageDescription of every slide written here (OpenSlide: property tiff.ImageDescription):
-#: the mark that follows the data, to the tiles' JSON and the bags' HDF5 attribute :data:`SYNTHETIC_ATTR`.
-SYNTHETIC_MARK = "SYNTHETIC slide written by medattn (not tissue)"
-#: The slide properties that hold a slide's description, one per format (:func:`is_synthetic`).
-DESCRIPTIONS = ("tiff.ImageDescription", "ome.Description", "dicom.ImageComments")
 #: The formats :func:`write_synthetic_cohort` writes: format -> the name of the slide of stem ``{}`` (DICOM: a folder).
 FORMATS = {"tiff": "{}.tif", "ome-tiff": "{}.ome.tif", "dicom": "{}"}
-#: The HDF5 attribute (and tiles' JSON key) that says a bag comes from a SYNTHETIC slide: True there.
-SYNTHETIC_ATTR = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -104,22 +98,6 @@ def render(shape=(1536, 2048), tumour: bool = True, seed: int = 0) -> tuple[np.n
                                                       "dust": dust}
 
 
-def is_synthetic(slide) -> bool:
-    """Whether an open slide (OpenSlide, or a reader of :data:`~medattn.slides.reader.OTHER_READERS`) was written
-    here: its description (TIFF ImageDescription, OME Description, DICOM ImageComments) starts with
-    :data:`SYNTHETIC_MARK`."""
-    properties = getattr(slide, "properties", {})
-    return any(str(properties.get(key, "")).startswith(SYNTHETIC_MARK) for key in DESCRIPTIONS)
-
-
-def bag_is_synthetic(path: Path) -> bool:
-    """Whether a bag's HDF5 file says it comes from a SYNTHETIC slide (attribute :data:`SYNTHETIC_ATTR` true)."""
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return bool(f.attrs.get(SYNTHETIC_ATTR, False))
-
-
 def write_pyramid(path: Path, rgb: np.ndarray, mpp: float | None, levels: int = 3, tile: int = 256,
                   description: str | None = None) -> None:
     """Write (H, W, 3) uint8 as a tiled pyramidal TIFF: level k downsampled 4^k by block means, with
@@ -149,7 +127,7 @@ def pyramid_levels(rgb: np.ndarray, levels: int = 3) -> list[np.ndarray]:
 def write_synthetic_slide(path: Path, tumour: bool = True, seed: int = 0, shape=(1536, 2048),
                           mpp: float | None = 1.0, levels: int = 3) -> SyntheticSlide:
     """Render a SYNTHETIC slide (module docstring) and write it to ``path`` (.tif), marked as such
-    (:data:`SYNTHETIC_MARK`); -> its ground truth."""
+    (:data:`~medattn.slides.mark.SYNTHETIC_MARK`); -> its ground truth."""
     path = Path(path)
     rgb, masks = render(shape, tumour, seed)
     write_pyramid(path, rgb, mpp, levels, description=f"{SYNTHETIC_MARK}; seed {seed}")
@@ -206,11 +184,11 @@ def _write_slide(out: OutputFolder, name: str, format: str, tumour: bool, seed: 
     rgb, masks = render(shape, tumour, seed)
     levels, description = pyramid_levels(rgb, 3), f"{SYNTHETIC_MARK}; seed {seed}"
     if format == "dicom":
-        from .dicom import write_dicom_slide
+        from ..slides.dicom import write_dicom_slide
 
         write_dicom_slide(OutputFolder(out.folder / name, overwrite=out.overwrite), levels, 1.0, description, patient)
     else:
-        from .ome import write_ome_tiff
+        from ..slides.ome import write_ome_tiff
 
         write_ome_tiff(out, name, levels, 1.0, description)
     return masks

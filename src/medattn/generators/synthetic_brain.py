@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, integer, number, split_sizes
+from ..data.preprocessing import Preprocessing
 from ..errors import UserError
 from ..vocabulary.task_types import UNLABELLED
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, integer, number, split_sizes
-from .preprocessing import Preprocessing
 
 NAME = "synthetic_brain"
 KEYS = frozenset({"size", "num_samples", "seed", "noise"})

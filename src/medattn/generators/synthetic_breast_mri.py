@@ -21,12 +21,12 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, flag, int_tuple, integer, split_sizes
+from ..data.preprocessing import Preprocessing
+from ..data.seeded import SyntheticDataset, item_generator
+from ..data.transforms import Augmentation, augment_level, build_augmentation
 from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, flag, int_tuple, integer, split_sizes
-from .preprocessing import Preprocessing
-from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import Augmentation, augment_level, build_augmentation
 
 NAME = "synthetic_breast_mri"
 SIDES = ("left", "right")

@@ -19,12 +19,12 @@ from functools import partial
 
 import torch
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, flag, integer, number, split_sizes
+from ..data.preprocessing import Preprocessing
+from ..data.seeded import SyntheticDataset, item_generator
+from ..data.transforms import augment_level, build_augmentation
 from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, flag, integer, number, split_sizes
-from .preprocessing import Preprocessing
-from .synthetic_base import SyntheticDataset, item_generator
-from .transforms import augment_level, build_augmentation
 
 NAME = "synthetic_cxr"
 CTR_NEGATIVE = (0.35, 0.47)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
+from ..data.preprocessing import Preprocessing
+from ..data.seeded import item_seed
+from ..data.slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
 from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
-from .preprocessing import Preprocessing
-from .slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
-from .synthetic_base import item_seed
 
 NAME = "synthetic_mri_slices"
 KEYS = frozenset({"volume_size", "num_patients", "noise", "seed"}) | SLICE_KEYS

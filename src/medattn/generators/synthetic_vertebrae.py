@@ -16,11 +16,11 @@ from functools import partial
 import torch
 from torch.utils.data import Dataset
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
+from ..data.preprocessing import Preprocessing
+from ..data.seeded import SyntheticDataset, item_seed
 from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
-from .preprocessing import Preprocessing
-from .synthetic_base import SyntheticDataset, item_seed
 
 NAME = "synthetic_vertebrae"
 KEYS = frozenset({"volume_size", "num_blobs", "num_samples", "noise", "seed", "cache"})

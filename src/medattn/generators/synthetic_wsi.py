@@ -19,12 +19,12 @@ from functools import partial
 
 import torch
 
+from ..data.base import DataBundle, TaskInfo
+from ..data.options import SPLITS, check_keys, flag, integer, number, split_sizes
+from ..data.preprocessing import Preprocessing
+from ..data.readers.bags import subsample
+from ..data.seeded import SyntheticDataset, item_generator
 from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, flag, integer, number, split_sizes
-from .preprocessing import Preprocessing
-from .readers.bags import subsample
-from .synthetic_base import SyntheticDataset, item_generator
 
 NAME = "synthetic_wsi"
 NUM_TISSUES = 6

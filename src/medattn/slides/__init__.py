@@ -4,6 +4,8 @@ Needs the ``slides`` extra (``pip install 'medattn[slides]'``: openslide-python,
 tifffile). See docs/slides.md.
 
     from medattn.slides import TileSettings, tile_slide, write_tiles, build_extractor, extract_slides
+
+SYNTHETIC slides to try it on are a generator's: :mod:`medattn.generators.slides` (``medattn wsi synthetic``).
 """
 
 import importlib
@@ -16,10 +18,9 @@ _WHERE = {
     "PatchGeometry": "reader",
     "ResNet50Features": "resnet",
     "StainTextureDescriptor": "descriptor",
-    "SyntheticSlide": "synthetic",
     "TileSettings": "settings",
     "Tiles": "tiling",
-    "bag_is_synthetic": "synthetic",
+    "bag_is_synthetic": "mark",
     "best_level": "reader",
     "build_extractor": "extractors",
     "candidate_grid": "tiling",
@@ -30,10 +31,9 @@ _WHERE = {
     "extract_slides": "extract",
     "fit_stains": "stain",
     "heatmap_mass": "heatmap",
-    "is_synthetic": "synthetic",
+    "is_synthetic": "mark",
     "list_slides": "reader",
     "load_resnet50": "resnet",
-    "load_truth": "synthetic",
     "open_slide": "reader",
     "overlay_legend": "heatmap",
     "otsu_threshold": "tissue",
@@ -54,8 +54,6 @@ _WHERE = {
     "tissue_mask": "tissue",
     "white_fraction": "tissue",
     "write_features": "extract",
-    "write_synthetic_cohort": "synthetic",
-    "write_synthetic_slide": "synthetic",
     "write_tiles": "tiling",
 }
 

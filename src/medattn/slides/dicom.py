@@ -48,7 +48,7 @@ class DicomSlide(PyramidSlide):
         self.level_dimensions = tuple((level.size.width, level.size.height) for level in self._levels)
         mpp = self._levels[0].mpp  # micrometres per pixel (wsidicom converts the file's millimetres)
         self.properties = {} if mpp is None else {"openslide.mpp-x": str(mpp.width), "openslide.mpp-y": str(mpp.height)}
-        try:  # the base level's ImageComments (a SYNTHETIC slide's mark, medattn.slides.synthetic.is_synthetic)
+        try:  # the base level's ImageComments (a SYNTHETIC slide's mark, medattn.slides.mark.is_synthetic)
             comments = self._levels[0].datasets[0].as_dataset().get("ImageComments", "")
         except Exception:  # wsidicom's own errors for a header it reads otherwise
             comments = ""

@@ -3,7 +3,7 @@
 One file per slide, ``<out>/<slide stem>.h5``, with attributes ``patch_size_um``, ``patch_size_px``,
 ``patch_size_level0``, ``mpp``, ``extractor``, ``stain_norm``, ``slide``, ``slide_identity`` (JSON of the slide's
 dimensions, size and digest, :mod:`medattn.slides.identity`), ``tile_settings``, ``synthetic`` (True, only for a slide
-written by ``medattn wsi synthetic``: :func:`medattn.slides.synthetic.is_synthetic`), and
+written by ``medattn wsi synthetic``: :func:`medattn.slides.mark.is_synthetic`), and
   * CLAM layout (default): ``features`` (N, F) float32, ``coords`` (N, 2) int64 level-0 top-left (x, y) px;
   * STAMP layout: ``feats`` (N, F) float32, ``coords`` (N, 2) float32 top-left (x, y) in microns (level-0
     px x mpp), and STAMP's attributes ``unit`` = "um", ``tile_size_um``, ``tile_size_px``, ``feat_type`` = "tile".
@@ -33,10 +33,10 @@ from ..runtime.distributed import rank_and_world  # noqa: F401  (here before: me
 from ..text import bars_off
 from .extractors import Extractor
 from .identity import IDENTITY_ATTR, identity, recorded
+from .mark import SYNTHETIC_ATTR, is_synthetic
 from .reader import PatchGeometry, open_slide, reading, thumbnail
 from .settings import settings_changes
 from .stain import MacenkoNormalizer
-from .synthetic import SYNTHETIC_ATTR, is_synthetic
 from .tiling import (
     DEFAULT_SETTINGS,
     PatchDataset,

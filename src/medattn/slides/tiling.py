@@ -23,9 +23,9 @@ from PIL import Image
 
 from ..errors import UserError
 from ..outputs import OutputFolder
+from .mark import is_synthetic
 from .reader import PatchGeometry, open_slide, patch_geometry, read_patch, reading, slide_mpp, thumbnail
 from .settings import DEFAULT_SETTINGS, TileSettings, settings_changes
-from .synthetic import is_synthetic
 from .tissue import sharpness, tissue_mask, white_fraction, window_fractions
 
 STATUSES = ("kept", "white", "blurry")
@@ -51,7 +51,7 @@ class Tiles:
     thumbnail: np.ndarray
     downsample: tuple[float, float]
     mask: np.ndarray
-    synthetic: bool = False  # the slide says it is SYNTHETIC (medattn wsi synthetic: slides.synthetic.is_synthetic)
+    synthetic: bool = False  # the slide says it is SYNTHETIC (medattn wsi synthetic: slides.mark.is_synthetic)
 
     @property
     def kept(self) -> np.ndarray:
