@@ -35,12 +35,11 @@ PRIMITIVES = frozenset({"atomic", "save_text", "save_json", "save_csv", "save_di
 
 #: Modules of src/medattn (relative paths) that still write through a path primitive, with the primitives they use:
 #: the first hop of issue 50 is done (metrics, config, slide heatmaps, benches, caches, pretrain, eval's diagram,
-#: compare's figure, the report pages, results.json);
+#: compare's figure, the report pages, results.json, the case pictures, survival calibration);
 #: these take a path from a long caller chain (a run folder's writers, explain's files, bag and volume writers).
 NOT_YET_CONVERTED: dict[str, frozenset[str]] = {
     "data/readers/bags.py": frozenset({"atomic"}),  # write_bag(path): slides.extract, realistic, synthetic kinds
     "data/readers/volumes.py": frozenset({"atomic"}),  # save_volume(path): deploy's label maps, generators
-    "explain/cases.py": frozenset({"save_image"}),  # the report's case pictures, path from train.fit
     "explain/outputs.py": frozenset({"save_dicts"}),  # tile tables under explain's folder
     "explain/tile_scores.py": frozenset({"atomic", "save_csv", "save_json"}),  # a bag's tile table, GeoJSON, HDF5
     "generators/slides.py": frozenset({"atomic"}),  # write_synthetic_slide(path): the slide generators
@@ -48,7 +47,6 @@ NOT_YET_CONVERTED: dict[str, frozenset[str]] = {
     "train/ordinal_objective.py": frozenset({"save_csv", "save_figure"}),  # run-folder report files
     "train/report.py": frozenset({"append_csv", "save_csv", "save_dicts", "save_figure"}),  # a run's report files
     "train/rundir.py": frozenset({"remove"}),  # the run-folder transaction itself (a writer of its own)
-    "train/survival_report.py": frozenset({"save_figure"}),  # calibration_<split>.png of a run folder
 }
 
 

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from ..data import input_kinds
-from ..outputs import save_image
+from ..outputs import OutputFolder
 from ..survival_plots import time_axis_label
 from ..vocabulary import task_types
 from . import outputs, tile_scores
@@ -107,6 +107,7 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
     time_label = time_axis_label((config or {}).get("data", {}).get("time_column"))
     drawn: list[int] = []
     names, warnings = [], []
+    folder = OutputFolder.within(Path(out_dir) / "heatmaps")  # inside the run folder, whose policy train applied
     for end in kind.case_ends:
         order = np.argsort(-scores if end == "highest" else scores, kind="stable")
         chosen = [int(i) for i in order if int(i) not in drawn][:count]
@@ -114,20 +115,20 @@ def case_heatmaps(model: torch.nn.Module, dataset, probabilities: np.ndarray, la
             both = len(kind.case_ends) > 1
             text = kind.case_text(probabilities[index], labels[index], list(task.class_names), time_label)
             heading = f"{end + ' ' if both else ''}test case {ids[index]}: {text}"
-            name = f"heatmaps/{end}_{k}.png" if both else f"heatmaps/{len(names) + 1}.png"
-            if _draw_case(model, dataset, index, task, kind.case_output, (title, heading), out_dir / name, slides,
+            name = f"{end}_{k}.png" if both else f"{len(names) + 1}.png"
+            if _draw_case(model, dataset, index, task, kind.case_output, (title, heading), (folder, name), slides,
                           warnings, ids[index]):
-                names.append(name)
+                names.append(f"heatmaps/{name}")
             drawn.append(index)
     return names, warnings
 
 
 def _draw_case(model: torch.nn.Module, dataset, index: int, task, target: int | None, heading: tuple[str, str],
-               path: Path, slides: str | Path | None, warnings: list[str], case_id: str) -> bool:
+               where: tuple[OutputFolder, str], slides: str | Path | None, warnings: list[str], case_id: str) -> bool:
     """Explain case ``index`` of ``dataset`` (logit ``target``; None: the predicted class) with the default method
-    and save its picture at ``path`` as its input kind shows a case, titled ``run | method | case`` (``heading``:
-    the run's title and the case's words); -> whether a picture was written. A bag whose slide is not drawn adds a
-    warning to ``warnings``."""
+    and save its picture as ``where`` (a folder, a name) as its input kind shows a case, titled ``run | method |
+    case`` (``heading``: the run's title and the case's words); -> whether a picture was written. A bag whose slide is
+    not drawn adds a warning to ``warnings``."""
     kind = input_kinds.of(task.input_kind)
     sample = dataset[index]
     x, kwargs = kind.one(sample, next(model.parameters()).device)
@@ -142,7 +143,8 @@ def _draw_case(model: torch.nn.Module, dataset, index: int, task, target: int | 
                              result.relevance[0].detach().cpu())
     if picture is None:
         return False
-    save_image(path, picture, format="PNG")
+    folder, name = where
+    folder.save_image(name, picture, format="PNG")
     return True
 
 

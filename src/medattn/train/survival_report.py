@@ -175,8 +175,8 @@ def write(result: dict, out_dir: Path, split: str, heading: str, synthetic: bool
     calibration = result.get("calibration")
     if not calibration or calibration["error"] is None:
         return
-    from medattn.outputs import save_figure
+    from medattn.outputs import OutputFolder
     from medattn.survival_plots import calibration_figure
 
     figure = calibration_figure(calibration, heading + (" (SYNTHETIC data)" if synthetic else ""), time_label)
-    save_figure(Path(out_dir) / f"calibration_{split}.png", figure, dpi=100)
+    OutputFolder.within(out_dir).save_figure(f"calibration_{split}.png", figure, dpi=100)
