@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from medattn.cli import main
-from medattn.data.splits import assign_splits
+from medattn.data.cohort.splits import assign_splits
 from medattn.errors import UserError
 
 

@@ -12,7 +12,7 @@ import torch
 
 from medattn.config import load_config
 from medattn.data import build_datasets
-from medattn.data.slices import foreground_slices, plan_slices
+from medattn.data.kinds.slices import foreground_slices, plan_slices
 from medattn.errors import UserError
 from medattn.generators.synthetic_mri_slices import CLASSES
 from medattn.train import fit

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from medattn.data.splits import assign_splits, splits_from_column  # noqa: E402
+from medattn.data.cohort.splits import assign_splits, splits_from_column  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
 
 # 40 patients with 1 to 3 samples each; a quarter of the patients are positive

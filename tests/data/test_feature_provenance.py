@@ -14,7 +14,7 @@ import torch
 
 from engine_data import tiny_config
 from medattn.cli import main
-from medattn.data.bags import build_wsi_bags
+from medattn.data.kinds.bags import build_wsi_bags
 from medattn.data.provenance import collect, differences
 from medattn.data.readers.bags import write_bag
 from medattn.runtime import checkpoint

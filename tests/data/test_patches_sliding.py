@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from medattn.config import load_config
 from medattn.data.base import TaskInfo
-from medattn.data.patches import RandomPatches, crop_at, sample_centre
+from medattn.data.kinds.patches import RandomPatches, crop_at, sample_centre
 from medattn.errors import UserError
 from medattn.models.segmentation import soft_dice_loss
 from medattn.runtime.sliding import gaussian_weights, inference_window, patch_shape, sliding_window_logits

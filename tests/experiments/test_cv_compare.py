@@ -15,7 +15,7 @@ from medattn.cli import main
 from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.base import DataBundle, TaskInfo
-from medattn.data.folds import pooled_folds
+from medattn.data.cohort.folds import pooled_folds
 from medattn.data.seeded import SyntheticDataset
 from medattn.errors import UserError
 from medattn.experiments import cv

@@ -271,13 +271,13 @@ def fake(module: str, code: str, package: bool = False) -> list[Import]:
 
 def test_imports_are_read_at_every_level():
     code = ("import os\nimport medattn.errors\nfrom medattn import text\n"
-            "from medattn.data import bags, build_datasets\n"
+            "from medattn.data.kinds import bags\nfrom medattn.data import build_datasets\n"
             "from . import threshold\nfrom ..train.loop import fit\nfrom typing import TYPE_CHECKING\n"
             "if TYPE_CHECKING:\n    from medattn.explain import core\n"
             "def f():\n    from .. import config\n    class C:\n        def g(self):\n"
             "            import medattn.commands.predict as p\n")
     targets = {imp.target for imp in fake("medattn.runtime.fake", code)}
-    assert targets == {"medattn.errors", "medattn.text", "medattn.data.bags", "medattn.data",
+    assert targets == {"medattn.errors", "medattn.text", "medattn.data.kinds.bags", "medattn.data",
                        "medattn.runtime.threshold", "medattn.train.loop", "medattn.explain.core",
                        "medattn.commands.predict", "medattn.config"}
     assert {imp.target for imp in fake("medattn.deploy", "from .export import FORMATS", package=True)} == \

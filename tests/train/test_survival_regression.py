@@ -16,7 +16,7 @@ from medattn.cli import main
 from medattn.config import load_config
 from medattn.data import build_datasets
 from medattn.data.base import TaskInfo
-from medattn.data.labels import LabelSpec, label_columns
+from medattn.data.cohort.labels import LabelSpec, label_columns
 from medattn.errors import UserError
 from medattn.metrics_survival import concordance_index
 from medattn.runtime.checkpoint import check_meta

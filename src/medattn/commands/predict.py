@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.partial_patients and args.patients is None:
         raise UserError("--partial-patients goes with --patients SLIDE_TABLE")
     if args.patients is not None:
-        from medattn.data.bags import patient_bags
+        from medattn.data.kinds.bags import patient_bags
 
         if not input_kinds.of(prep.input_kind).joins_files:
             raise UserError(f"--patients joins a patient's slides for bag models; this one takes {prep.input_kind}")

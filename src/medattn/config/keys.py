@@ -132,7 +132,7 @@ KEYS: dict[str, Key] = {
     "train.patch_size": Key(None, Rule("null, a positive int or a list of 2 or 3 positive ints", lambda v: v is None
                                        or (_is_int(v) and v > 0) or (isinstance(v, list) and len(v) in (2, 3)
                                                                       and all(_is_int(m) and m > 0 for m in v))),
-                            "segmentation: train on random patches of this size (medattn.data.patches)"),
+                            "segmentation: train on random patches of this size (medattn.data.kinds.patches)"),
     "train.patch_foreground": Key(None, Rule("null or a number from 0 to 1",
                                              lambda v: v is None or (_is_number(v) and 0 <= v <= 1)),
                                   "share of patches centred on a foreground voxel; null -> 1/3"),

@@ -21,7 +21,7 @@ def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     ``seed``). With ``skip_bad`` samples whose files are missing, unreadable or invalid are dropped and
     counted in ``DataBundle.skipped``; without it the first one raises :class:`~medattn.errors.UserError`.
     ``folds``/``fold`` (k-fold cross-validation by patient) work for every kind: table kinds split their
-    rows, the synthetic kinds pool their splits first (:mod:`medattn.data.folds`).
+    rows, the synthetic kinds pool their splits first (:mod:`medattn.data.cohort.folds`).
     """
     if not isinstance(data_cfg, dict):
         raise UserError(f"the data config must be a mapping with a 'kind' key, got {type(data_cfg).__name__}")
@@ -32,8 +32,8 @@ def build_datasets(data_cfg: dict, seed: int = 0, skip_bad: bool = False) -> Dat
     module = importlib.import_module(module_name)
     builder = getattr(module, function)
     if data_cfg.get("folds") is not None and "folds" not in getattr(module, "KEYS", ()):
-        from .folds import pooled_folds  # a kind without a patient table: its splits are pooled, then folded
-        from .splits import SPLIT_KEYS
+        from .cohort.folds import pooled_folds  # a kind without a patient table: its splits are pooled, then folded
+        from .cohort.splits import SPLIT_KEYS
 
         split_cfg = {k: v for k, v in data_cfg.items() if k in SPLIT_KEYS}
         rest = {k: v for k, v in data_cfg.items() if k not in SPLIT_KEYS}

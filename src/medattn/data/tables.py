@@ -1,5 +1,5 @@
 """CSV tables of samples: reading, path resolution, bad-sample handling and a Dataset of records; the label
-columns are parsed by :mod:`medattn.data.labels`.
+columns are parsed by :mod:`medattn.data.cohort.labels`.
 
 Row numbers in messages are the CSV line numbers (the header is row 1), so ``labels.csv row 7`` is
 the line a spreadsheet or ``sed -n 7p`` shows.
@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from ..vocabulary.record import Record
+from .cohort.labels import LabelSpec, event_values, label_entries, label_options, parse_cells
 from .files import check_regular
-from .labels import LabelSpec, event_values, label_entries, label_options, parse_cells
 
 log = logging.getLogger("medattn.data")
 
@@ -146,7 +146,7 @@ def table_records(cfg: dict, kind: str, label_columns: list[str], extra_columns:
     right) each row gives one record per side, labelled from the columns ``<label column>_<side>``
     and with ``extra["side"]`` set.
     """
-    from .splits import parse_split
+    from .cohort.splits import parse_split
 
     csv_path = Path(cfg["csv"])
     root = Path(cfg.get("data_root") or csv_path.parent)

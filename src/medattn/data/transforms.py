@@ -2,7 +2,7 @@
 
 * 2D images: random rotation within +-``max_degrees`` (45) and a vertical flip with p = 0.5.
 * 3D volumes: a flip along every spatial axis, each with p = 0.5.
-* Feature bags: none; optional random instance subsampling lives in :mod:`medattn.data.bags`.
+* Feature bags: none; optional random instance subsampling lives in :mod:`medattn.data.kinds.bags`.
 
 ``augment: strong`` (the small-data recipe, issue 10; :func:`build_augmentation`) adds, after the
 paper's transforms: a random resized crop, nnU-Net's intensity transforms and a smooth elastic

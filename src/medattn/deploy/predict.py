@@ -63,7 +63,7 @@ def predict_files(runner: Runner, inputs: list[tuple[Path, ...]], batch_size: in
     the ``--threshold`` text (overrides the stored thresholds); segmentation label maps go to ``label_dir``
     (:class:`~medattn.outputs.OutputFolder`: never over an input, over an existing file only with
     ``overwrite``; every name is checked before the first prediction). ``names``: the samples' ids, in a ``patient``
-    column (a bag model's patients, :func:`medattn.data.bags.patient_bags`; default: the first file, in ``file``).
+    column (a bag model's patients, :func:`medattn.data.kinds.bags.patient_bags`; default: the first file, in ``file``).
     ``accepted`` (``--accept-features``): a last column ``features_accepted`` with how each sample's features differ
     from the model's training features (:func:`medattn.data.provenance.check_bags`; empty where they do not).
     ``dicom_dir``: the folder of the DICOM SR reports of a classification or survival model's DICOM inputs (none

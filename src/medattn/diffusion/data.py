@@ -2,7 +2,7 @@
 
 The kinds are ``catalogue.UNLABELLED_KINDS`` (``synthetic_brain``:
 :func:`medattn.generators.synthetic_brain.build_synthetic_brain`; ``nifti_volumes``:
-:func:`medattn.data.nifti_volumes.build_nifti_volumes`), built by :func:`medattn.data.build_datasets` like every
+:func:`medattn.data.kinds.nifti_volumes.build_nifti_volumes`), built by :func:`medattn.data.build_datasets` like every
 kind; their samples are ``{"input": (1, H, W, D) float32, "id": str}`` and their task (type ``unlabelled``) gives
 the volume size and the SYNTHETIC flag.
 """

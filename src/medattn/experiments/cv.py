@@ -6,7 +6,7 @@ Fold k is a normal run (:func:`medattn.train.fit`) of the config with ``data.fol
 classification); inside a fold, ``data.val_fraction`` (default 0.15) of the *training* folds' patients,
 drawn with seed + 1, is the validation set that picks the best epoch, so the test fold is never seen
 before it is scored. Table kinds split their rows this way themselves; synthetic kinds pool their
-train/val/test cases first (:mod:`medattn.data.folds`). Resumable per fold (:mod:`medattn.experiments.runs`).
+train/val/test cases first (:mod:`medattn.data.cohort.folds`). Resumable per fold (:mod:`medattn.experiments.runs`).
 
 The summary is read from the folds' ``results.json``: per fold the test metric (AUROC; segmentation:
 the mean foreground Dice and each structure's Dice), then mean and sample standard deviation (ddof 1)

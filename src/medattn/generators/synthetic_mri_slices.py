@@ -12,7 +12,7 @@ with the kidneys' brightness), and five labelled structures of very different si
 Centres, radii (+-10-15 %), intensities, bias field and noise vary per patient; the organs span the
 middle of D, so the first and last slices are empty. A patient is a deterministic function of
 ``(seed, split, index)``; splits never share a patient. :func:`build_synthetic_mri_slices` is the data kind
-``synthetic_mri_slices``: slices along ``axis`` as :mod:`medattn.data.slices` plans them.
+``synthetic_mri_slices``: slices along ``axis`` as :mod:`medattn.data.kinds.slices` plans them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 
 from ..data.base import DataBundle, TaskInfo
+from ..data.kinds.slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
 from ..data.options import SPLITS, check_keys, flag, int_tuple, integer, number, split_sizes
 from ..data.preprocessing import Preprocessing
 from ..data.seeded import item_seed
-from ..data.slices import SLICE_KEYS, compact, load_all, slice_options, slice_splits
 from ..errors import UserError
 
 NAME = "synthetic_mri_slices"
@@ -107,7 +107,7 @@ def build_synthetic_mri_slices(cfg: dict, seed: int = 0, skip_bad: bool = False)
 
     Keys: ``volume_size`` (H, W, D; default [64, 64, 32]; slices along ``axis`` 2 are H x W),
     ``num_patients`` (per split; default 24/6/12), ``noise`` (default 0.06), ``seed`` (data seed, default:
-    the run seed), and the slice keys of :mod:`medattn.data.slices` (``axis``, ``slice_stride``,
+    the run seed), and the slice keys of :mod:`medattn.data.kinds.slices` (``axis``, ``slice_stride``,
     ``empty_fraction``, ``eval_empty_fraction``, ``cache``; ``slice_size`` must be left out: it is the
     volume's in-plane size). No augmentation: a left-right flip would swap the kidneys' labels.
     """

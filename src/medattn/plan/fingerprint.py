@@ -31,7 +31,7 @@ def _bag_size(dataset, index: int) -> int:
     """Instances of training bag ``index`` as stored (the record's file when the dataset keeps records)."""
     records = getattr(dataset, "records", None)
     if records is not None:  # wsi_bags: read from the HDF5 headers, whatever max_instances keeps
-        from medattn.data.bags import slide_shape
+        from medattn.data.kinds.bags import slide_shape
 
         return sum(slide_shape(path)[0] for path in records[index].paths)
     return int(dataset[index]["input"].shape[0])

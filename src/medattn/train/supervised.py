@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle, TaskInfo
-from medattn.data.patches import RandomPatches
+from medattn.data.kinds.patches import RandomPatches
 from medattn.data.validate import decode_all
 from medattn.errors import UserError
 from medattn.plan import apply as apply_plan

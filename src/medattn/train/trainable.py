@@ -12,7 +12,7 @@ event), a validation score that does not exist (a C-index without a comparable p
   the validation split (R^2 is undefined).
 
 A target or time too large for float32 (the label tensors' dtype) is refused earlier, row by row
-(:meth:`medattn.data.labels.LabelSpec.tensor`). Classification and segmentation are not checked here.
+(:meth:`medattn.data.cohort.labels.LabelSpec.tensor`). Classification and segmentation are not checked here.
 """
 
 from __future__ import annotations

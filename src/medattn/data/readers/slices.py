@@ -29,8 +29,8 @@ def is_volume_file(path: Path) -> bool:
 
 class SliceFileLoader:
     """record -> {"input": ...}: a file prepared for a 2D model trained on slices of volumes, as its validation
-    volumes were (:class:`~medattn.data.slices.NiftiVolumes`,
-    :class:`~medattn.data.slices.VolumeDataset`).
+    volumes were (:class:`~medattn.data.kinds.slices.NiftiVolumes`,
+    :class:`~medattn.data.kinds.slices.VolumeDataset`).
 
     A volume (NIfTI file or DICOM series folder): RAS+, resampled to ``spacing`` (when given), normalised as a
     whole, cropped or padded in-plane to ``size``, the slicing ``axis`` moved last: (1, h, w, S). A 2D image file

@@ -93,7 +93,7 @@ class ConvDecoder(nn.Module):
 class SegmentationViT(VisionTransformer):
     """2D ViT encoder + convolutional decoder: (B, C, H, W) -> (B, num_classes, H, W) logits; volumes
     (B, C, H, W, S) are segmented slice by slice along their last axis (how 2D-trained models are scored
-    per patient, :mod:`medattn.data.slices`).
+    per patient, :mod:`medattn.data.kinds.slices`).
 
     H and W must be multiples of the patch size (positions are interpolated for sizes other than
     ``img_size``). ``num_classes`` counts the background.

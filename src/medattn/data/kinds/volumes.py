@@ -7,16 +7,16 @@ subtraction, resampling, left/right split, crop or pad, normalisation, augmentat
 
 from __future__ import annotations
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .duplicates import resolve_duplicates
-from .labels import label_columns as table_label_columns
-from .options import check_keys, float_tuple, int_tuple, require
-from .preprocessing import Preprocessing
-from .readers.volumes import NORMALISATIONS, VolumeLoader, check_volume_header, resampled_shape
-from .splits import SPLIT_KEYS, split_records
-from .tables import BadSamples, Record, RecordDataset, keep_valid, table_records
-from .transforms import augment_level, build_augmentation
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.duplicates import resolve_duplicates
+from ..cohort.labels import label_columns as table_label_columns
+from ..cohort.splits import SPLIT_KEYS, split_records
+from ..options import check_keys, float_tuple, int_tuple, require
+from ..preprocessing import Preprocessing
+from ..readers.volumes import NORMALISATIONS, VolumeLoader, check_volume_header, resampled_shape
+from ..tables import BadSamples, Record, RecordDataset, keep_valid, table_records
+from ..transforms import augment_level, build_augmentation
 
 SIDES = ("left", "right")
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",

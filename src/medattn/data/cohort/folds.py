@@ -1,9 +1,9 @@
 """k-fold cross-validation for data kinds that draw their samples from a seed (the synthetic generators).
 
-Table kinds split their rows by patient themselves (``folds``/``fold`` in :mod:`medattn.data.splits`).
+Table kinds split their rows by patient themselves (``folds``/``fold`` in :mod:`medattn.data.cohort.splits`).
 A synthetic kind has fixed train/val/test sizes instead; with ``folds`` set, :func:`build_datasets`
 builds it as usual and :func:`pooled_folds` pools the three splits (``num_samples`` train + val + test
-cases) and splits the pool again by patient with :func:`~medattn.data.splits.assign_splits`, exactly
+cases) and splits the pool again by patient with :func:`~medattn.data.cohort.splits.assign_splits`, exactly
 as a table is split: fold ``fold`` of ``folds`` (scikit-learn's ``StratifiedGroupKFold``, shuffled
 with the run seed, stratified by the label for classification) is the test set, and ``val_fraction``
 (default 0.15) of the remaining patients, drawn with seed + 1, is the validation set that picks the
@@ -19,10 +19,10 @@ import copy
 
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from ..errors import UserError
-from ..vocabulary import task_types
-from .base import DataBundle
-from .seeded import SyntheticDataset
+from ...errors import UserError
+from ...vocabulary import task_types
+from ..base import DataBundle
+from ..seeded import SyntheticDataset
 from .splits import SPLIT_KEYS, assign_splits
 
 

@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .labels import infer_label_spec, inferred_class_problems, label_options
-from .options import SPLITS, check_keys, int_tuple, require
-from .preprocessing import Preprocessing
-from .readers.images import match_channels
-from .tables import BadSamples
-from .transforms import RandomFlip3d, RandomRotateFlip2d
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.labels import infer_label_spec, inferred_class_problems, label_options
+from ..options import SPLITS, check_keys, int_tuple, require
+from ..preprocessing import Preprocessing
+from ..readers.images import match_channels
+from ..tables import BadSamples
+from ..transforms import RandomFlip3d, RandomRotateFlip2d
 
 KEYS = frozenset({"path", "task_type", "classes", "num_classes", "spatial_dims", "image_size", "in_chans", "mean",
                   "std", "augment"})

@@ -1,6 +1,6 @@
 """3D segmentation data: NIfTI image/label pairs listed in a CSV (data kind ``nifti_segmentation``).
 
-A row names an image (a NIfTI file or a DICOM series folder, read as in :mod:`medattn.data.volumes`)
+A row names an image (a NIfTI file or a DICOM series folder, read as in :mod:`medattn.data.kinds.volumes`)
 and a NIfTI label map of integer class indices (0 = background) on the same voxel grid. Loading:
 
 1. read both and reorient them to RAS+ (:func:`~medattn.data.readers.volumes.read_volume`); their shapes must
@@ -23,15 +23,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .duplicates import resolve_duplicates
-from .options import check_keys, require
-from .preprocessing import Preprocessing
-from .readers.volumes import check_volume_header, crop_or_pad, is_nifti, normalise, read_volume, resample
-from .splits import SPLIT_KEYS, parse_split, split_records
-from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
-from .transforms import RandomFlip3d
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.duplicates import resolve_duplicates
+from ..cohort.splits import SPLIT_KEYS, parse_split, split_records
+from ..options import check_keys, require
+from ..preprocessing import Preprocessing
+from ..readers.volumes import check_volume_header, crop_or_pad, is_nifti, normalise, read_volume, resample
+from ..tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
+from ..transforms import RandomFlip3d
 from .volumes import volume_options
 
 KIND = "nifti_segmentation"

@@ -6,16 +6,16 @@ Each image is read and prepared by :class:`~medattn.data.readers.images.ImageLoa
 
 from __future__ import annotations
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .duplicates import resolve_duplicates
-from .labels import label_columns as table_label_columns
-from .options import check_keys, int_tuple, require
-from .preprocessing import Preprocessing
-from .readers.images import ImageLoader, check_image_header
-from .splits import SPLIT_KEYS, split_records
-from .tables import BadSamples, RecordDataset, keep_valid, table_records
-from .transforms import augment_level, build_augmentation
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.duplicates import resolve_duplicates
+from ..cohort.labels import label_columns as table_label_columns
+from ..cohort.splits import SPLIT_KEYS, split_records
+from ..options import check_keys, int_tuple, require
+from ..preprocessing import Preprocessing
+from ..readers.images import ImageLoader, check_image_header
+from ..tables import BadSamples, RecordDataset, keep_valid, table_records
+from ..transforms import augment_level, build_augmentation
 
 KEYS = frozenset({"csv", "data_root", "path_column", "label_columns", "patient_column", "split_column",
                   "time_column", "event_column", "event_values", "cause_names",
@@ -43,7 +43,7 @@ def build_image_table(cfg: dict, seed: int = 0, skip_bad: bool = False) -> DataB
     "strong": those, then crops, elastic and intensity transforms,
     :func:`~medattn.data.transforms.build_augmentation`; false: none),
     ``check_files`` (default true: check at build time that every file exists and its header reads),
-    ``val_fraction``, ``test_fraction``, ``folds``, ``fold`` (see :mod:`medattn.data.splits`).
+    ``val_fraction``, ``test_fraction``, ``folds``, ``fold`` (see :mod:`medattn.data.cohort.splits`).
 
     Validation: unparsable labels and paths outside the root are found while reading the CSV; missing
     files and unreadable headers at build time (``check_files``); with ``skip_bad`` every image is also

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import UserError
+from ...errors import UserError
 
 #: Default share of patches centred on a foreground voxel (nnU-Net's oversample_foreground_percent).
 FOREGROUND = 1 / 3

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 
-from .files import content_keys
-from .tables import BadSamples, Record
+from ..files import content_keys
+from ..tables import BadSamples, Record
 
 log = logging.getLogger("medattn.data")
 

@@ -1,7 +1,7 @@
 """Unlabelled NIfTI volumes listed in a CSV (data kind ``nifti_volumes``): the diffusion stages' own scans.
 
-Read like ``volume_table`` (:mod:`medattn.data.volumes`: RAS+ reorientation, optional ``target_spacing`` resampling,
-centre crop or pad to ``target_size``, ``normalize``) but without labels, one file per row. A sample is
+Read like ``volume_table`` (:mod:`medattn.data.kinds.volumes`: RAS+ reorientation, optional ``target_spacing``
+resampling, centre crop or pad to ``target_size``, ``normalize``) but without labels, one file per row. A sample is
 ``{"input": (1, H, W, D) float32, "id": the path as listed, "patient": str}`` (and a placeholder ``label``, the
 record's, zeros (1,)).
 """
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
-from ..vocabulary.task_types import UNLABELLED
-from .base import DataBundle, TaskInfo
-from .options import check_keys, require
-from .preprocessing import Preprocessing
-from .readers.volumes import VolumeLoader
-from .splits import SPLIT_KEYS, parse_split, split_records
-from .tables import Record, RecordDataset, read_csv, require_columns, resolve_path
+from ...errors import UserError
+from ...vocabulary.task_types import UNLABELLED
+from ..base import DataBundle, TaskInfo
+from ..cohort.splits import SPLIT_KEYS, parse_split, split_records
+from ..options import check_keys, require
+from ..preprocessing import Preprocessing
+from ..readers.volumes import VolumeLoader
+from ..tables import Record, RecordDataset, read_csv, require_columns, resolve_path
 from .volumes import volume_options
 
 KIND = "nifti_volumes"

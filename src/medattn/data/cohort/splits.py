@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
+from ...errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +128,7 @@ def split_records(records: Sequence, cfg: dict, seed: int, column: Sequence[str]
     """Records (with ``.patient``, ``.label``, ``.where``) -> {"train": [...], "val": [...], "test": [...]}.
 
     ``column``: the split of each record from the table's split column; else :func:`assign_splits`, stratified by
-    ``stratum(label)`` (:meth:`medattn.data.labels.LabelSpec.stratum`; default the label itself).
+    ``stratum(label)`` (:meth:`medattn.data.cohort.labels.LabelSpec.stratum`; default the label itself).
     """
     if column is not None:
         if cfg.get("folds") is not None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .duplicates import resolve_duplicates
-from .labels import event_values, label_columns, label_entries, label_options, parse_cells
-from .options import check_keys, require
-from .preprocessing import Preprocessing
-from .provenance import MIXED_KEY, check_one_space, collect
-from .readers.bags import BagLoader, bag_synthetic, slide_shape
-from .splits import SPLIT_KEYS, parse_split, split_records
-from .tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.duplicates import resolve_duplicates
+from ..cohort.labels import event_values, label_columns, label_entries, label_options, parse_cells
+from ..cohort.splits import SPLIT_KEYS, parse_split, split_records
+from ..options import check_keys, require
+from ..preprocessing import Preprocessing
+from ..provenance import MIXED_KEY, check_one_space, collect
+from ..readers.bags import BagLoader, bag_synthetic, slide_shape
+from ..tables import BadSamples, Record, RecordDataset, keep_valid, read_csv, require_columns, resolve_path
 
 KEYS = frozenset({"feature_dir", "slide_table", "clinical_table", "patient_column", "filename_column",
                   "label_columns", "time_column", "event_column", "event_values", "cause_names", "split_column",

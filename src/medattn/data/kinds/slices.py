@@ -9,7 +9,7 @@ once at build time by :func:`plan_slices`:
 * of the empty candidates (background only) a seeded random ``empty_fraction`` is kept (training;
   ``eval_empty_fraction``, default 1, for validation and test slices with ``eval_unit: slice``).
 
-Splits are made at patient level on the volumes before slicing (:func:`medattn.data.splits.split_records`),
+Splits are made at patient level on the volumes before slicing (:func:`medattn.data.cohort.splits.split_records`),
 so no patient has slices in two splits, and every slice carries its volume's ``patient``: the evaluation's
 (:mod:`medattn.train.evaluate`) Dice CI resamples patients, not slices. Validation and test (``eval_unit``):
 
@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import UserError
-from .base import DataBundle, TaskInfo
-from .options import SPLITS, check_keys, int_tuple, require
-from .preprocessing import Preprocessing
-from .readers.slices import in_plane
-from .readers.volumes import normalise
+from ...errors import UserError
+from ..base import DataBundle, TaskInfo
+from ..cohort.splits import SPLIT_KEYS, split_records
+from ..options import SPLITS, check_keys, int_tuple, require
+from ..preprocessing import Preprocessing
+from ..readers.slices import in_plane
+from ..readers.volumes import normalise
+from ..tables import BadSamples, Record, keep_valid, problem
 from .segmentation import check_pair_headers, class_names, pair_records, read_pair
-from .splits import SPLIT_KEYS, split_records
-from .tables import BadSamples, Record, keep_valid, problem
 from .volumes import volume_options
 
 KIND = "nifti_slices"

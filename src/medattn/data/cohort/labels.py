@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import UserError
-from ..vocabulary.task_types import TASK_TYPES, TaskType, names_where, task_type
-from .options import require
+from ...errors import UserError
+from ...vocabulary.task_types import TASK_TYPES, TaskType, names_where, task_type
+from ..options import require
 
 if TYPE_CHECKING:
-    from ..vocabulary.record import Record
+    from ...vocabulary.record import Record
 
 #: Task types a label table can describe (segmentation labels come as label maps, not columns).
 TABLE_TASKS = names_where("table")
@@ -70,8 +70,8 @@ class LabelSpec:
         return self.kind.targets(torch.stack([r.label for r in train]))
 
     def stratum(self, label: torch.Tensor) -> str:
-        """The key splits stratify by (:func:`medattn.data.splits.assign_splits`): the label of a class, the event
-        flag of a survival label (so events spread over the splits), nothing for regression."""
+        """The key splits stratify by (:func:`medattn.data.cohort.splits.assign_splits`): the label of a class, the
+        event flag of a survival label (so events spread over the splits), nothing for regression."""
         return self.kind.stratum(label)
 
 
