@@ -173,8 +173,7 @@ def explain_files(checkpoint: str | Path, files: list, out_dir: str | Path, meth
     if reasons := learned.not_learned(learned.recorded_learning(trained.folder)):  # the run did not learn
         report.rows = [{**row, learned.COLUMN: learned.column_value(reasons)} for row in report.rows]
         report.notes.insert(0, learned.warning_line(reasons))
-    with out.write("summary.csv") as tmp:
-        outputs.write_summary(tmp, report.rows)
+    outputs.write_summary(out, report.rows)
     return report
 
 
@@ -323,14 +322,11 @@ def _write_tiles(out, stem: str, coords: np.ndarray, scores: np.ndarray, method:
     """A bag's tile table and HDF5, and its map where the tiles have coordinates: on the slide's thumbnail when
     the slide is found in ``slides``, else on a blank canvas, with a colour bar (colour ``scale``) and ``title``; a
     DICOM slide's tile annotations by ``dicom`` (when given); -> the names written."""
-    with out.write(f"{stem}_tiles.csv") as table, out.write(f"{stem}_tiles.h5") as h5:
-        tile_scores.write_tile_scores(table, h5, coords, scores, method, attrs)
-    written = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
+    written = tile_scores.write_tile_scores(out, stem, coords, scores, method, attrs)
     level0, side = tile_scores.level0_tiles(coords, attrs)  # STAMP's microns to level-0 pixels
     spread = bool(np.ptp(coords, axis=0).any())  # tiles at distinct places: something to draw
     if spread:
-        with out.write(f"{stem}_tiles.geojson") as tmp:
-            tile_scores.write_tile_geojson(tmp, level0, side, scores, method)
+        tile_scores.write_tile_geojson(out, f"{stem}_tiles.geojson", level0, side, scores, method)
         written.append(f"{stem}_tiles.geojson")
     slide = slide_of(attrs, slides)
     if slide is not None and dicom is not None and is_dicom(slide):

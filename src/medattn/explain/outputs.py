@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ..errors import UserError
-from ..outputs import save_dicts
+from ..outputs import OutputFolder
 from ..vocabulary import task_types
 
 #: The colour scales of a map (module docstring): ``full`` (default) or ``percentile``.
@@ -305,6 +304,7 @@ def output_columns(values, names: list[str], task_type: str) -> dict[str, str]:
     return task_types.of(task_type).row(values, names)
 
 
-def write_summary(path: Path, rows: list[dict]) -> None:
-    """One row per explained file (file, method, target, its outputs (:func:`output_columns`), outputs written)."""
-    save_dicts(path, rows, list(rows[0]))
+def write_summary(out: OutputFolder, rows: list[dict]) -> None:
+    """``summary.csv`` in ``out``: one row per explained file (file, method, target, its outputs
+    (:func:`output_columns`), outputs written)."""
+    out.save_dicts("summary.csv", rows, list(rows[0]))

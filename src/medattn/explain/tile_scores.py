@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..errors import writing
-from ..outputs import atomic, save_csv, save_json
+from ..outputs import OutputFolder
 from .outputs import colour_range
 
 #: Longest side of a tile heatmap drawn without a slide.
@@ -74,13 +73,14 @@ def coords_unit(attrs: dict | None) -> str:
     return "um" if str((attrs or {}).get("unit", "")) == "um" else "px"
 
 
-def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores: np.ndarray, method: str,
-                      attrs: dict | None = None) -> None:
-    """A bag's scores as a CSV and an HDF5 file. CSV columns (:data:`TILE_COLUMNS`): ``tile`` (the tile's index in
-    the bag), ``x``, ``y`` (its top-left corner as the bag stores it), ``coords_unit`` (of ``x`` and ``y``:
-    :func:`coords_unit`), ``x_level0_px``, ``y_level0_px`` (the corner in level-0 pixels, as the GeoJSON's polygons;
-    empty for microns in a bag without ``mpp``), ``score``. HDF5: datasets ``scores`` (N,) and ``coords`` (N, 2, as
-    the bag stores them), attributes ``method`` and ``coords_unit``."""
+def write_tile_scores(out: OutputFolder, stem: str, coords: np.ndarray, scores: np.ndarray, method: str,
+                      attrs: dict | None = None) -> list[str]:
+    """A bag's scores as ``<stem>_tiles.csv`` and ``<stem>_tiles.h5`` in ``out`` (-> their names). CSV columns
+    (:data:`TILE_COLUMNS`): ``tile`` (the tile's index in the bag), ``x``, ``y`` (its top-left corner as the bag
+    stores it), ``coords_unit`` (of ``x`` and ``y``: :func:`coords_unit`), ``x_level0_px``, ``y_level0_px`` (the
+    corner in level-0 pixels, as the GeoJSON's polygons; empty for microns in a bag without ``mpp``), ``score``.
+    HDF5: datasets ``scores`` (N,) and ``coords`` (N, 2, as the bag stores them), attributes ``method`` and
+    ``coords_unit``."""
     import h5py
 
     scores = np.asarray(scores, dtype=np.float32)
@@ -91,12 +91,15 @@ def write_tile_scores(csv_path: Path, h5_path: Path, coords: np.ndarray, scores:
     rows = [[index, f"{x:.10g}", f"{y:.10g}", unit, *("" if np.isnan(v) else f"{v:.10g}" for v in corner),
              f"{score:.7g}"]
             for index, ((x, y), corner, score) in enumerate(zip(coords.tolist(), level0, scores.tolist()))]
-    save_csv(csv_path, TILE_COLUMNS, rows)
-    with writing(h5_path), atomic(h5_path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("scores", data=scores)
-        f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
-        f.attrs["method"] = method
-        f.attrs["coords_unit"] = unit
+    names = [f"{stem}_tiles.csv", f"{stem}_tiles.h5"]
+    with out.write(names[1]) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("scores", data=scores)
+            f.create_dataset("coords", data=np.asarray(coords, dtype=np.float32))
+            f.attrs["method"] = method
+            f.attrs["coords_unit"] = unit
+        out.save_csv(names[0], TILE_COLUMNS, rows)  # the table in place just before the HDF5 is renamed
+    return names
 
 
 def level0_tiles(coords: np.ndarray, attrs: dict) -> tuple[np.ndarray, float]:
@@ -110,13 +113,14 @@ def level0_tiles(coords: np.ndarray, attrs: dict) -> tuple[np.ndarray, float]:
     return coords, tile_size(coords, attrs)
 
 
-def write_tile_geojson(path: Path, corners: np.ndarray, side: float, scores: np.ndarray, method: str) -> None:
-    """A GeoJSON FeatureCollection QuPath imports (File > Import objects): one square tile object per tile
-    (``objectType`` "tile"; polygon in level-0 pixels, corners (N, 2) top-left (x, y)) with its score as the
+def write_tile_geojson(out: OutputFolder, name: str, corners: np.ndarray, side: float, scores: np.ndarray,
+                       method: str) -> None:
+    """``name`` in ``out``: a GeoJSON FeatureCollection QuPath imports (File > Import objects): one square tile object
+    per tile (``objectType`` "tile"; polygon in level-0 pixels, corners (N, 2) top-left (x, y)) with its score as the
     measurement ``<method> score``."""
     features = [{"type": "Feature",
                  "geometry": {"type": "Polygon", "coordinates": [[[x, y], [x + side, y], [x + side, y + side],
                                                                   [x, y + side], [x, y]]]},
                  "properties": {"objectType": "tile", "measurements": {f"{method} score": float(score)}}}
                 for (x, y), score in zip(np.asarray(corners, dtype=np.float64).tolist(), np.asarray(scores).ravel())]
-    save_json(path, {"type": "FeatureCollection", "features": features}, indent=None)
+    out.save_json(name, {"type": "FeatureCollection", "features": features}, indent=None)
