@@ -17,6 +17,7 @@ from medattn.cli import main
 from medattn.data.kinds.bags import build_wsi_bags
 from medattn.data.provenance import collect, differences
 from medattn.data.readers.bags import write_bag
+from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint
 from medattn.train.loop import fit
 
@@ -27,7 +28,8 @@ TRAINED = {"extractor": "descriptor-A", "patch_size_um": 256.0, "patch_size_px":
 def bag(path, seed, attrs, layout="clam", width=WIDTH, tiles=12):
     rng = np.random.default_rng(seed)
     coords = np.stack(np.meshgrid(np.arange(4), np.arange(tiles // 4), indexing="ij"), -1).reshape(-1, 2) * 256
-    write_bag(path, rng.normal(size=(len(coords), width)).astype(np.float32), coords, attrs, layout)
+    write_bag(OutputFolder.within(path.parent), path.name, rng.normal(size=(len(coords), width)).astype(np.float32),
+              coords, attrs, layout)
     return path
 
 

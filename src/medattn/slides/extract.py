@@ -66,12 +66,13 @@ def check_layout(layout: str) -> None:
         raise UserError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
 
 
-def write_features(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
-    """Write a CLAM- or STAMP-layout HDF5 file (module docstring) atomically (temporary name, then rename) with the one
-    bag writer, :func:`medattn.data.readers.bags.write_bag`; ``coords`` (N, 2) level-0 px, ``attrs`` as
-    :func:`attributes` gives them."""
+def write_features(out: OutputFolder, name: str, features: np.ndarray, coords: np.ndarray, attrs: dict,
+                   layout: str = "clam") -> None:
+    """Write the CLAM- or STAMP-layout HDF5 file ``name`` (module docstring) in ``out`` atomically (temporary name,
+    then rename) with the one bag writer, :func:`medattn.data.readers.bags.write_bag`; ``coords`` (N, 2) level-0 px,
+    ``attrs`` as :func:`attributes` gives them."""
     check_layout(layout)
-    write_bag(path, features, coords, attrs, layout)
+    write_bag(out, name, features, coords, attrs, layout)
 
 
 def done(path: Path, attrs: dict, overwrite: bool = False) -> bool:
@@ -197,7 +198,8 @@ def extract_slide(path: Path, out_path: Path, extractor: Extractor, settings: Ti
     if patches.synthetic:  # the mark follows the data: the wsi_bags kind reads it (TaskInfo.synthetic)
         attrs[SYNTHETIC_ATTR] = True
     with writing(out_path):  # disk full, permissions: one line, and nothing is left under the final name
-        write_features(out_path, np.concatenate(features), np.concatenate(kept_coords), attrs, layout)
+        write_features(OutputFolder.within(Path(out_path).parent), Path(out_path).name, np.concatenate(features),
+                       np.concatenate(kept_coords), attrs, layout)  # the slide's file: its command checked the name
     if patches.tiled_dropped is not None:  # filtered when tiled: what `wsi tile` dropped, not the zeros seen here
         dropped = dict(patches.tiled_dropped)
     return int(sum(len(f) for f in features)), dropped

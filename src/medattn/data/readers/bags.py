@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...errors import UserError
-from ...outputs import atomic
+from ...outputs import OutputFolder
 from ..bag_rows import check_stored
 from ..files import check_regular
 
@@ -122,8 +122,10 @@ def bag_synthetic(path: Path) -> bool:
         return False
 
 
-def write_bag(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict, layout: str = "clam") -> None:
-    """Write a bag file atomically (a temporary name, then a rename: :func:`medattn.outputs.atomic`).
+def write_bag(out: OutputFolder, name: str, features: np.ndarray, coords: np.ndarray, attrs: dict,
+              layout: str = "clam") -> None:
+    """Write the bag file ``name`` in ``out`` atomically (a temporary name, then a rename:
+    :meth:`medattn.outputs.OutputFolder.write`; its policy decides whether ``name`` may be written).
 
     * ``clam``: ``features`` (N, F) float32 and ``coords`` (N, 2) int64, level-0 top-left (x, y) pixels;
     * ``stamp``: ``feats`` (N, F) float32 and ``coords`` (N, 2) float32 in microns (level-0 px x ``attrs["mpp"]``),
@@ -135,7 +137,7 @@ def write_bag(path: Path, features: np.ndarray, coords: np.ndarray, attrs: dict,
 
     if layout not in WRITTEN_LAYOUTS:
         raise ValueError(f"layout must be one of {WRITTEN_LAYOUTS}, got {layout!r}")
-    with atomic(path) as tmp, h5py.File(tmp, "w") as f:
+    with out.write(name) as tmp, h5py.File(tmp, "w") as f:
         if layout == "clam":
             f.create_dataset("features", data=np.asarray(features, dtype=np.float32))
             f.create_dataset("coords", data=np.asarray(coords, dtype=np.int64))

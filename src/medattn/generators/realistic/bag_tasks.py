@@ -58,7 +58,7 @@ def write_bags(folder: Path, labels: np.ndarray, acquisition, rng: np.random.Gen
         features, coords = _bag(image, label, rng, spec)
         name = f"slide_{i:04d}"
         # real tissue, SYNTHETIC findings: runs on these bags say SYNTHETIC (data.readers.bags)
-        write_bag(bags.path(f"{name}.h5"), features, coords, {"synthetic": True})
+        write_bag(bags, f"{name}.h5", features, coords, {"synthetic": True})
         rows.append((name, {"bag size": float(len(features))}))
     return rows
 
