@@ -36,10 +36,9 @@ PRIMITIVES = frozenset({"atomic", "save_text", "save_json", "save_csv", "save_di
 #: Modules of src/medattn (relative paths) that still write through a path primitive, with the primitives they use:
 #: the first hop of issue 50 is done (metrics, config, slide heatmaps, benches, caches, pretrain, eval's diagram,
 #: compare's figure, the report pages, results.json, the case pictures, survival calibration,
-#: explain's summary and tile files, bag files);
+#: explain's summary and tile files, bag and NIfTI files);
 #: these take a path from a long caller chain (a run folder's writers, explain's files, bag and volume writers).
 NOT_YET_CONVERTED: dict[str, frozenset[str]] = {
-    "data/readers/volumes.py": frozenset({"atomic"}),  # save_volume(path): deploy's label maps, generators
     "generators/slides.py": frozenset({"atomic"}),  # write_synthetic_slide(path): the slide generators
     "train/competing_objective.py": frozenset({"save_csv", "save_figure"}),  # run-folder report files
     "train/ordinal_objective.py": frozenset({"save_csv", "save_figure"}),  # run-folder report files

@@ -133,8 +133,7 @@ def write_label_map(labels: torch.Tensor, path: Path, prep: Preprocessing, out, 
     if prep.slice_axis is not None:
         labels = labels.movedim(-1, prep.slice_axis)
     array, affine = to_input_grid(labels, path, prep)
-    with out.write(label_map_name(path, prep, stem)) as tmp:
-        write_nifti(tmp, array, affine)
+    write_nifti(out, label_map_name(path, prep, stem), array, affine)
     if dicom is not None and is_dicom_series(path):
         dicom.write(array, affine, path, prep.output_names, out, stem)
     volumes = structure_volumes(array, affine, prep.num_outputs)

@@ -141,10 +141,8 @@ def inpaint_files(checkpoint_path: str | Path, volumes: list[Path], out_dir: Pat
                                     torch.equal(codes["output"], result["output"]))
             if warning:
                 log(f"WARNING: {path.name}: {warning}")
-        with out.write(f"{stem}_inpainted.nii.gz") as tmp:
-            write_nifti(tmp, result["output"].numpy(), image.affine)
-        with out.write(f"{stem}_mask.nii.gz") as tmp:
-            write_nifti(tmp, voxel_mask.numpy().astype(np.uint8), image.affine)
+        write_nifti(out, f"{stem}_inpainted.nii.gz", result["output"].numpy(), image.affine)
+        write_nifti(out, f"{stem}_mask.nii.gz", voxel_mask.numpy().astype(np.uint8), image.affine)
         rows.append({"case": stem, "method": method, "masked_tokens": int(unknown.sum()), **scores})
     out.save_dicts("scores.csv", rows, SCORE_FIELDS)
     return rows

@@ -274,8 +274,7 @@ class FileHeatmaps:
         from ..data.readers.volumes import native_grid, ras_grid, to_native_grid, write_nifti
 
         array, affine = to_native_grid(torch.as_tensor(relevance).float(), self.path, self.spacing)
-        with self.out.write(f"{self.stem}.nii.gz") as tmp:
-            write_nifti(tmp, array, affine)
+        write_nifti(self.out, f"{self.stem}.nii.gz", array, affine)
         spacing = self.spacing or ras_grid(*native_grid(self.path))[1]
         preview = outputs.volume_preview(volume, np.asarray(relevance), self.title, self.method, self.synthetic,
                                          affine=np.diag([*spacing, 1.0]), scale=self.colour_scale)

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...errors import UserError, writing
-from ...outputs import atomic
+from ...errors import UserError
+from ...outputs import OutputFolder
 from ..files import check_regular
 from ..transforms import Augmentation
 from .dicom_series import read_dicom_series, series_geometry
@@ -228,14 +228,15 @@ def to_native_grid(values: torch.Tensor, path: Path, spacing: tuple[float, ...] 
     return np.ascontiguousarray(ornt.apply_orientation(values.numpy(), back)), affine
 
 
-def write_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
-    """Save ``array`` as NIfTI with ``affine`` as its sform and qform (code 1, scanner space)."""
+def write_nifti(out: OutputFolder, name: str, array: np.ndarray, affine: np.ndarray) -> None:
+    """Save ``array`` as the NIfTI file ``name`` in ``out`` with ``affine`` as its sform and qform (code 1, scanner
+    space), atomically."""
     import nibabel as nib
 
     image = nib.Nifti1Image(array, affine)
     image.set_sform(affine, code=1)
     image.set_qform(affine, code=1)
-    with writing(path), atomic(path) as tmp:
+    with out.write(name) as tmp:
         nib.save(image, str(tmp))
 
 
