@@ -230,3 +230,16 @@ def test_a_volume_table_trains_and_predicts_an_ordinal_model(tmp_path):
     assert main(["predict", str(run), str(tmp_path / "v0.nii.gz"), "--out", str(tmp_path / "p.csv")]) == 0
     assert list(_check_predictions(tmp_path / "p.csv", names)[0])[1:6] == ["prob_low", "prob_mid", "prob_high",
                                                                            "pred_label", "expected_grade"]
+
+
+def test_compare_draws_each_metrics_chance_from_its_task_type(tmp_path):
+    from medattn.experiments.compare import plot_arms
+    from medattn.outputs import OutputFolder
+
+    def lines(metric: str) -> list[float]:
+        summary = {"metric": metric, "data": "d", "seeds": [0], "synthetic": False,
+                   "arms": [{"arm": "a", "per_seed": [0.4], "mean": 0.4, "status": "learned"}]}
+        axis = plot_arms(summary, OutputFolder(tmp_path, overwrite=True), f"{metric}.png")
+        return [line.get_ydata()[0] for line in axis.get_lines() if line.get_linestyle() == ":"]
+
+    assert lines("qwk") == [0.0] and lines("auroc") == [0.5] and lines("dice") == []

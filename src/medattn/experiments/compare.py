@@ -43,6 +43,7 @@ from medattn import metrics
 from medattn.errors import UserError, writing
 from medattn.outputs import OutputFolder
 from medattn.train.page import ABBREVIATIONS, number, write_page
+from medattn.vocabulary.task_types import TASK_TYPES
 
 from .runs import Job, check_summaries, ibs_of, learning_of, mean_std, mean_std_text, metric_of, read_cases, run_jobs
 
@@ -323,8 +324,9 @@ def plot_arms(summary: dict, folder: OutputFolder, name: str = "compare.png"):
                                        + ("" if a.get("start", "scratch") == "scratch"
                                           else f"\nfrom {Path(a['start']).name}") for a in arms], fontsize=8)
     axis.set_ylabel(f"test {label}")
-    if summary["metric"] in ("auroc", "c_index"):  # chance
-        axis.axhline(0.5, color="0.5", linestyle=":", linewidth=1)
+    chance = {kind.metric: kind.chance_score for kind in TASK_TYPES.values()}.get(summary["metric"])
+    if chance is not None:  # where a scorer unrelated to the labels lands (TaskType.chance_score)
+        axis.axhline(chance, color="0.5", linestyle=":", linewidth=1)
     axis.set_title(f"{summary['data']}: mean over seeds {summary['seeds']} (points: seeds)"
                    + (" [SYNTHETIC data]" if summary["synthetic"] else ""), fontsize=9)
     fig.tight_layout()
