@@ -30,10 +30,10 @@ besides the checkpoint writer (:mod:`medattn.runtime.checkpoint`) and train's ru
 :meth:`OutputFolder.within`. A format's own writer (PIL, nibabel, h5py, tifffile, torch.export) writes the temporary
 path :meth:`OutputFolder.write` hands out.
 
-The path primitives (:func:`atomic`, :func:`save_text`, :func:`save_json`, :func:`save_csv`, :func:`save_dicts`,
-:func:`append_csv`, :func:`save_figure`, :func:`save_image`, :func:`remove`) decide nothing: the policy's internals,
-left public only for the writers not yet converted, which ``tests/house/test_one_writer.py`` lists (a list that only
-shrinks); the names with a leading underscore are this module's alone.
+The path primitives (:func:`atomic`, :func:`save_csv`, :func:`save_dicts`, :func:`append_csv`, :func:`save_figure`,
+:func:`remove`) decide nothing: the policy's internals, left public only for the writers not yet converted, which
+``tests/house/test_one_writer.py`` lists (a list that only shrinks); the names with a leading underscore
+(``_save_text``, ``_safe_name``, ``_temporary_name``, ...) are this module's alone.
 """
 
 from __future__ import annotations
@@ -94,16 +94,11 @@ def atomic(path: str | Path) -> Iterator[Path]:
             tmp.unlink()
 
 
-def save_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+def _save_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     """Write ``text`` to ``path`` atomically; an OS error is a one-line UserError naming ``path``."""
     with writing(path), atomic(path) as tmp:
         tmp.write_text(text, encoding=encoding)
     return Path(path)
-
-
-def save_json(path: str | Path, value, indent: int | None = 1, **options) -> Path:
-    """``value`` as JSON (``json.dumps(value, indent=indent, **options)``), atomically."""
-    return save_text(path, json.dumps(value, indent=indent, **options))
 
 
 #: The one CSV dialect of every file medattn writes: the csv module's (comma, minimal quoting) with lines ended by
@@ -134,12 +129,12 @@ def _dicts_text(rows: Iterable[dict], fields: Sequence[str], header: bool = True
 
 def save_csv(path: str | Path, header: Sequence | None, rows: Iterable[Sequence]) -> Path:
     """A CSV file of ``header`` and ``rows``, atomically."""
-    return save_text(path, _csv_text(header, rows))
+    return _save_text(path, _csv_text(header, rows))
 
 
 def save_dicts(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
     """A CSV file of ``rows`` (mappings) with the columns ``fields``, atomically."""
-    return save_text(path, _dicts_text(rows, fields))
+    return _save_text(path, _dicts_text(rows, fields))
 
 
 def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) -> Path:
@@ -149,7 +144,7 @@ def append_csv(path: str | Path, rows: Iterable[dict], fields: Sequence[str]) ->
     path = Path(path)
     with writing(path):
         old = path.read_text(encoding="utf-8") if path.exists() else ""
-    return save_text(path, old + _dicts_text(rows, fields, header=not old))
+    return _save_text(path, old + _dicts_text(rows, fields, header=not old))
 
 
 def save_figure(path: str | Path, fig, **options) -> Path:
@@ -157,13 +152,6 @@ def save_figure(path: str | Path, fig, **options) -> Path:
     options.setdefault("format", Path(path).suffix.lstrip(".") or None)
     with writing(path), atomic(path) as tmp:
         fig.savefig(tmp, **options)
-    return Path(path)
-
-
-def save_image(path: str | Path, image, **options) -> Path:
-    """A PIL image (``image.save(options)``; the format from ``path``'s suffix unless given), atomically."""
-    with writing(path), atomic(path) as tmp:
-        image.save(tmp, **options)
     return Path(path)
 
 

@@ -30,8 +30,10 @@ PACKAGE = ROOT / "src" / "medattn"
 OUTPUTS = "medattn.outputs"
 
 #: The public path primitives of medattn.outputs: they write to any path and decide nothing.
-PRIMITIVES = frozenset({"atomic", "save_text", "save_json", "save_csv", "save_dicts", "append_csv", "save_figure",
-                        "save_image", "remove"})
+PRIMITIVES = frozenset({"atomic", "save_csv", "save_dicts", "append_csv", "save_figure", "remove"})
+#: The former primitives made private once no writer outside the module used them: each a leading underscore or gone.
+MADE_PRIVATE = frozenset({"save_text", "save_json", "save_image", "atomic_write", "file_stem", "safe_name",
+                          "temporary_name", "csv_text", "dicts_text"})
 
 #: Modules of src/medattn (relative paths) that still write through a path primitive, with the primitives they use:
 #: the first hop of issue 50 is done (metrics, config, slide heatmaps, benches, caches, pretrain, eval's diagram,
@@ -150,6 +152,7 @@ def test_the_output_module_names_no_primitive_it_lacks():
     code = (PACKAGE / "outputs.py").read_text(encoding="utf-8")
     defined = {node.name for node in ast.parse(code).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     assert PRIMITIVES <= defined and "OutputFolder" in defined
+    assert defined & MADE_PRIVATE == set()
 
 
 # --- the checkers fail where they should -----------------------------------------------------------------------
@@ -173,10 +176,10 @@ def test_the_reader_finds_every_use(code, module, expected):
 def test_a_planted_private_use_and_a_new_primitive_user_fail(tmp_path):
     package = tmp_path / "src" / "medattn"
     (package / "data").mkdir(parents=True)
-    (package / "data" / "sneaky.py").write_text("from ..outputs import _safe_name, save_json\n")
+    (package / "data" / "sneaky.py").write_text("from ..outputs import _safe_name, save_csv\n")
     used = uses_of_outputs((package / "data" / "sneaky.py").read_text(), "medattn.data.sneaky")
-    assert used == {"_safe_name", "save_json"}
-    assert primitive_users(package) == {"data/sneaky.py": frozenset({"save_json"})}
+    assert used == {"_safe_name", "save_csv"}
+    assert primitive_users(package) == {"data/sneaky.py": frozenset({"save_csv"})}
 
 
 def test_a_planted_save_in_a_metrics_module_fails(tmp_path):

@@ -55,8 +55,8 @@ def violations(package: Path = PACKAGE) -> list[str]:
 
 
 def test_only_the_output_module_writes_files():
-    assert violations() == [], ("write through medattn.outputs (OutputFolder, or its primitives atomic, "
-                                "save_text, save_json, save_csv, save_figure, save_image, remove)")
+    assert violations() == [], ("write through medattn.outputs.OutputFolder (the command's, or "
+                                "OutputFolder.within(folder) for a folder whose policy its caller applied)")
 
 
 def test_every_scratch_entry_is_used():

@@ -150,7 +150,7 @@ def test_the_recorder_hears_a_planted_write(tmp_path, monkeypatch):
     def planted():
         with open(tmp_path / "out" / "planted.txt", "w") as handle:  # inside the folder, but not by the policy
             handle.write("x")
-        outputs.save_text(tmp_path / "elsewhere.txt", "x")  # by the policy, outside the folder
+        outputs.OutputFolder(tmp_path).save_text("elsewhere.txt", "x")  # by the policy, outside the folder
         return listed()
 
     (tmp_path / "out").mkdir()
