@@ -97,8 +97,8 @@ def draw(table: dict, path: Path) -> None:
     sizes = [int(s) for s in table]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for arm in ARMS:
-        mean = [table[str(s)][arm]["mean_std"][0] for s in sizes]
-        std = [table[str(s)][arm]["mean_std"][1] for s in sizes]
+        mean = [table[str(s)][arm]["mean_std"]["mean"] for s in sizes]
+        std = [table[str(s)][arm]["mean_std"]["std"] or 0.0 for s in sizes]
         ax.errorbar(sizes, mean, yerr=std, marker="o", capsize=3, label=arm)
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(s) for s in sizes])
@@ -125,14 +125,16 @@ def main() -> None:
         for seed in args.seeds:
             for arm in ARMS:
                 run(args.task, args.pretrain, args.out, size, seed, arm, args.overrides)
+    from medattn.experiments.runs import mean_std_text
+
     table = summarise(args.out, args.sizes, args.seeds, args.resamples)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "label_efficiency.json").write_text(json.dumps(table, indent=1, default=float))
     draw(table, args.out / "label_efficiency.png")
     for size, row in table.items():
         boot = row["paired_bootstrap"]
-        print(f"n={size}: scratch {row['scratch']['mean_std'][0]:.3f} ({row['scratch']['mean_std'][1]:.3f}), "
-              f"pretrained {row['pretrained']['mean_std'][0]:.3f} ({row['pretrained']['mean_std'][1]:.3f}); "
+        print(f"n={size}: scratch {mean_std_text(row['scratch']['mean_std'])}, "
+              f"pretrained {mean_std_text(row['pretrained']['mean_std'])}; "
               f"paired t p {row['paired_t']['p_value']}, "
               f"bootstrap difference {boot.get('difference', float('nan')):+.3f} "
               f"p {boot.get('p_value')}; did not learn {row['scratch']['did_not_learn']} / "
