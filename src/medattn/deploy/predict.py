@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
+
 from medattn.data.base import collate
 from medattn.data.preprocessing import inference_dataset, segments_whole_volumes
 from medattn.outputs import OutputFolder
 from medattn.runtime import learned
 from medattn.runtime.threshold import resolve_thresholds
 from medattn.vocabulary import task_types
-from torch.utils.data import DataLoader
 
 from .format import learning_of
 from .runtime import Runner

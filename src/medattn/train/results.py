@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from medattn.data import input_kinds
 from medattn.data.base import DataBundle, dataset_labels
 from medattn.errors import UserError, writing
@@ -21,7 +23,6 @@ from medattn.runtime import checkpoint, distributed
 from medattn.runtime.predictor import Predictor
 from medattn.survival_plots import time_axis_label
 from medattn.vocabulary import task_types
-from torch import nn
 
 from . import report, verdict
 from .objectives import objective_for
@@ -102,11 +103,10 @@ def reader_facts(run_dir: Path, task, test, ci: float) -> dict:
     checkpoint), as ``medattn eval`` reports it."""
     import datetime
 
+    import medattn
     from medattn.clinical_metrics import operating_point
     from medattn.runtime.threshold import stored_thresholds
     from medattn.runtime.trained import model_id, weights_sha256
-
-    import medattn
 
     best = checkpoint.resolve(run_dir / "checkpoints" / "best")
     meta = checkpoint.load_meta(best)

@@ -66,8 +66,8 @@ def training_reference(model, config: dict, bundle, objective, device, progress:
     the test split is (every rank takes part; ``config["eval"].get("risk_quantile", 0.5)`` cuts the groups)."""
     from medattn.runtime.predictor import Predictor
 
-    from .loaders import make_loader
-    from .scoring import predict
+    from .predictions import predict
+    from .sampling import make_loader
 
     train_cfg = config["train"]
     loader = make_loader(plain_training_set(bundle), train_cfg["eval_batch_size"] or train_cfg["batch_size"], False,
