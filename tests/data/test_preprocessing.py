@@ -11,7 +11,7 @@ from PIL import Image
 
 from medattn.cli import main
 from medattn.data import build_datasets
-from medattn.data.preprocessing import Preprocessing, differences, from_dict, inference_dataset
+from medattn.data.preprocessing import Preprocessing, differences, from_dict, inference_dataset, stated_task
 from medattn.errors import UserError
 
 
@@ -105,7 +105,7 @@ def test_round_trip_and_shapes_of_packaged_kinds(kind):
     cfg = {"kind": kind, "num_samples": [2, 2, 2]}
     bundle = build_datasets(cfg)
     task, prep = bundle.task, bundle.preprocessing
-    assert prep.input_shape == tuple(task.input_shape) and prep.task() == task
+    assert prep.input_shape == tuple(task.input_shape) and stated_task(prep) == task
     assert from_dict(json.loads(json.dumps(prep.to_dict())), "x") == prep
 
 

@@ -11,7 +11,7 @@ import torch
 
 from medattn.attention import available_attentions
 from medattn.attention.base import Attention
-from medattn.data.preprocessing import Preprocessing
+from medattn.data.preprocessing import Preprocessing, stated_task
 from medattn.deploy import Deployable, export_model, read_metadata
 from medattn.deploy.format import metadata
 from medattn.errors import UserError
@@ -50,7 +50,7 @@ def _prep(preset: str) -> Preprocessing:
 
 def _model(preset: str, mechanism: str | None):
     torch.manual_seed(0)
-    model = build_model({"name": preset, "attention": mechanism, "kwargs": {}}, _prep(preset).task())
+    model = build_model({"name": preset, "attention": mechanism, "kwargs": {}}, stated_task(_prep(preset)))
     for module in model.modules():
         if isinstance(module, Attention):
             randomize_norm_affines(module)  # non-trivial norm weights, so statistics paths are exercised
@@ -92,7 +92,7 @@ def test_onnx_matches_onnxruntime(preset, mechanism, tmp_path):
 def test_permutohedral_models_are_refused_in_one_line(preset, tmp_path):
     kind, shape = "volume3d", (1, 16, 16, 8)
     prep = Preprocessing("test", kind, "segmentation", 2, ("bg", "fg"), shape)
-    model = build_model({"name": preset, "attention": None, "kwargs": {}}, prep.task()).eval()
+    model = build_model({"name": preset, "attention": None, "kwargs": {}}, stated_task(prep)).eval()
     with pytest.raises(UserError, match="cannot export this model to onnx: PAM: the permutohedral lattice") as error:
         export_model(model, prep, "onnx", tmp_path / "m.onnx", {})
     assert "\n" not in str(error.value) and not (tmp_path / "m.onnx").exists()

@@ -23,7 +23,7 @@ from torch.utils.data import Subset
 from medattn.catalogue import UNLABELLED_KINDS
 from medattn.config import load_config
 from medattn.data import available_data_kinds, build_datasets, collate
-from medattn.data.preprocessing import inference_dataset
+from medattn.data.preprocessing import inference_dataset, stated_task
 from medattn.deploy.predict import predict_files
 from medattn.deploy.runtime import open_model
 from medattn.errors import UserError
@@ -237,7 +237,7 @@ def _inputs(kind: str, kinds: dict) -> list[tuple[Path, ...]]:
 def test_a_file_prepared_for_predict_is_the_tensor_training_built(kind, kinds):
     _, bundle, _ = kinds[kind]
     prep = bundle.preprocessing
-    assert prep is not None and prep.task() == bundle.task
+    assert prep is not None and stated_task(prep) == bundle.task
     dataset = inference_dataset(prep, _inputs(kind, kinds))
     for i in range(CASES):
         trained, predicted = bundle.test[i]["input"], dataset[i]["input"]

@@ -19,7 +19,7 @@ import torch
 from medattn.data import input_kinds
 from medattn.data.base import INPUT_KINDS, TaskInfo, collate
 from medattn.data.input_kinds import KINDS, Heatmaps
-from medattn.data.preprocessing import Preprocessing, from_dict, inference_dataset, items
+from medattn.data.preprocessing import Preprocessing, from_dict, inference_dataset, items, stated_task
 from medattn.errors import UserError
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "medattn"
@@ -137,7 +137,7 @@ def test_a_model_of_another_contract_is_refused(case):
     kind, _, prep, _, _ = case
     other = next(name for name, row in TINY.items() if KINDS[name].contract != kind.contract)
     with pytest.raises(UserError, match=f"takes .* but the data gives {kind.name} inputs"):
-        build_model({"name": TINY[other][0]}, prep.task())
+        build_model({"name": TINY[other][0]}, stated_task(prep))
 
 
 def test_example_inputs_run_through_the_model_and_export_under_the_names_deploy_checks(case):

@@ -28,7 +28,7 @@ from ..vocabulary.task_types import task_type
 from .input_kinds import KINDS
 
 if TYPE_CHECKING:
-    from .preprocessing import Preprocessing
+    from ..vocabulary.preprocessing import Preprocessing
 
 #: The stored names of the task types (:mod:`medattn.vocabulary.task_types`, where each is a class).
 TASK_TYPES = tuple(TYPES)
@@ -80,7 +80,7 @@ class DataBundle:
     ``warnings`` are sentences about defaults that may not fit the data (printed and kept in results.json);
     ``defaults`` the values a default chose for keys the config left out (``{"data.augment": "strong"}``),
     recorded with the run; ``preprocessing`` what the builder applied to a file to make an evaluation input
-    (:class:`~medattn.data.preprocessing.Preprocessing`), stored with every checkpoint for predict and export;
+    (:class:`~medattn.vocabulary.preprocessing.Preprocessing`), stored with every checkpoint for predict and export;
     ``features`` the provenance of a bag cohort's training features (:func:`medattn.data.provenance.collect`),
     stored with the checkpoint so that eval, predict and explain refuse bags made otherwise."""
 

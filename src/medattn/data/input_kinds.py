@@ -38,7 +38,7 @@ import torch
 if TYPE_CHECKING:
     from torch import nn
 
-    from .preprocessing import Preprocessing
+    from ..vocabulary.preprocessing import Preprocessing
 
 #: The largest size of a dynamic axis of an exported graph.
 MAX_DIM = 1 << 20

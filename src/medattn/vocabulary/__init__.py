@@ -9,4 +9,7 @@ look a noun up here instead of comparing its name.
   :data:`~medattn.vocabulary.task_types.TASK_TYPES`; :func:`~medattn.vocabulary.task_types.task_type` looks one up.
 * :mod:`medattn.vocabulary.record`: :class:`~medattn.vocabulary.record.Record`, one sample before loading (the leaf
   data type the label parsers, table readers and readers of one file name).
+* :mod:`medattn.vocabulary.preprocessing`: :class:`~medattn.vocabulary.preprocessing.Preprocessing`, the description
+  of how a file becomes a model's input (stored with every checkpoint; :mod:`medattn.data.preprocessing` checks a
+  stored one and reads files as it says).
 """
