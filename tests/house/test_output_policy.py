@@ -19,7 +19,7 @@ removes or creates a file or a folder (an opener with a mode that writes, ``os.o
 
 Each checker is also fed planted snippets (:data:`BAD`, every form above), so that it is seen to fail, and
 read-only look-alikes (:data:`GOOD`). The behavioural half (every command run twice into one folder holding a user's
-file, each write heard by an audit hook, ``tests/write_audit.py``) is ``tests/runtime/test_output_commands.py``.
+file, each write heard by an audit hook, ``tests/write_audit.py``) is ``tests/core/test_output_commands.py``.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ CASES = {
 #: Commands that write a folder but cannot run in seconds here: the test that runs them twice into one folder.
 ELSEWHERE = {
     "inpaint": "needs a trained VQ-AE and transformer (minutes): refusal, --overwrite and distinct stems in "
-               "tests/diffusion/test_diffusion_cli.py and tests/runtime/test_outputs.py",
+               "tests/diffusion/test_diffusion_cli.py and tests/core/test_outputs.py",
     "pretrain": "a run folder of train.rundir (the same transaction as train, tested here): refusal, --resume and "
                 "--overwrite in tests/pretrain/test_pretrain.py",
 }
