@@ -83,12 +83,16 @@ class Survival:
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
         """The batch's Cox loss (a fitted ``discrete_time`` objective: the logistic-hazard loss, the batch mean);
-        ``per_sample``: the Cox loss repeated (B,) (the partial likelihood does not split into per-sample terms),
-        so a split's loss is the mean of its batches' losses weighted by their sizes, whatever trained the model."""
+        ``per_sample``: (B,) the logistic-hazard loss of each sample (it splits into per-sample terms), or the Cox
+        loss repeated (the partial likelihood does not split), so a split's loss is the mean of its batches' losses
+        weighted by their sizes (a validation split scored one bag at a time has a Cox loss of 0 in every batch)."""
         labels, risk = labels.float(), logits[:, 0].float()
-        if self.baseline is not None and not per_sample:
-            bins = torch.from_numpy(time_bin_index(labels[:, 0].cpu().double().numpy(), self.edges))
-            return logistic_hazard_loss(risk, bins.to(risk.device), labels[:, 1], self.baseline)
+        if self.baseline is not None:
+            bins = torch.from_numpy(time_bin_index(labels[:, 0].cpu().double().numpy(), self.edges)).to(risk.device)
+            if not per_sample:
+                return logistic_hazard_loss(risk, bins, labels[:, 1], self.baseline)
+            return torch.stack([logistic_hazard_loss(risk[i:i + 1], bins[i:i + 1], labels[i:i + 1, 1], self.baseline)
+                                for i in range(len(risk))])
         loss = cox_partial_likelihood(risk, labels[:, 0], labels[:, 1])
         return loss.expand(len(logits)) if per_sample else loss
 
