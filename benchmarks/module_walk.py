@@ -72,6 +72,7 @@ def main() -> None:
     result = walk(record(argv), args.depth)
     result["command"] = ["medattn", *argv]
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
     print(f"medattn {' '.join(argv)}: {len(result['modules_in_order'])} modules in {len(result['units'])} units, "
           f"{result['package_changes']} package changes")

@@ -19,6 +19,7 @@ from medattn.cli import main  # noqa: E402
 from medattn.data import build_datasets  # noqa: E402
 from medattn.data.readers.bags import read_slide  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
+from medattn.generators.slides import write_synthetic_cohort  # noqa: E402
 from medattn.outputs import OutputFolder  # noqa: E402
 from medattn.slides import (  # noqa: E402
     MacenkoNormalizer,
@@ -30,7 +31,6 @@ from medattn.slides import (  # noqa: E402
     rank_and_world,
     shard,
     tile_slide,
-    write_synthetic_cohort,
     write_tiles,
 )
 from medattn.slides.stain import IO, REFERENCE_STAINS  # noqa: E402

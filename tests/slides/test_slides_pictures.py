@@ -14,7 +14,7 @@ pytest.importorskip("openslide")
 pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
-from medattn.generators.slides import render, write_pyramid  # noqa: E402
+from medattn.generators.slides import render, write_pyramid, write_synthetic_cohort, write_synthetic_slide  # noqa: E402  # noqa: E402
 from medattn.slides import (  # noqa: E402
     bag_is_synthetic,
     draw_grid,
@@ -24,8 +24,6 @@ from medattn.slides import (  # noqa: E402
     open_slide,
     prediction_text,
     slide_overlay,
-    write_synthetic_cohort,
-    write_synthetic_slide,
 )
 from medattn.slides.figures import NO_SCALE, TILE_OUTLINE, outline_width, scale_bar  # noqa: E402
 from medattn.slides.tiling import COLOURS  # noqa: E402

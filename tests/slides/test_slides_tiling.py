@@ -12,6 +12,7 @@ pytest.importorskip("tifffile")
 
 from medattn.cli import main  # noqa: E402
 from medattn.errors import UserError  # noqa: E402
+from medattn.generators.slides import write_synthetic_slide  # noqa: E402
 from medattn.slides import (  # noqa: E402
     TileSettings,
     best_level,
@@ -26,7 +27,6 @@ from medattn.slides import (  # noqa: E402
     tile_slide,
     tissue_mask,
     white_fraction,
-    write_synthetic_slide,
     write_tiles,
 )
 from medattn.slides.tiling import COLOURS  # noqa: E402
