@@ -442,6 +442,7 @@ def test_a_per_case_csv_keeps_the_values_its_metric_was_computed_from(task, tmp_
     """Follow-up times in minutes (three years: 1.5 million) or a target of seven digits: the CSV's values must be
     the float32 values scored, else two patients 3 minutes apart are written tied and the C-index recomputed from the
     CSV drops their pair; a target spread over units of a million is written as a constant."""
+    from medattn.outputs import OutputFolder
     from medattn.train.predictions import Predictions
     from medattn.train.report import write_risks, write_values
 
@@ -450,11 +451,11 @@ def test_a_per_case_csv_keeps_the_values_its_metric_was_computed_from(task, tmp_
     ids = [f"c{i}" for i in range(8)]
     if task == "survival":
         pred = Predictions(ids, ids, outputs, np.stack([values, np.ones(8, np.float32)], 1), 0.0)
-        write_risks(pred, tmp_path / "p.csv")
+        write_risks(pred, OutputFolder.within(tmp_path), "p.csv")
         written = [float(r["time"]) for r in _rows(tmp_path / "p.csv")]
     else:
         pred = Predictions(ids, ids, values[:, None] + outputs, values[:, None], 0.0)
-        write_values(pred, ["cost"], tmp_path / "p.csv")
+        write_values(pred, ["cost"], OutputFolder.within(tmp_path), "p.csv")
         written = [float(r["true_cost"]) for r in _rows(tmp_path / "p.csv")]
     assert written == values.tolist()
 

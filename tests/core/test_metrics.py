@@ -138,10 +138,11 @@ def test_training_scores_with_patient_clusters(tmp_path):
 
 
 def test_training_curves_mark_the_kept_epoch(tmp_path):
+    from medattn.outputs import OutputFolder
     from medattn.train.report import plot_curves
 
     rows = [{"epoch": e, "train_loss": 1 / e, "val_loss": 1 / e + 0.1, "val_auroc": 0.5 + e / 10} for e in (1, 2, 3)]
-    loss, score = plot_curves(rows, "val_auroc", tmp_path / "c.png", "t", best_epoch=2)
+    loss, score = plot_curves(rows, "val_auroc", OutputFolder.within(tmp_path), "t", best_epoch=2, name="c.png")
     for axis in (loss, score):
         marks = [line for line in axis.get_lines() if list(line.get_xdata()) == [2, 2]]
         assert len(marks) == 1 and marks[0].get_linestyle() == "--"

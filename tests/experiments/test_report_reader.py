@@ -37,23 +37,21 @@ def run(tmp_path_factory):
     """One tiny 2-epoch run, with every figure saved checked for clipped titles and every heatmap heading kept."""
     from medattn import outputs
     from medattn.explain import cases
-    from medattn.train import report
 
     patch = pytest.MonkeyPatch()
     clipped, headings = {}, []
-    original = outputs.save_figure
+    original = outputs.OutputFolder.save_figure
 
-    def checked(path, fig, **kwargs):
-        clipped[str(path).rsplit("/", 1)[-1]] = _titles_inside(fig)
-        return original(path, fig, **kwargs)
+    def checked(self, name, fig, **kwargs):  # every figure a writer saves through its folder
+        clipped[str(name).rsplit("/", 1)[-1]] = _titles_inside(fig)
+        return original(self, name, fig, **kwargs)
 
     class Recorded(cases.CasePictures):
         def __init__(self, title, *args):
             headings.append(title)
             super().__init__(title, *args)
 
-    patch.setattr(outputs, "save_figure", checked)
-    patch.setattr(report, "save_figure", checked)
+    patch.setattr(outputs.OutputFolder, "save_figure", checked)
     patch.setattr(cases, "CasePictures", Recorded)
     folder = tmp_path_factory.mktemp("reader") / "run"
     argv = [a for a in TINY if not a.startswith("train.epochs")]
@@ -110,10 +108,11 @@ def test_labels_print_as_class_names(run):
 
 
 def test_epoch_ticks_are_whole_numbers(tmp_path):
+    from medattn.outputs import OutputFolder
     from medattn.train.report import plot_curves
 
     rows = [{"epoch": e, "train_loss": 1 / e, "val_loss": 1.1 / e, "val_auroc": 0.5 + e / 10} for e in (1, 2)]
-    for axis in plot_curves(rows, "val_auroc", tmp_path / "curves.png", LONG, best_epoch=2):
+    for axis in plot_curves(rows, "val_auroc", OutputFolder.within(tmp_path), LONG, best_epoch=2, name="curves.png"):
         low, high = axis.get_xlim()
         ticks = [t for t in axis.get_xticks() if low <= t <= high]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks

@@ -38,13 +38,10 @@ MADE_PRIVATE = frozenset({"save_text", "save_json", "save_image", "atomic_write"
 #: Modules of src/medattn (relative paths) that still write through a path primitive, with the primitives they use:
 #: the first hop of issue 50 is done (metrics, config, slide heatmaps, benches, caches, pretrain, eval's diagram,
 #: compare's figure, the report pages, results.json, the case pictures, survival calibration,
-#: explain's summary and tile files, bag and NIfTI files);
-#: these take a path from a long caller chain (a run folder's writers, explain's files, bag and volume writers).
+#: explain's summary and tile files, bag and NIfTI files, the task types' split writers and a run's metrics.csv and
+#: training curves); these take a path from a long caller chain (the slide generators, the run-folder transaction).
 NOT_YET_CONVERTED: dict[str, frozenset[str]] = {
     "generators/slides.py": frozenset({"atomic"}),  # write_synthetic_slide(path): the slide generators
-    "train/competing_objective.py": frozenset({"save_csv", "save_figure"}),  # run-folder report files
-    "train/ordinal_objective.py": frozenset({"save_csv", "save_figure"}),  # run-folder report files
-    "train/report.py": frozenset({"append_csv", "save_csv", "save_dicts", "save_figure"}),  # a run's report files
     "train/rundir.py": frozenset({"remove"}),  # the run-folder transaction itself (a writer of its own)
 }
 

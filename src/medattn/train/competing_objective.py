@@ -19,14 +19,13 @@ training reference of :mod:`medattn.train.survival_report`; without one, this sp
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from medattn import metrics_competing
 from medattn.data.base import TaskInfo
 from medattn.metrics import UndefinedMetricError
+from medattn.outputs import OutputFolder
 
 from .competing_loss import cause_specific_cox
 from .predictions import Predictions, refuse_classification_options
@@ -155,39 +154,37 @@ class CompetingRisks:
         return [float(low), float(high)]
 
 
-def write_competing(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_competing(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                     time_label: str) -> None:
     """``predictions_<split>.csv`` (id, patient, time, event = the cause, ``risk_<cause>`` per cause, the cause-1
     risk group) and ``cif_<split>.png`` where the split has an event of cause 1."""
     from medattn.metrics_survival import risk_groups
-    from medattn.outputs import save_csv
 
     risk, time, cause = _columns(pred)
     names = cause_names(task, risk.shape[1])
     high = risk_groups(risk[:, 0], result.get("risk_groups", {}).get("cut"))
     rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:.9g}", int(cause[i]),
              *[f"{v:.6f}" for v in risk[i]], "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
-    save_csv(out_dir / f"predictions_{split}.csv",
-             ["id", "patient", "time", "event", *[f"risk_{n}" for n in names], "risk_group"], rows)
+    folder.save_csv(f"predictions_{split}.csv",
+                    ["id", "patient", "time", "event", *[f"risk_{n}" for n in names], "risk_group"], rows)
     if (cause == 1).any():
         first = result.get("causes", {}).get(names[0], {})
         value = "undefined" if first.get("c_index") is None else f"{first['c_index']:.3f}"
         if first.get("ci_low") is not None:
             value += f" (95% CI {first['ci_low']:.3f} to {first['ci_high']:.3f})"
         title = f"{heading}: cause-specific C-index of {names[0]} {value}, n={len(time)}"
-        _plot_incidence(time, cause, high, names[0], out_dir / f"cif_{split}.png",
+        _plot_incidence(time, cause, high, names[0], folder, f"cif_{split}.png",
                         title + (" (SYNTHETIC data)" if task.synthetic else ""), time_label,
                         "training" if "cut" in result.get("risk_groups", {}) else "this split's")
 
 
-def _plot_incidence(time: np.ndarray, cause: np.ndarray, high: np.ndarray, name: str, path: Path, title: str,
-                    time_label: str, cut_from: str) -> None:
+def _plot_incidence(time: np.ndarray, cause: np.ndarray, high: np.ndarray, name: str, folder: OutputFolder,
+                    file: str, title: str, time_label: str, cut_from: str) -> None:
     """``cif_<split>.png``: the Aalen-Johansen cumulative incidence of cause 1 in the high- and low-risk groups."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from medattn.metrics import wrap_title
-    from medattn.outputs import save_figure
     from medattn.survival_plots import events_text
 
     fig = Figure(figsize=(5.5, 4.2))
@@ -206,4 +203,4 @@ def _plot_incidence(time: np.ndarray, cause: np.ndarray, high: np.ndarray, name:
               title_fontsize=8)
     ax.set_title(wrap_title(title, 60), fontsize=9)
     fig.tight_layout()
-    save_figure(path, fig, dpi=100)
+    folder.save_figure(file, fig, dpi=100)

@@ -94,7 +94,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
     if distributed.is_main():
         with writing(out):
             survival = load_reference(default_root) if task_types.of(data_task.task_type).events else None  # issue 51
-            result = score_split(pred, data_task, split, out, config["eval"], config["seed"], survival=survival,
+            result = score_split(pred, data_task, split, target, config["eval"], config["seed"], survival=survival,
                                  time_label=time_axis_label(config["data"].get("time_column")))
             if objective.outputs_are_probabilities:  # classification: calibration, operating point, per patient
                 ci = config["eval"]["ci"]
@@ -102,7 +102,7 @@ def evaluate(checkpoint: str | Path, config: dict, *, split: str = "test", out: 
                 if per_patient:
                     patients = aggregate(pred, data_task.task_type, per_patient)
                     name = f"{split}_patients"
-                    scored = score_split(patients, data_task, name, out, config["eval"], config["seed"])
+                    scored = score_split(patients, data_task, name, target, config["eval"], config["seed"])
                     result["per_patient"] = {"aggregation": per_patient, **scored, **clinical(
                         patients, scored, data_task, name, target, trained.thresholds, config["eval"]["ci"])}
             result.update(checkpoint=str(folder), device=str(where), data=config["data"],

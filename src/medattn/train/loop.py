@@ -43,6 +43,7 @@ from medattn.allocator import keep_freed_memory
 from medattn.config import validate
 from medattn.data.base import DataBundle
 from medattn.errors import UserError
+from medattn.outputs import OutputFolder
 from medattn.runtime import distributed
 from medattn.runtime.device import open_device
 from medattn.text import bars_off
@@ -183,7 +184,7 @@ def _run_epochs(run: _Run, run_dir: Path, device: torch.device, progress: bool,
         if is_best:
             state["best_score"], state["best_loss"], state["best_epoch"] = val.score, val.loss, epoch
         if distributed.is_main():  # metrics first: a resumed run drops rows later than its checkpoint
-            report.append_metrics(run_dir / "metrics.csv", row, training.fields)
+            report.append_metrics(OutputFolder.within(run_dir), row, training.fields)
             if scalars is not None:
                 scalars.add(row)
             save_checkpoints(run_dir, training, built, run.optimizer, state, evaluated, val.meta, is_best)

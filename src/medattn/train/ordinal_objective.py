@@ -18,8 +18,6 @@ cumulative split y > k; the confusion counts.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -27,7 +25,7 @@ import torch.nn.functional as F
 from medattn import metrics_ordinal
 from medattn.data.base import TaskInfo
 from medattn.metrics import UndefinedMetricError
-from medattn.outputs import save_csv, save_figure
+from medattn.outputs import OutputFolder
 from medattn.runtime.predictor import probabilities
 from medattn.vocabulary import task_types
 
@@ -112,7 +110,7 @@ class Ordinal:
         return metrics_ordinal.chance_interval(val_labels, self.task.num_outputs, ci)
 
 
-def write_ordinal(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_ordinal(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                   time_label: str) -> None:
     """``predictions_<split>.csv`` (id, patient, label, a probability per class, the most probable and the expected
     grade) and, where the kappa is defined, ``confusion_<split>.png`` titled with the kappa and its CI."""
@@ -122,11 +120,11 @@ def write_ordinal(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, 
     best, mean = metrics_ordinal.predicted(pred.outputs), metrics_ordinal.expected(pred.outputs)
     rows = [[sample_id, pred.patients[i], int(labels[i]), *[f"{p:.6f}" for p in pred.outputs[i]], names[best[i]],
              f"{mean[i]:.6f}"] for i, sample_id in enumerate(pred.ids)]
-    save_csv(Path(out_dir) / f"predictions_{split}.csv",
-             ["id", "patient", "label", *[f"prob_{n}" for n in names], "pred_label", "expected_grade"], rows)
+    folder.save_csv(f"predictions_{split}.csv",
+                    ["id", "patient", "label", *[f"prob_{n}" for n in names], "pred_label", "expected_grade"], rows)
     if result.get("qwk") is None:
         return
     ci = "" if result["ci_low"] is None else f" (95% CI {result['ci_low']:.3f} to {result['ci_high']:.3f})"
     title = f"{heading}: QWK {result['qwk']:.3f}{ci}, n={result['n']}" + (" (SYNTHETIC data)" if task.synthetic else "")
     figure = metrics_ordinal.confusion_figure(labels, best, names, title)
-    save_figure(Path(out_dir) / f"confusion_{split}.png", figure, dpi=100)
+    folder.save_figure(f"confusion_{split}.png", figure, dpi=100)

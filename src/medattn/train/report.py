@@ -11,17 +11,17 @@ import numpy as np
 
 from medattn import metrics
 from medattn.data.base import TaskInfo
-from medattn.outputs import append_csv, save_csv, save_dicts, save_figure
+from medattn.outputs import OutputFolder
 from medattn.runtime import distributed
 from medattn.vocabulary import task_types
 
 from .objectives import Objective, Predictions, objective_for, output_names
 
 
-def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, eval_cfg: dict, seed: int,
+def score_split(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, eval_cfg: dict, seed: int,
                 label: str = "", survival: dict | None = None, time_label: str = "time") -> dict:
     """Score one split as the task's objective does (:func:`objective_for`) and write its files
-    (:func:`write_split`); -> the objective's result. ``survival``: the training split's reference
+    (:func:`write_split`) in ``folder``; -> the objective's result. ``survival``: the training split's reference
     (:func:`medattn.train.survival_report.reference`) adds Brier scores, calibration and risk groups cut on
     training data (``calibration_<split>.png``); ``time_label`` names the time axis of the figures."""
     result = objective_for(task).score(pred, split, eval_cfg, seed)
@@ -34,60 +34,60 @@ def score_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, ev
 
         result.update(survival_report.score(pred, survival, survival_report.times_of(pred, eval_cfg)))
         heading = f"{label + ', ' if label else ''}{split}"
-        survival_report.write(result, Path(out_dir), split, heading, task.synthetic, time_label)
+        survival_report.write(result, folder, split, heading, task.synthetic, time_label)
     elif events and result.get("c_index") is not None:
         result["survival_notes"] = ["no Brier score or calibration: the run folder has no survival_reference.json "
                                     "(the training split's baseline hazard; runs from before issue 51)"]
-    write_split(pred, task, split, Path(out_dir), result, label, time_label)
+    write_split(pred, task, split, folder, result, label, time_label)
     return result
 
 
-def write_split(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, label: str = "",
+def write_split(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, label: str = "",
                 time_label: str = "time") -> None:
     """``predictions_<split>.csv`` and the split's figure, by the task type's writer
     (:attr:`~medattn.vocabulary.task_types.TaskType.writer`: :func:`write_classes`, :func:`write_segmentation`,
     :func:`write_survival`, :func:`write_regression`)."""
     heading = f"{label + ', ' if label else ''}{split}"
-    task_types.of(task.task_type).component("writer")(pred, task, split, out_dir, result, heading, time_label)
+    task_types.of(task.task_type).component("writer")(pred, task, split, folder, result, heading, time_label)
 
 
-def write_segmentation(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_segmentation(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                        time_label: str) -> None:
     """Segmentation: ``predictions_<split>.csv`` of the Dice per case and class."""
-    write_cases(pred, output_names(task, pred.outputs.shape[1]), out_dir / f"predictions_{split}.csv")
+    write_cases(pred, output_names(task, pred.outputs.shape[1]), folder, f"predictions_{split}.csv")
 
 
-def write_survival(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_survival(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                    time_label: str) -> None:
     """Survival: ``predictions_<split>.csv`` of the risks and groups, and ``km_<split>.png`` where the C-index is
     defined."""
     cut = result.get("risk_groups", {}).get("cut")
-    write_risks(pred, out_dir / f"predictions_{split}.csv", cut)
+    write_risks(pred, folder, f"predictions_{split}.csv", cut)
     if result.get("c_index") is not None:
-        plot_kaplan_meier(pred, result, out_dir / f"km_{split}.png", heading, task.synthetic, time_label)
+        plot_kaplan_meier(pred, result, folder, f"km_{split}.png", heading, task.synthetic, time_label)
 
 
-def write_regression(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_regression(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                      time_label: str) -> None:
     """Regression: ``predictions_<split>.csv`` of the values, and ``predicted_<split>.png`` where R^2 is defined."""
     names = output_names(task, pred.outputs.shape[1])
-    write_values(pred, names, out_dir / f"predictions_{split}.csv")
+    write_values(pred, names, folder, f"predictions_{split}.csv")
     if result.get("r2") is not None:
-        plot_predicted(pred, names, out_dir / f"predicted_{split}.png", heading, task.synthetic)
+        plot_predicted(pred, names, folder, f"predicted_{split}.png", heading, task.synthetic)
 
 
-def write_classes(pred: Predictions, task: TaskInfo, split: str, out_dir: Path, result: dict, heading: str,
+def write_classes(pred: Predictions, task: TaskInfo, split: str, folder: OutputFolder, result: dict, heading: str,
                   time_label: str) -> None:
     """Classification: ``predictions_<split>.csv`` of the probabilities and, where the AUROC is defined,
     ``roc_<split>.png`` titled with the model, n and the AUROC with its CI."""
-    write_predictions(pred, task, out_dir / f"predictions_{split}.csv")
+    write_predictions(pred, task, folder, f"predictions_{split}.csv")
     if result.get("auroc") is None:
         return
     ci = "" if result["ci_low"] is None else f" (95% CI {span(result['ci_low'], result['ci_high'])})"
     title = f"{heading}: AUROC {result['auroc']:.3f}{ci}, n={result['n']}"
     title += " (SYNTHETIC data)" if task.synthetic else ""
     figure = metrics.roc_figure(pred.outputs, pred.labels, task.task_type, title, task.class_names)
-    save_figure(out_dir / f"roc_{split}.png", figure, dpi=100)
+    folder.save_figure(f"roc_{split}.png", figure, dpi=100)
     _close(figure)
 
 
@@ -106,7 +106,7 @@ def class_labels(labels: np.ndarray, task: TaskInfo) -> list[str]:
             for row in np.asarray(labels).reshape(len(labels), -1)]
 
 
-def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
+def write_predictions(pred: Predictions, task: TaskInfo, folder: OutputFolder, name: str) -> None:
     """Classification CSV: id, patient, the label(s) and one probability column per output."""
     names = output_names(task, pred.outputs.shape[1])
     index = task_types.of(task.task_type).class_index
@@ -115,11 +115,11 @@ def write_predictions(pred: Predictions, task: TaskInfo, path: Path) -> None:
     for i, sample_id in enumerate(pred.ids):
         label = [int(pred.labels[i])] if index else [int(v) for v in pred.labels[i]]
         rows.append([sample_id, pred.patients[i], *label, *[f"{p:.6f}" for p in pred.outputs[i]]])
-    save_csv(path, ["id", "patient", *label_cols, *[f"prob_{n}" for n in names]], rows)
+    folder.save_csv(name, ["id", "patient", *label_cols, *[f"prob_{n}" for n in names]], rows)
 
 
 
-def write_risks(pred: Predictions, path: Path, cut: float | None = None) -> None:
+def write_risks(pred: Predictions, folder: OutputFolder, name: str, cut: float | None = None) -> None:
     """Survival CSV: id, patient, time, event, the risk score (log relative risk; higher = earlier event) and
     the risk group (``high`` above ``cut``, the training risks' median, else the split's own median,
     :func:`medattn.metrics_survival.risk_groups`)."""
@@ -128,19 +128,19 @@ def write_risks(pred: Predictions, path: Path, cut: float | None = None) -> None
     high = risk_groups(pred.outputs[:, 0], cut)
     rows = [[sample_id, pred.patients[i], f"{pred.labels[i, 0]:.9g}", int(pred.labels[i, 1]),
              f"{pred.outputs[i, 0]:.6f}", "high" if high[i] else "low"] for i, sample_id in enumerate(pred.ids)]
-    save_csv(path, ["id", "patient", "time", "event", "risk", "risk_group"], rows)
+    folder.save_csv(name, ["id", "patient", "time", "event", "risk", "risk_group"], rows)
 
 
-def write_values(pred: Predictions, names: list[str], path: Path) -> None:
+def write_values(pred: Predictions, names: list[str], folder: OutputFolder, name: str) -> None:
     """Regression CSV: id, patient, the true and the predicted value of every target (9 significant digits: float32's
     round trip, so a target of seven digits is written as it was scored)."""
     rows = [[sample_id, pred.patients[i], *[f"{v:.9g}" for v in pred.labels[i]], *[f"{v:.9g}" for v in pred.outputs[i]]]
             for i, sample_id in enumerate(pred.ids)]
-    save_csv(path, ["id", "patient", *[f"true_{n}" for n in names], *[f"pred_{n}" for n in names]], rows)
+    folder.save_csv(name, ["id", "patient", *[f"true_{n}" for n in names], *[f"pred_{n}" for n in names]], rows)
 
 
-def plot_kaplan_meier(pred: Predictions, result: dict, path: Path, heading: str, synthetic: bool,
-                      time_label: str = "time") -> None:
+def plot_kaplan_meier(pred: Predictions, result: dict, folder: OutputFolder, name: str, heading: str,
+                      synthetic: bool, time_label: str = "time") -> None:
     """``km_<split>.png``: Kaplan-Meier curves of the predicted high- and low-risk groups (cut at the training
     risks' median where ``result["risk_groups"]`` holds it, else at this split's median), titled with the C-index
     and the log-rank p-value; the x axis reads ``time_label``."""
@@ -153,17 +153,18 @@ def plot_kaplan_meier(pred: Predictions, result: dict, path: Path, heading: str,
     cut = result.get("risk_groups", {}).get("cut")
     figure = kaplan_meier_figure(pred.labels[:, 0], pred.labels[:, 1].astype(bool),
                                  risk_groups(pred.outputs[:, 0], cut), title, time_label=time_label)
-    save_figure(path, figure, dpi=100)
+    folder.save_figure(name, figure, dpi=100)
     _close(figure)
 
 
-def plot_predicted(pred: Predictions, names: list[str], path: Path, heading: str, synthetic: bool) -> None:
+def plot_predicted(pred: Predictions, names: list[str], folder: OutputFolder, name: str, heading: str,
+                   synthetic: bool) -> None:
     """``predicted_<split>.png``: predicted against true values of the first target, with the identity line."""
     from medattn.survival_plots import predicted_vs_true_figure
 
     title = heading + (" (SYNTHETIC data)" if synthetic else "")
     figure = predicted_vs_true_figure(pred.outputs[:, 0], pred.labels[:, 0], f"{names[0]} ({title})")
-    save_figure(path, figure, dpi=100)
+    folder.save_figure(name, figure, dpi=100)
     _close(figure)
 
 
@@ -173,7 +174,7 @@ def _close(figure) -> None:
     plt.close(figure)
 
 
-def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
+def write_cases(pred: Predictions, names: list[str], folder: OutputFolder, name: str) -> None:
     """Segmentation CSV: id, patient, mean foreground Dice, Dice per class (empty where undefined), label voxels
     per class."""
     def cell(value: float) -> str:
@@ -185,8 +186,8 @@ def write_cases(pred: Predictions, names: list[str], path: Path) -> None:
         mean = float(np.nanmean(foreground)) if not np.isnan(foreground).all() else float("nan")
         rows.append([sample_id, pred.patients[i], cell(mean), *[cell(v) for v in pred.outputs[i]],
                      *[int(v) for v in pred.labels[i]]])
-    save_csv(path, ["id", "patient", "mean_dice", *[f"dice_{n}" for n in names], *[f"voxels_{n}" for n in names]],
-             rows)
+    folder.save_csv(name, ["id", "patient", "mean_dice", *[f"dice_{n}" for n in names],
+                           *[f"voxels_{n}" for n in names]], rows)
 
 
 #: A train loss at the end above this fraction of its first epoch's "never left its start".
@@ -296,8 +297,9 @@ def survival_lines(test: dict) -> list[str]:
     return lines(test)
 
 
-def append_metrics(path: Path, row: dict, fields: tuple[str, ...]) -> None:
-    append_csv(path, [row], fields)
+def append_metrics(folder: OutputFolder, row: dict, fields: tuple[str, ...]) -> None:
+    """Add one epoch's ``row`` to ``metrics.csv`` in the run folder ``folder``."""
+    folder.append_csv("metrics.csv", [row], fields)
 
 
 class TensorBoardScalars:
@@ -323,13 +325,14 @@ class TensorBoardScalars:
         self.writer.close()
 
 
-def truncate_metrics(path: Path, last_epoch: int, fields: tuple[str, ...]) -> None:
-    """Drop rows written after the checkpoint a run resumes from."""
+def truncate_metrics(folder: OutputFolder, last_epoch: int, fields: tuple[str, ...]) -> None:
+    """Drop the rows of ``metrics.csv`` in the run folder ``folder`` written after the checkpoint a run resumes from."""
+    path = folder.folder / "metrics.csv"
     if not path.exists() or not distributed.is_main():
         return
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= last_epoch]
-    save_dicts(path, rows, fields)
+    folder.save_dicts("metrics.csv", rows, fields)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -338,9 +341,11 @@ def read_metrics(path: Path) -> list[dict]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_epoch: int | None = None):
-    """training_curves.png: train and validation loss (left) and the validation score (right) per epoch, the kept
-    (best validation) epoch marked by a dashed line in both; -> the figure's axes (closed), for tests."""
+def plot_curves(rows: list[dict], score_key: str, folder: OutputFolder, title: str, best_epoch: int | None = None,
+                name: str = "training_curves.png"):
+    """``name`` in ``folder`` (training_curves.png): train and validation loss (left) and the validation score
+    (right) per epoch, the kept (best validation) epoch marked by a dashed line in both; -> the figure's axes
+    (closed), for tests."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -364,6 +369,6 @@ def plot_curves(rows: list[dict], score_key: str, path: Path, title: str, best_e
     heading = fig.suptitle(title)
     fig.tight_layout()
     metrics.fit_title(fig, heading)
-    save_figure(path, fig, dpi=100)
+    folder.save_figure(name, fig, dpi=100)
     plt.close(fig)
     return ax_loss, ax_score

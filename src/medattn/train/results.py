@@ -72,10 +72,11 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):
-            results["test"] = report.score_split(test, task, "test", run_dir, config["eval"], config["seed"], label,
+            folder = OutputFolder.within(run_dir)
+            results["test"] = report.score_split(test, task, "test", folder, config["eval"], config["seed"], label,
                                                  survival, time_axis_label(config["data"].get("time_column")))
             if survival is not None:
-                OutputFolder.within(run_dir).save_json("survival_reference.json", survival)
+                folder.save_json("survival_reference.json", survival)
             results.update(reader_facts(run_dir, task, test, config["eval"]["ci"]))
             if case_pictures is not None and kind.case_ends:
                 try:  # the highest-scored test cases (a risk's, a value's lowest too); a segmentation's best, worst
@@ -86,10 +87,10 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
                     results["warnings"] += drawn  # e.g. a slide not found: that case drawn on a blank canvas
                 except Exception as error:  # a picture for the page must never cost a finished run its results
                     results["warnings"].append(f"no heatmaps for report.html ({type(error).__name__}: {error})"[:300])
-            report.plot_curves(rows, f"val_{objective.metric}", run_dir / "training_curves.png",
+            report.plot_curves(rows, f"val_{objective.metric}", folder,
                                label + (" (SYNTHETIC data)" if task.synthetic else ""), results["best_epoch"])
             results["elapsed_seconds"] = time.time() - started  # the whole command: data, model, training, test
-            OutputFolder.within(run_dir).save_json("results.json", results)
+            folder.save_json("results.json", results)
             run_page(run_dir, results)  # report.html: the summary, warnings and pictures in one page
         log(report.summary(results, objective))
     distributed.barrier()

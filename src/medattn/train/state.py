@@ -48,7 +48,7 @@ def start_state(training: TrainingTask, config: dict, run_dir: Path, resume: boo
             built.ema.load_state_dict(checkpoint.load_extra_tensors(last, "ema."), state["ema_updates"])
         training.load_state_tensors(checkpoint.load_extra_tensors(last, TASK_TENSORS))
         log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
-        report.truncate_metrics(run_dir / "metrics.csv", state["epoch"], training.fields)
+        report.truncate_metrics(OutputFolder.within(run_dir), state["epoch"], training.fields)
     elif distributed.is_main():
         OutputFolder.within(run_dir).save_text("config.yaml", config_yaml(config, built.defaults))
     return state

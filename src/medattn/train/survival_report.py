@@ -169,14 +169,13 @@ def _events(count: int) -> str:
     return f"{count} event" if count == 1 else f"{count} events"
 
 
-def write(result: dict, out_dir: Path, split: str, heading: str, synthetic: bool, time_label: str) -> None:
-    """``calibration_<split>.png`` (:func:`medattn.survival_plots.calibration_figure`) where calibration was
-    measured."""
+def write(result: dict, folder, split: str, heading: str, synthetic: bool, time_label: str) -> None:
+    """``calibration_<split>.png`` (:func:`medattn.survival_plots.calibration_figure`) in ``folder`` (an
+    :class:`~medattn.outputs.OutputFolder`) where calibration was measured."""
     calibration = result.get("calibration")
     if not calibration or calibration["error"] is None:
         return
-    from medattn.outputs import OutputFolder
     from medattn.survival_plots import calibration_figure
 
     figure = calibration_figure(calibration, heading + (" (SYNTHETIC data)" if synthetic else ""), time_label)
-    OutputFolder.within(out_dir).save_figure(f"calibration_{split}.png", figure, dpi=100)
+    folder.save_figure(f"calibration_{split}.png", figure, dpi=100)

@@ -57,8 +57,9 @@ class TaskType:
     figure: ClassVar[str | None] = None
     #: What the figure shows, in a sentence for report.html (None: the page's own, ``train.page.CAPTIONS``).
     figure_caption: ClassVar[str | None] = None
-    #: What writes a scored split's files (``module:function``, called ``(pred, task, split, out_dir, result,
-    #: heading, time_label)``): ``predictions_<split>.csv`` and the :attr:`figure`.
+    #: What writes a scored split's files (``module:function``, called ``(pred, task, split, folder, result,
+    #: heading, time_label)``, writing through ``folder``, an :class:`~medattn.outputs.OutputFolder`):
+    #: ``predictions_<split>.csv`` and the :attr:`figure`.
     writer: ClassVar[str | None] = None
     #: ``train.loss`` names a loss of this type (None: the type's default is the only one).
     losses: ClassVar[tuple[str, ...]] = ()
