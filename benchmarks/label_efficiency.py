@@ -90,6 +90,7 @@ def summarise(out: Path, sizes: list[int], seeds: list[int], resamples: int) -> 
 def draw(table: dict, path: Path) -> None:
     """Mean test AUROC (+- std over seeds) against labelled cases, one line per arm."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -102,6 +103,7 @@ def draw(table: dict, path: Path) -> None:
         ax.errorbar(sizes, mean, yerr=std, marker="o", capsize=3, label=arm)
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("labelled training cases")
     ax.set_ylabel("test AUROC (mean +- std over seeds)")
     ax.set_title("label efficiency (SYNTHETIC findings)")
