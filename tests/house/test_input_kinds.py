@@ -9,12 +9,12 @@ the exported graph give it, explain writes its files and a report draws the case
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from name_scan import name_branches
 
 from medattn.data import input_kinds
 from medattn.data.base import INPUT_KINDS, TaskInfo, collate
@@ -215,32 +215,9 @@ def test_explain_writes_what_the_kind_plans_and_a_report_shows_the_case(case, tm
 
 # --- no branch on a kind's name outside the module ---------------------------------------------------------------
 
-def _kind_name(node: ast.AST, names) -> bool:
-    """Whether ``node`` is a kind's name as a literal, or a tuple, list or set literal holding one."""
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, str) and node.value in names
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_kind_name(e, names) for e in node.elts)
-
-
 def kind_branches(code: str, names=tuple(KINDS)) -> list[int]:
-    """The lines of ``code`` that decide by a kind's name: a comparison with it (``==``, ``!=``, ``in``, ...), a
-    ``match`` case on it, a table keyed by it (``{"bag": ...}``) or a look-up with it (``NAMES["bag"]``).
-    Passing the name on (``TaskInfo(..., "bag", ...)``) is not a branch."""
-    found = []
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Compare):
-            hit = any(_kind_name(n, names) for n in (node.left, *node.comparators))
-        elif isinstance(node, ast.Dict):
-            hit = any(key is not None and _kind_name(key, names) for key in node.keys)
-        elif isinstance(node, ast.Subscript):
-            hit = _kind_name(node.slice, names)
-        elif isinstance(node, ast.MatchValue):
-            hit = _kind_name(node.value, names)
-        else:
-            hit = False
-        if hit:
-            found.append(node.lineno)
-    return sorted(found)
+    """The lines of ``code`` that decide by an input kind's name (:func:`name_scan.name_branches`)."""
+    return name_branches(code, names)
 
 
 def test_the_scanner_finds_each_way_of_branching_on_a_name():
@@ -249,7 +226,8 @@ def test_the_scanner_finds_each_way_of_branching_on_a_name():
         'x = a if kind != "volume3d" else b': 1,
         'ok = task.input_kind in ("image2d", "volume3d")': 1,
         'ok = found["input_kind"] not in ["bag"]': 1,
-        'NAMES = {"bag": ["features"], "image2d": ["x"]}': 1,
+        'NAMES = {"bag": ["features"], "image2d": ["x"]}': 2,  # each key
+        'x = found.get("bag", {})': 1,
         'names = INPUT_NAMES["bag"]': 1,
         'match kind:\n    case "image2d":\n        pass': 1,
         'a = k == "bag"\nb = "image2d" == k': 2,

@@ -11,12 +11,12 @@ and fails on a comparison (``==``, ``!=``, ``in``, ``not in``, with a literal or
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from name_scan import name_branches
 
 from medattn.errors import UserError
 from medattn.vocabulary.task_types import TASK_TYPES, TaskType, names_where, task_type
@@ -194,35 +194,9 @@ def test_an_unknown_task_type_is_refused_not_run_through_a_sigmoid():
 
 # --- no branch on a task type's name outside the vocabulary -------------------------------------------------------
 
-def _type_name(node: ast.AST, names) -> bool:
-    """Whether ``node`` is a type's name as a literal, or a tuple, list or set literal holding one."""
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, str) and node.value in names
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_type_name(e, names) for e in node.elts)
-
-
 def type_branches(code: str, names=tuple(TASK_TYPES)) -> list[int]:
-    """The lines of ``code`` that decide by a task type's name: a comparison with it, a ``match`` case on it, a table
-    keyed by it or a look-up with it (a subscript, ``.get``/``.pop``/``.setdefault``). Passing the name on
-    (``TaskInfo("binary", ...)``, ``task_type: "survival"`` in a config) is not a branch."""
-    found = []
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Dict):  # the line of the key, not of the table's first line
-            found += [key.lineno for key in node.keys if key is not None and _type_name(key, names)]
-            continue
-        if isinstance(node, ast.Compare):
-            hit = any(_type_name(n, names) for n in (node.left, *node.comparators))
-        elif isinstance(node, ast.Subscript):
-            hit = _type_name(node.slice, names)
-        elif isinstance(node, ast.MatchValue):
-            hit = _type_name(node.value, names)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            hit = node.func.attr in ("get", "pop", "setdefault") and bool(node.args) and _type_name(node.args[0], names)
-        else:
-            hit = False
-        if hit:
-            found.append(node.lineno)
-    return sorted(found)
+    """The lines of ``code`` that decide by a task type's name (:func:`name_scan.name_branches`)."""
+    return name_branches(code, names)
 
 
 def test_the_scanner_finds_each_way_of_branching_on_a_name():
