@@ -29,14 +29,12 @@ import yaml
 ARMS = ("scratch", "pretrained")
 
 
-def subset_table(task: Path, out: Path, size: int, seed: int) -> Path:
-    """The task's table with only ``size`` of its training cases (half of each label where it can), seeded."""
-
-    config = yaml.safe_load((task / "config.yaml").read_text())
-    source = Path(config["data"]["csv"])
-    with open(source, newline="") as f:
+def subset_table(data: dict, out: Path, size: int, seed: int) -> Path:
+    """The table of the config's ``data`` section with only ``size`` of its training cases (half of each label
+    where it can), seeded."""
+    with open(data["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
-    label = config["data"]["label_columns"]
+    label = data["label_columns"]
     rng = np.random.default_rng(seed)
     train = [r for r in rows if r["split"] == "train"]
     chosen = []
@@ -58,8 +56,9 @@ def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, e
     folder = out / "runs" / f"n{size}" / arm / f"seed_{seed}"
     if (folder / "results.json").exists():
         return folder
-    table = subset_table(task, out, size, seed)
-    image_root = Path(yaml.safe_load((task / "config.yaml").read_text())["data"]["csv"]).parent
+    data = yaml.safe_load((task / "config.yaml").read_text())["data"]
+    table = subset_table(data, out, size, seed)
+    image_root = Path(data["csv"]).parent
     command = [sys.executable, "-m", "medattn", "train", str(task / "config.yaml"), "--out", str(folder),
                "--no-progress", "--overwrite", f"data.csv={table}", f"data.data_root={image_root}", f"seed={seed}",
                "train.threads=1", *extra]
