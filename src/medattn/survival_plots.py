@@ -39,13 +39,15 @@ def events_text(count: int) -> str:
 
 def time_axis_label(column: str | None = None, unit: str | None = None) -> str:
     """The time axis's label: the time column's name with its unit where known, ``"os_months (months)"``; the unit
-    is read from a word in the name (days, weeks, months, years) when not given; ``"time"`` without a name."""
+    is read from a word in the name (days, weeks, months, years) when not given; a name that is the unit itself
+    (``"months"``) stands alone; ``"time"`` without a name."""
     if unit is None and column:
         words = column.lower().replace("-", "_").replace(" ", "_").split("_")
         found = [u for u in ("days", "weeks", "months", "years") if u in words or u[:-1] in words]
         unit = found[0] if found else None
     name = column or "time"
-    return f"{name} ({unit})" if unit else name
+    bare = name.strip().lower() in (unit, unit[:-1]) if unit else False  # a column named "months": no "(months)"
+    return f"{name} ({unit})" if unit and not bare else name
 
 
 def kaplan_meier_figure(time, event, high_risk, title: str = "", time_unit: str | None = None,

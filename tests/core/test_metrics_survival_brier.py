@@ -143,6 +143,8 @@ def test_the_figures_name_the_time_column_and_count_one_event():
     assert time_axis_label("OS_days") == "OS_days (days)"
     assert time_axis_label("followup") == "followup" and time_axis_label() == "time"
     assert time_axis_label("t", "weeks") == "t (weeks)"
+    assert time_axis_label("months") == "months" and time_axis_label("Days") == "Days"  # not "months (months)"
+    assert time_axis_label("month", "months") == "month"
     time, event = np.array([1.0, 2.0, 3.0, 4.0]), np.array([1, 0, 1, 1])
     fig = kaplan_meier_figure(time, event, np.array([0, 0, 1, 1]), time_label=time_axis_label("os_months"))
     ax = fig.axes[0]

@@ -127,3 +127,30 @@ def test_cause_names_need_the_competing_risks_type(tmp_path):
     data = {**_cohort(tmp_path, n=30), "task_type": "survival"}
     with pytest.raises(UserError, match="cause_names names the causes"):
         build_datasets(data, seed=0)
+
+
+def test_event_values_map_words_to_causes(tmp_path):
+    """data.event_values maps a cause column of words (0 censored, 1..K the causes); a cause code that is not an
+    integer, and a word left unmapped, are refused naming the competing-risks codes."""
+    causes = [1, 2, 0] * 10
+    words = [{0: "alive", 1: "cancer", 2: "other"}[c] for c in causes]
+    data = {**_cohort(tmp_path / "words", n=30, events=words),
+            "event_values": yaml.safe_load("{alive: 0, cancer: 1, other: 2}")}
+    bundle = build_datasets(data, seed=0)
+    numbers = build_datasets(_cohort(tmp_path / "numbers", n=30, events=causes), seed=0)
+    assert [float(bundle.train[i]["label"][1]) for i in range(len(bundle.train))] == \
+        [float(numbers.train[i]["label"][1]) for i in range(len(numbers.train))]
+    with pytest.raises(UserError, match=r"'other' maps to 1.5; each value must be 0 \(censored\) or a cause 1..K"):
+        build_datasets({**data, "event_values": {"alive": 0, "cancer": 1, "other": 1.5}}, seed=0)
+    with pytest.raises(UserError, match=r"event 'cancer' in column 'status' is not 0 \(censored\) or a cause 1..K; "
+                                        r"map the column's values with data.event_values"):
+        build_datasets({**data, "event_values": None}, seed=0)
+
+
+def test_messages_name_the_competing_risks_type(tmp_path):
+    data = {**_cohort(tmp_path, n=30), "label_columns": "status"}
+    with pytest.raises(UserError, match="with task_type: competing_risks takes time_column and event_column"):
+        build_datasets(data, seed=0)
+    data = {**_cohort(tmp_path / "b", n=30), "time_column": None}
+    with pytest.raises(UserError, match=r"task_type: competing_risks needs data.time_column .*0 censored / 1..K"):
+        build_datasets(data, seed=0)

@@ -94,7 +94,7 @@ def parse_cells(cells: list[str], columns: list[str], classes: list[str] | None,
     with the reason."""
     kind = TASK_TYPES.get(task_type)
     if kind and kind.events and len(cells) == 2:
-        return [_finite(cells[0], columns[0]), _event(cells[1], columns[1], events or {})]
+        return [_finite(cells[0], columns[0]), _event(cells[1], columns[1], events or {}, kind.causes)]
     if kind and kind.numeric:
         return [_finite(cell, column) for column, cell in zip(columns, cells)]
     values = []
@@ -140,31 +140,39 @@ _YAML_BOOLS = {True: ("yes", "true", "on"), False: ("no", "false", "off")}
 
 def event_values(cfg: dict) -> dict[str, float] | None:
     """``data.event_values``: how the event column's cells map to 1 (event observed) and 0 (censored), e.g.
-    ``{yes: 1, no: 0}``, ``{dead: 1, alive: 0}`` or ``{2: 1, 1: 0}`` -> {cell text: 0.0/1.0}, None when not given.
-    Keys are matched to the cell's text (spaces around it ignored); a key YAML reads as a bool (yes/no, true/false,
-    on/off, unquoted) matches those words in any case. Only for ``task_type: survival``; a UserError otherwise."""
+    ``{yes: 1, no: 0}``, ``{dead: 1, alive: 0}`` or ``{2: 1, 1: 0}``; for ``task_type: competing_risks`` to 0
+    (censored) or a cause 1..K, e.g. ``{alive: 0, cancer: 1, other: 2}`` -> {cell text: number}, None when not
+    given. Keys are matched to the cell's text (spaces around it ignored); a key YAML reads as a bool (yes/no,
+    true/false, on/off, unquoted) matches those words in any case. Only for task types with events; a UserError
+    otherwise."""
     given = cfg.get("event_values")
     if given is None:
         return None
-    if not getattr(_declared(cfg.get("task_type")), "events", False):
-        raise UserError("data.event_values maps the event column of a survival task; set task_type: survival")
+    kind = _declared(cfg.get("task_type"))
+    if not getattr(kind, "events", False):
+        raise UserError("data.event_values maps the event column of a survival task; set task_type: survival "
+                        "(or competing_risks)")
+    causes = getattr(kind, "causes", False)
+    codes = "0 (censored) or a cause 1..K" if causes else "1 (event observed) or 0 (censored)"
     if not isinstance(given, dict) or not given:
-        raise UserError(f"data.event_values must map the event column's values to 1 (event) or 0 (censored), e.g. "
-                        f"{{yes: 1, no: 0}}; got {given!r}")
+        example = "{alive: 0, cancer: 1, other: 2}" if causes else "{yes: 1, no: 0}"
+        raise UserError(f"data.event_values must map the event column's values to {codes}, e.g. {example}; got "
+                        f"{given!r}")
     mapped: dict[str, float] = {}
     for key, value in given.items():
-        if isinstance(value, bool) or value not in (0, 1):
-            raise UserError(f"data.event_values: {key!r} maps to {value!r}; each value must be 1 (event observed) "
-                            f"or 0 (censored)")
+        allowed = isinstance(value, int) and value >= 0 if causes else value in (0, 1)
+        if isinstance(value, bool) or not allowed:
+            raise UserError(f"data.event_values: {key!r} maps to {value!r}; each value must be {codes}")
         texts = [*_YAML_BOOLS[key], *(t.upper() for t in _YAML_BOOLS[key]),
                  *(t.title() for t in _YAML_BOOLS[key])] if isinstance(key, bool) else [str(key).strip()]
         mapped.update({text: float(value) for text in texts})
     return mapped
 
 
-def _event(cell: str, column: str, events: dict[str, float]) -> float:
-    """An event cell -> 0.0/1.0 by ``events`` (:func:`event_values`), else as a number (checked 0/1 later by
-    :meth:`LabelSpec.tensor`); text that is neither is a ValueError saying 0/1 is expected and how to map it."""
+def _event(cell: str, column: str, events: dict[str, float], causes: bool = False) -> float:
+    """An event cell -> its number by ``events`` (:func:`event_values`), else as a number (checked later by
+    :meth:`LabelSpec.tensor`: 0/1, or 0..K with ``causes``); text that is neither is a ValueError saying which codes
+    are expected and how to map it."""
     text = cell.strip()
     if text in events:
         return events[text]
@@ -174,30 +182,35 @@ def _event(cell: str, column: str, events: dict[str, float]) -> float:
         value = math.nan
     if math.isfinite(value):
         return value
+    codes = "0 (censored) or a cause 1..K" if causes else "1 (event observed) or 0 (censored)"
     if events:
         how = f" (data.event_values maps {', '.join(sorted(events))})"
+    elif causes:
+        how = "; map the column's values with data.event_values, e.g. {alive: 0, cancer: 1, other: 2}"
     else:
         example = "{true: 1, false: 0}" if text.lower() in ("true", "false", "on", "off") else "{yes: 1, no: 0}"
         how = f"; map the column's values with data.event_values, e.g. {example}"
-    raise ValueError(f"event {cell!r} in column {column!r} is not 1 (event observed) or 0 (censored){how}")
+    raise ValueError(f"event {cell!r} in column {column!r} is not {codes}{how}")
 
 
 def label_columns(cfg: dict, kind: str) -> list[str]:
     """The label columns a table config names: ``label_columns`` (one or several); for ``task_type: survival``
     the ``time_column`` (follow-up time, any unit) and ``event_column`` (1 event, 0 censored; other values through
     ``event_values``, :func:`event_values`), in that order."""
-    if not getattr(_declared(cfg.get("task_type")), "events", False):
+    declared = _declared(cfg.get("task_type"))
+    if not getattr(declared, "events", False):
         if any(cfg.get(key) is not None for key in ("time_column", "event_column", "event_values")):
             raise UserError(f"data kind {kind!r}: time_column, event_column and event_values describe a survival "
-                            f"task; set task_type: survival")
+                            f"task; set task_type: survival (or competing_risks)")
         return as_list(require(cfg, "label_columns", kind), "label_columns")
     if cfg.get("label_columns") is not None:
-        raise UserError(f"data kind {kind!r} with task_type: survival takes time_column and event_column, not "
-                        f"label_columns")
+        raise UserError(f"data kind {kind!r} with task_type: {declared.name} takes time_column and event_column, "
+                        f"not label_columns")
     missing = [key for key in ("time_column", "event_column") if not cfg.get(key)]
     if missing:
-        raise UserError(f"data kind {kind!r} with task_type: survival needs data.{' and data.'.join(missing)} (the "
-                        f"follow-up time and the event flag, 1 event / 0 censored)")
+        flag = "0 censored / 1..K the cause" if getattr(declared, "causes", False) else "1 event / 0 censored"
+        raise UserError(f"data kind {kind!r} with task_type: {declared.name} needs data."
+                        f"{' and data.'.join(missing)} (the follow-up time and the event flag, {flag})")
     return [*as_list(cfg["time_column"], "time_column"), *as_list(cfg["event_column"], "event_column")]
 
 
