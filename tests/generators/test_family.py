@@ -5,6 +5,7 @@ number of lesion tiles written, whatever the bag's size; every member is read by
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import replace
 from functools import partial
 
@@ -54,3 +55,21 @@ def test_the_count_task_writes_the_number_of_lesion_tiles_as_its_target(tmp_path
     bundle = build_datasets(config["data"], seed=0)
     assert bundle.task.task_type == "regression" and bundle.task.input_shape == (retina.FEATURE_DIM,)
     assert sorted(float(bundle.train[i]["label"][0]) for i in range(12)) == sorted(float(c) for c in counts[:12])
+
+
+def test_the_count_driven_survival_task_reads_the_count_as_the_burden(tmp_path, monkeypatch):
+    """retina_survival: more lesion tiles, earlier events; the count is planted in the bag and is not in the table."""
+    task = TASKS["retina_survival"]
+    spec = replace(task.bags, sizes=(80, 120))
+    monkeypatch.setitem(TASKS, "retina_survival", replace(task, write=partial(write_bags, spec=spec), bags=spec))
+    folder = make_task("retina_survival", tmp_path, sizes={"train": 40, "val": 10, "test": 10}, log=lambda m: None)
+    config = load_config(str(folder / "config.yaml"))
+    assert config["data"]["task_type"] == "survival" and "label_columns" not in config["data"]
+    with open(folder / "clinical.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert outcomes.COUNT_COLUMN not in rows[0] and {outcomes.TIME_COLUMN, outcomes.EVENT_COLUMN} <= set(rows[0])
+    probe = json.loads((folder / "probe.json").read_text())
+    assert probe["burden_c_index"] > 0.6  # the planted count tells the order of the events
+    same = outcomes.count_survival(np.array([0, 30, 60]), np.random.default_rng(0))
+    burden = outcomes.survival(outcomes.S_MAX * np.array([0, 0.5, 1.0]), np.random.default_rng(0))
+    assert same == burden

@@ -24,7 +24,7 @@ pytest.importorskip("skimage")
 SIZES = {"train": 4, "val": 2, "test": 2}
 BINARY = [name for name, task in TASKS.items() if "task_type" not in task.data]
 BURDEN = {"ihc_survival": "survival", "ihc_regression": "regression"}
-COUNT = {"retina_count": "regression"}  # the number of lesion tiles (tests/realistic/test_family.py)
+COUNT = {"retina_count": "regression", "retina_survival": "survival"}  # lesion tiles (tests/generators/test_family.py)
 
 
 @pytest.fixture(autouse=True)

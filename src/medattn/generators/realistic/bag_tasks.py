@@ -1,17 +1,18 @@
 """The bag members of the realistic family: which tissue, how large the bags, how many tiles carry the finding,
 and which question the label asks (:class:`BagSpec`), and the writer that turns a spec into CLAM HDF5 bags.
 
-=================  =======  ============  =============  =========================================================
-task               tissue   tiles a bag   finding        question (target)
-=================  =======  ============  =============  =========================================================
-``ihc_bags``       IHC      200-1200      2-10% focal    presence (binary)
-``ihc_rare``       IHC      400-2500      0.5-3% focal   presence of a rare finding (binary)
-``ihc_survival``   IHC      200-1200      share 0-10%    overall survival driven by the share (survival)
-``ihc_regression`` IHC      200-1200      share 0-10%    a biomarker level set by the share (regression)
-``retina_diffuse`` retina   50-400        15-30% faint   presence of a diffuse finding (binary)
-``retina_count``   retina   100-600       0-60 tiles     the number of lesion tiles (regression of a count)
-``retina_large``   retina   2000-20000    0.5-5%         presence in very large bags (binary)
-=================  =======  ============  =============  =========================================================
+===================  =======  ============  =============  =========================================================
+task                 tissue   tiles a bag   finding        question (target)
+===================  =======  ============  =============  =========================================================
+``ihc_bags``         IHC      200-1200      2-10% focal    presence (binary)
+``ihc_rare``         IHC      400-2500      0.5-3% focal   presence of a rare finding (binary)
+``ihc_survival``     IHC      200-1200      share 0-10%    overall survival driven by the share (survival)
+``ihc_regression``   IHC      200-1200      share 0-10%    a biomarker level set by the share (regression)
+``retina_diffuse``   retina   50-400        15-30% faint   presence of a diffuse finding (binary)
+``retina_count``     retina   100-600       0-60 tiles     the number of lesion tiles (regression of a count)
+``retina_survival``  retina   100-600       0-60 tiles     overall survival driven by the count (survival)
+``retina_large``     retina   2000-20000    0.5-5%         presence in very large bags (binary)
+===================  =======  ============  =============  =========================================================
 
 Two tissues (:mod:`.ihc`: scikit-image's immunohistochemistry image, hand-made descriptors, 64 features;
 :mod:`.retina`: its fundus photograph, a fixed random convolutional network, 96 features), two extractors,

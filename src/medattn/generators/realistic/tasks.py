@@ -10,7 +10,7 @@ formats with a patient-level split and a config that trains on them.
                    in months with censoring (``task_type: survival``, :mod:`.outcomes`)
 ``ihc_regression`` the same bags, the burden setting a biomarker level (``task_type: regression``)
 ``ihc_rare``,      more bag members of the family (another tissue and extractor, rare and diffuse findings, a count
-``retina_*``       target, bags up to 20,000 tiles): :mod:`.bag_tasks`
+``retina_*``       target and a count-driven survival, bags up to 20,000 tiles): :mod:`.bag_tasks`
 =================  ==========================================================================================
 
 Every task is generated deterministically from ``(seed, cohort)``: cohort ``a`` is the development cohort,
@@ -139,7 +139,7 @@ def _bag_task(description: str, spec: BagSpec, task_type: str = "binary") -> Tas
     """A bag member of the family (:mod:`.bag_tasks`): ``vitwsi_small`` with SeqNorm on its CLAM bags."""
     kind = task_types.of(task_type)
     target = dict(_BAG_TARGET[type(kind)])
-    if spec.target == "count":
+    if spec.target == "count" and "label_columns" in target:
         target["label_columns"] = outcomes.COUNT_COLUMN
     batch = 16 if kind.events else 1  # the Cox loss compares the patients of a batch
     return Task(description, partial(write_bags, spec=spec), {**_BAG_DATA, **target}, "vitwsi_small",
@@ -167,6 +167,9 @@ TASKS: dict[str, Task] = {
                            BagSpec("retina", sizes=(50, 400), shares=(0.15, 0.3), strength=(0.35, 0.55))),
         "retina_count": ("fundus tile-feature bags: the number of tiles with haemorrhage-like spots",
                          BagSpec("retina", sizes=(100, 600), target="count", strength=(0.7, 0.9)), "regression"),
+        "retina_survival": ("fundus tile-feature bags whose number of lesion tiles raises the hazard (overall "
+                            "survival)", BagSpec("retina", sizes=(100, 600), target="count", strength=(0.7, 0.9)),
+                            "survival"),
         "retina_large": ("fundus tile-feature bags of 2,000-20,000 tiles, spots in 0.5-5% of them",
                          BagSpec("retina", sizes=(2000, 20000), shares=(0.005, 0.05))),
     }.items()},
@@ -236,10 +239,10 @@ def make_task(name: str, out: str | Path, seed: int = 0, cohort: str = "a", size
     if kind.classes:
         labels, splits = _labels_and_splits(sizes, rng)
         columns = {"label": [int(y) for y in labels]}
-    elif task.bags.target == "count":  # each patient's number of lesion tiles is the target itself
+    elif task.bags.target == "count":  # each patient's number of lesion tiles: the target, or what drives it
         splits = [split for split, n in sizes.items() for _ in range(n)]
         labels = outcomes.counts(len(splits), rng)
-        columns = {outcomes.COUNT_COLUMN: [int(c) for c in labels]}
+        columns = outcomes.COUNT_OUTCOMES[type(kind)](labels, rng)
     else:  # the burden tasks: each patient's share of hot-spot tiles, then the outcome it drives
         splits = [split for split, n in sizes.items() for _ in range(n)]
         labels = outcomes.burdens(len(splits), rng)
