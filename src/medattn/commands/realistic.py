@@ -3,11 +3,11 @@
 Tasks (docs/realistic.md): brain_mri_2d (MNI152 T1 slices, PNG + CSV), brain_mri_3d (MNI152 slabs, NIfTI +
 CSV), ihc_bags (tile-feature bags of scikit-image's IHC image, CLAM HDF5), ihc_survival and ihc_regression (the
 same bags, a hot-spot burden per patient driving overall survival with censoring, or a biomarker level), and the
-rest of the bag family: ihc_rare and the fundus members retina_diffuse, retina_count, retina_survival, retina_large. Each
-goes to DIR/<task> with a patient-level split column, a config.yaml that trains on it and probe.json (a
-one-number probe's AUROC, refused at >= 0.7; C-index >= 0.7 for survival, |Pearson r| >= 0.35 for regression).
-Cohort b is another scanner/stain for external evaluation (medattn eval). Needs nilearn and scikit-image (pip
-install 'medattn[realistic]'); nothing is downloaded.
+rest of the bag family: ihc_rare and the fundus members retina_diffuse, retina_count, retina_survival,
+retina_large. Each goes to DIR/<task> with a patient-level split column, a config.yaml that trains on it and
+probe.json (a one-number probe's AUROC, refused at >= 0.7; C-index >= 0.7 for survival, |Pearson r| >= 0.35 for
+regression). Cohort b is another scanner/stain for external evaluation (medattn eval). Needs nilearn and
+scikit-image (pip install 'medattn[realistic]'); nothing is downloaded.
 """
 
 from __future__ import annotations
