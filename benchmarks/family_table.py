@@ -1,17 +1,19 @@
-"""The realistic family's table (issue 48): per bag task, each compare arm's test score with the candidate its recipe
-search chose, beside an independent model on pooled features fitted here.
+"""The realistic family's table (issue 48): per bag task, each compare arm's test score over its seeds (mean and
+SD) with the candidate its recipe search chose, the paired tests compare wrote, beside an independent model on pooled
+features fitted here.
 
 The independent model reads each bag as the mean and the maximum of its standardised tile features (2F numbers),
 standardised over the training bags: a logistic regression (binary; C chosen by 5-fold cross-validation on the
-training split, scikit-learn's LogisticRegressionCV) or a ridge regression (regression; RidgeCV, alphas 1e-3..1e3)
-fitted on the training split and scored on the test split (AUROC; Pearson r and R^2). Survival tasks are scored by
-``benchmarks/independent_survival.py``.
+training split, scikit-learn's LogisticRegressionCV), a ridge regression (regression; RidgeCV, alphas 1e-3..1e3) or
+a penalised Cox model (survival; lifelines' CoxPHFitter, penalizer 0.1) fitted on the training split and scored on
+the test split (AUROC; Pearson r and R^2; C-index).
 
     medattn realistic --out bench --tasks ihc_rare retina_count
-    medattn compare bench/ihc_rare/config.yaml --attention seqnorm --models abmil_small --seeds 0 --out cmp/ihc_rare
+    medattn compare bench/ihc_rare/config.yaml --models vitwsi_small abmil_small --seeds 0 1 2 --out cmp/ihc_rare
     python benchmarks/family_table.py bench cmp --tasks ihc_rare retina_count
 
-Writes ``--out`` (JSON) and prints a Markdown table.
+Writes ``--out`` (JSON) and prints two Markdown tables: per seed, and per task (mean (SD) over seeds, the paired
+t-test over seeds and the paired bootstrap over test patients from compare_tests.csv).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import numpy as np
 import yaml
 
 
-def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict]:
     """split -> (bags, 2F) mean and max of the tile features (standardised with the training tiles' statistics),
-    split -> targets, and the task's data section."""
+    split -> {target column: (bags,) values} (the label, or the time and event columns), and the task's data
+    section."""
     data = yaml.safe_load((folder / "config.yaml").read_text())["data"]
+    columns = ([data["time_column"], data["event_column"]] if data.get("task_type") == "survival"
+               else [data["label_columns"]])
     with open(folder / "clinical.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     with open(folder / "slides.csv", newline="") as f:
@@ -45,7 +50,7 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
         chosen = [r for r in rows if r["split"] == split]
         standard = [(bags[r["PATIENT"]] - mean) / std for r in chosen]
         pooled[split] = np.stack([np.concatenate([b.mean(0), b.max(0)]) for b in standard])
-        targets[split] = np.array([float(r[data["label_columns"]]) for r in chosen])
+        targets[split] = {c: np.array([float(r[c]) for r in chosen]) for c in columns}
     return pooled, targets, data
 
 
@@ -58,15 +63,34 @@ def independent(folder: Path) -> dict:
     pooled, targets, data = pooled_bags(folder)
     scaler = StandardScaler().fit(pooled["train"])
     x_train, x_test = scaler.transform(pooled["train"]), scaler.transform(pooled["test"])
-    if data.get("task_type", "binary") == "binary":
-        model = LogisticRegressionCV(Cs=10, cv=5, max_iter=5000).fit(x_train, targets["train"])
-        return {"model": "logistic on mean+max pooled features",
-                "auroc": float(roc_auc_score(targets["test"], model.predict_proba(x_test)[:, 1]))}
-    model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x_train, targets["train"])
-    predicted = model.predict(x_test)
-    return {"model": "ridge on mean+max pooled features", "pearson_r": float(np.corrcoef(predicted,
-                                                                                           targets["test"])[0, 1]),
-            "r2": float(r2_score(targets["test"], predicted))}
+    task_type = data.get("task_type", "binary")
+    if task_type == "survival":
+        return _cox(x_train, x_test, targets, data)
+    label = targets["train"][data["label_columns"]], targets["test"][data["label_columns"]]
+    if task_type == "binary":
+        model = LogisticRegressionCV(Cs=10, cv=5, max_iter=5000).fit(x_train, label[0])
+        return {"model": "logistic on mean+max pooled features", "metric": "auroc",
+                "test": float(roc_auc_score(label[1], model.predict_proba(x_test)[:, 1]))}
+    predicted = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x_train, label[0]).predict(x_test)
+    return {"model": "ridge on mean+max pooled features", "metric": "r2", "test": float(r2_score(label[1], predicted)),
+            "pearson_r": float(np.corrcoef(predicted, label[1])[0, 1])}
+
+
+def _cox(x_train: np.ndarray, x_test: np.ndarray, targets: dict, data: dict) -> dict:
+    """Penalised Cox (lifelines, penalizer 0.1) on the pooled features -> the test C-index (medattn's function; the
+    tests of metrics_survival hold it equal to lifelines')."""
+    import pandas as pd
+    from lifelines import CoxPHFitter
+
+    from medattn.metrics_survival import concordance_index
+
+    names = [f"f{i}" for i in range(x_train.shape[1])]
+    time, event = data["time_column"], data["event_column"]
+    frame = pd.DataFrame(x_train, columns=names).assign(time=targets["train"][time], event=targets["train"][event])
+    model = CoxPHFitter(penalizer=0.1).fit(frame, duration_col="time", event_col="event")
+    risk = model.predict_log_partial_hazard(pd.DataFrame(x_test, columns=names)).to_numpy()
+    return {"model": "Cox (penalizer 0.1) on mean+max pooled features", "metric": "c_index",
+            "test": float(concordance_index(risk, targets["test"][time], targets["test"][event].astype(bool)))}
 
 
 def arms(compare_folder: Path) -> dict[str, list[dict]]:
@@ -78,9 +102,30 @@ def arms(compare_folder: Path) -> dict[str, list[dict]]:
         record = results.get("recipe") or {}
         out.setdefault(results_file.parent.parent.name, []).append({
             "seed": results_file.parent.name, "metric": metric, "test": test.get(metric),
-            "pearson_r": test.get("pearson_r"), "learned": results.get("learning", {}).get("learned"),
+            "pearson_r": (test.get("metrics") or {}).get("pearson_r", [None])[0],
+            "learned": results.get("learning", {}).get("learned"),
             "recipe": record.get("chosen") or record.get("reason")})
     return out
+
+
+def paired_tests(compare_folder: Path) -> list[dict]:
+    """compare_tests.csv's rows (each arm against the reference arm: the paired t-test over seeds and the paired
+    bootstrap over test patients), [] where compare has not written it."""
+    path = compare_folder / "compare_tests.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _mean_sd(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.3f} (1 seed)" if values else "-"
+    return f"{np.mean(values):.3f} ({np.std(values, ddof=1):.3f})"
+
+
+def _p(value: str) -> str:
+    return f"{float(value):.3f}" if value not in ("", None) else "-"
 
 
 def main() -> None:
@@ -90,19 +135,30 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", required=True)
     parser.add_argument("--out", type=Path, default=Path("family_table.json"))
     args = parser.parse_args()
-    table = {task: {"independent": independent(args.tasks_root / task), "arms": arms(args.compare_root / task)}
-             for task in args.tasks}
+    table = {task: {"independent": independent(args.tasks_root / task), "arms": arms(args.compare_root / task),
+                    "tests": paired_tests(args.compare_root / task)} for task in args.tasks}
     args.out.write_text(json.dumps(table, indent=1))
-    print("| task | arm | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
+    print("| task | arm (seed) | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
     for task, found in table.items():
-        ref = found["independent"]
-        print(f"| {task} | {ref['model']} | {ref.get('auroc', ref.get('r2')):.3f} | "
-              f"{ref.get('pearson_r', float('nan')):.3f} | | |")
         for arm, seeds in found["arms"].items():
             for s in seeds:
                 r = "" if s["pearson_r"] is None else f"{s['pearson_r']:.3f}"
                 print(f"| {task} | {arm} ({s['seed']}) | {s['metric']} {s['test']:.3f} | {r} | {s['learned']} | "
                       f"{s['recipe']} |")
+    print("\n| task | metric | arm: mean (SD) over seeds, runs learned | independent model | paired tests (arm - "
+          "reference: difference, p over seeds / p over test patients) |\n|---|---|---|---|---|")
+    for task, found in table.items():
+        ref = found["independent"]
+        scores = "; ".join(f"{arm} {_mean_sd([s['test'] for s in seeds])}, {sum(bool(s['learned']) for s in seeds)}"
+                           f"/{len(seeds)}" for arm, seeds in found["arms"].items())
+        by_arm: dict[str, dict] = {}
+        for row in found["tests"]:
+            over = "seeds" if row["test"].startswith("paired t") else "patients"
+            by_arm.setdefault(f"{row['arm']} - {row['reference']}", {})[over] = row
+        tests = "; ".join(f"{pair}: {float(next(iter(t.values()))['difference']):+.3f}, p "
+                          f"{_p(t.get('seeds', {}).get('p_value'))} / {_p(t.get('patients', {}).get('p_value'))}"
+                          for pair, t in by_arm.items())
+        print(f"| {task} | {ref['metric']} | {scores} | {ref['model']}: {ref['test']:.3f} | {tests or '-'} |")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Independent references for the realistic burden tasks: mean-pooled bags, a penalised Cox model and ridge regression.
 
 Nothing of medattn's models, training or data loaders is used: the tables are read with csv, the bags (CLAM HDF5)
-with h5py. Each bag becomes the mean of its tiles' 64 features, standardised with the training split's mean and SD
-(a feature constant over the training bags is dropped); the model is fitted on the training split (the table's
-split column) and scored on the test split:
+with h5py. Each bag becomes the mean of its tiles' features (64 IHC, 96 fundus), standardised with the training
+split's mean and SD (a feature constant over the training bags is dropped); the model is fitted on the training
+split (the table's split column) and scored on the test split:
 
-* ``ihc_survival``: ``lifelines.CoxPHFitter(penalizer=0.1)``; the test C-index of its log partial hazard, with
-  medattn's ``concordance_index`` and with lifelines' (they must agree; lifelines takes survival times, so -risk);
-* ``ihc_regression``: scikit-learn's ``RidgeCV`` (alphas 10^-3 ... 10^3, efficient leave-one-out); test R^2, MAE,
-  RMSE and Pearson r with medattn's ``metrics_regression``, and scikit-learn's R^2 beside them.
+* ``ihc_survival``, ``retina_survival``: ``lifelines.CoxPHFitter(penalizer=0.1)``; the test C-index of its log
+  partial hazard, with medattn's ``concordance_index`` and with lifelines' (they must agree; lifelines takes
+  survival times, so -risk);
+* ``ihc_regression``, ``retina_count``: scikit-learn's ``RidgeCV`` (alphas 10^-3 ... 10^3, efficient leave-one-out);
+  test R^2, MAE, RMSE and Pearson r with medattn's ``metrics_regression``, and scikit-learn's R^2 beside them.
 
 The probe (bag size) and the true burden's score are copied from the task's probe.json. Usage:
 
