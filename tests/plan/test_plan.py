@@ -74,3 +74,19 @@ def test_medattn_plan_prints_the_fingerprint_and_the_plan(capsys):
                  "data.num_instances=[20, 40]"]) == 0
     out = capsys.readouterr().out
     assert "fingerprint:" in out and "bag_sizes" in out and "train.epochs = " in out
+
+
+def test_a_bag_models_epochs_count_its_bags_whatever_the_batch():
+    """A batch of 16 bags costs 16 single-bag steps (survival runs them one at a time): the plan gives a bag model at
+    batch 16 the epochs of batch 1, where an image model's epochs grow with its batch."""
+    found = fingerprint(bag_bundle(16))
+    epochs = {}
+    for batch in (1, 16):
+        config = tiny_config("model.name=vitwsi_tiny", "train.epochs=null", f"train.batch_size={batch}")
+        epochs[batch] = {d.key: d.value for d in plan(config, found)}["train.epochs"]
+    cases = found["cases"]["train"]
+    assert epochs[1] == epochs[16] == min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(TARGET_STEPS["transformer"] / cases)))
+    images = fingerprint(image_bundle(24))
+    by_batch = [{d.key: d.value for d in plan(tiny_config("train.epochs=null", f"train.batch_size={b}"), images)}
+                ["train.epochs"] for b in (1, 12)]
+    assert by_batch[1] > by_batch[0]
