@@ -42,11 +42,16 @@ def test_the_retina_finding_sits_in_exactly_the_chosen_tiles():
     assert tiles_inside  # inside the field of view, never the dark surround
 
 
-def test_the_count_task_writes_the_number_of_lesion_tiles_as_its_target(tmp_path, monkeypatch):
-    task = TASKS["retina_count"]
+def _small_task(name: str, folder, monkeypatch, sizes: dict):
+    """``name`` written to ``folder`` with bags of 80-120 tiles (the same generator, seconds instead of minutes)."""
+    task = TASKS[name]
     spec = replace(task.bags, sizes=(80, 120))
-    monkeypatch.setitem(TASKS, "retina_count", replace(task, write=partial(write_bags, spec=spec), bags=spec))
-    folder = make_task("retina_count", tmp_path, sizes={"train": 12, "val": 4, "test": 4}, log=lambda m: None)
+    monkeypatch.setitem(TASKS, name, replace(task, write=partial(write_bags, spec=spec), bags=spec))
+    return make_task(name, folder, sizes=sizes, log=lambda m: None)
+
+
+def test_the_count_task_writes_the_number_of_lesion_tiles_as_its_target(tmp_path, monkeypatch):
+    folder = _small_task("retina_count", tmp_path, monkeypatch, {"train": 12, "val": 4, "test": 4})
     config = load_config(str(folder / "config.yaml"))
     assert config["data"]["label_columns"] == outcomes.COUNT_COLUMN and config["data"]["task_type"] == "regression"
     with open(folder / "clinical.csv", newline="") as f:
@@ -59,10 +64,7 @@ def test_the_count_task_writes_the_number_of_lesion_tiles_as_its_target(tmp_path
 
 def test_the_count_driven_survival_task_reads_the_count_as_the_burden(tmp_path, monkeypatch):
     """retina_survival: more lesion tiles, earlier events; the count is planted in the bag and is not in the table."""
-    task = TASKS["retina_survival"]
-    spec = replace(task.bags, sizes=(80, 120))
-    monkeypatch.setitem(TASKS, "retina_survival", replace(task, write=partial(write_bags, spec=spec), bags=spec))
-    folder = make_task("retina_survival", tmp_path, sizes={"train": 40, "val": 10, "test": 10}, log=lambda m: None)
+    folder = _small_task("retina_survival", tmp_path, monkeypatch, {"train": 40, "val": 10, "test": 10})
     config = load_config(str(folder / "config.yaml"))
     assert config["data"]["task_type"] == "survival" and "label_columns" not in config["data"]
     with open(folder / "clinical.csv", newline="") as f:
