@@ -4,6 +4,7 @@ hand-computed reference."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -179,3 +180,6 @@ def test_a_bag_survival_run_trains_with_each_loss(tmp_path, overrides):
     assert main(["train", config, "--out", str(tmp_path / "run"), "--no-progress", *overrides]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["test"]["c_index"] is not None and math.isfinite(results["learning"]["constant_loss"])
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        val_losses = [float(row["val_loss"]) for row in csv.DictReader(f)]
+    assert all(loss > 0 for loss in val_losses)  # discrete time scored one bag at a time: its own loss, not Cox's 0

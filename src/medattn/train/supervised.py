@@ -113,7 +113,7 @@ class Supervised:
         labels = recipe_labels(train_cfg, task, bundle.train)
         train_objective = objective_for(task, train_cfg["loss"], train_cfg["label_smoothing"],  # the training loss
                                         positive_weight(labels, task.task_type, train_cfg["pos_weight"]))
-        per_bag, events = survival_training(train_objective, task, bundle.train, train_cfg)
+        per_bag, events = survival_training((objective, train_objective), task, bundle.train, train_cfg)
         patch = sliding.patch_shape(config, task)
         # a model trained on patches is built for the patch (a ViT's position embeddings match it)
         model_task = replace(task, input_shape=(task.input_shape[0], *patch)) if patch else task

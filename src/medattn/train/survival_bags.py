@@ -69,16 +69,19 @@ class EventBalancedSampler(Sampler[int]):
         return iter([events.pop() if (p + 1) * e // n > p * e // n else censored.pop() for p in range(n)])
 
 
-def survival_training(objective, task: TaskInfo, train_set: Dataset,
+def survival_training(objectives: tuple, task: TaskInfo, train_set: Dataset,
                       train_cfg: dict) -> tuple[bool, torch.Tensor | None]:
     """The loop's survival setup -> (run each bag alone (:func:`forward_each`), the training events for
-    :class:`EventBalancedSampler` or None). Fits the discrete-time objective's intervals on the training labels
-    (``objective.fit``); ``train.event_balance`` outside a survival task is a UserError."""
+    :class:`EventBalancedSampler` or None). ``objectives``: (the scoring objective, the training objective); each fits
+    the discrete-time intervals on the training labels (``objective.fit``), so validation is scored with the
+    likelihood that trains (per bag, whatever the evaluation batch). ``train.event_balance`` outside a survival task
+    is a UserError."""
     if not task_types.of(task.task_type).events:
         if train_cfg.get("event_balance"):
             raise UserError(f"train.event_balance applies to survival tasks; this task is {task.task_type}")
         return False, None
     labels = dataset_labels(train_set)
-    objective.fit(labels, train_cfg.get("time_bins", 4))
-    per_bag = objective.batch_coupled and input_kinds.of(task.input_kind).instances
+    for objective in objectives:
+        objective.fit(labels, train_cfg.get("time_bins", 4))
+    per_bag = objectives[-1].batch_coupled and input_kinds.of(task.input_kind).instances
     return per_bag, labels[:, 1] if train_cfg.get("event_balance") else None

@@ -16,7 +16,10 @@ event-time quantiles, their constant-risk logits fitted on the training split, t
 to every interval's logit. It splits into per-sample terms, so it trains at batch 1 (whole bags, one per step).
 The risk ``r`` is still the score (the hazards, hence minus the expected survival, rise monotonically with it);
 per-patient survival curves are :func:`medattn.train.survival_loss.survival_curves` of ``r`` and the fitted
-``baseline``. Validation and test are scored with the Cox loss whatever the training loss, so runs compare.
+``baseline``. Validation and test losses are the training likelihood: the Cox loss over each evaluation batch, or
+the logistic-hazard loss per sample (the intervals of the training split), so a discrete-time run scored one bag
+at a time has a real validation loss. ``medattn eval`` has no training labels to fit intervals on and reports the
+Cox loss of its batches.
 
 Scores (:mod:`medattn.metrics_survival`): Harrell's C-index with a percentile bootstrap CI over patients (the
 validation score that keeps the best checkpoint), the log-rank test between the predicted high- and low-risk
