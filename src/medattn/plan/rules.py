@@ -6,12 +6,12 @@ Rules (each measured on the realistic benchmark, docs/realistic.md, "The plan"):
 * ``train.epochs`` (null): enough epochs for ``TARGET_STEPS`` optimizer steps of the model's family at the
   config's batch size, within [``MIN_EPOCHS``, ``MAX_EPOCHS``]. A ViT trained from scratch on a few hundred images
   needs several times the steps a CNN does: at 30 epochs (360 steps, 180 slices, batch 16) SeqNorm's train loss
-  stayed near a constant predictor's. **Bags count as steps**: a bag model's batch of B bags costs at least B
-  single-bag steps (survival runs them one at a time, :func:`medattn.train.survival_bags.forward_each`; other tasks
-  pad them to the largest), so its epochs are planned as at batch 1 (180 training bags: 20 epochs, not the 150 a
-  batch of 16 would get). The Cox loss over batches of 16
-  bags peaked within 5-10 epochs on both survival members of the family (docs/survival.md, "Losses for bags"); 150
-  epochs cost 7 times the time for nothing the checkpoint kept.
+  stayed near a constant predictor's. **Survival bags count as steps**: a survival (or competing-risks) bag
+  model runs the B bags of a batch one at a time (:func:`medattn.train.survival_bags.forward_each`), so a batch
+  costs B single-bag steps and its epochs are planned as at batch 1 (180 training bags: 20 epochs, not the 150 a
+  batch of 16 would get). Padded batches of other bag tasks keep the optimizer-step rule. The Cox loss over
+  batches of 16 bags peaked within 5-10 epochs on both survival members of the family (docs/survival.md, "Losses
+  for bags"); 150 epochs cost 7 times the time for nothing the checkpoint kept.
 * survival, every split: a split with fewer than ``MIN_EVENTS`` events or ``MIN_PAIRS`` comparable pairs cannot
   measure a C-index (none without a pair; few pairs make it move in steps of 1 / (2 pairs), so 2 validation patients
   read 1.000 at every epoch): a note (docs/survival.md, "The plan").
@@ -62,15 +62,15 @@ def plan(config: dict, found: dict) -> list[Decision]:
     """The decisions for ``config`` on data with fingerprint ``found`` (:func:`~.fingerprint.fingerprint`)."""
     decisions = []
     train, cases = config["train"], found["cases"]["train"]
-    bags = input_kinds.of(found["input_kind"]).instances
+    bags = input_kinds.of(found["input_kind"]).instances and task_types.of(found["task_type"]).events
     per_step = 1 if bags else train["batch_size"] * train["grad_accum"]
     steps_per_epoch = max(1, math.ceil(cases / per_step))
     kind = family(config["model"])
     if train["epochs"] is None:
         target = TARGET_STEPS[kind]
         epochs = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(target / steps_per_epoch)))
-        how = (f"{cases} training bags, each a step whatever the batch (a batch of B bags costs B single-bag "
-               f"steps)" if bags else f"{cases} training cases / batch {per_step}")
+        how = (f"{cases} training bags, each a step whatever the batch (survival runs a batch's bags one at a "
+               f"time)" if bags else f"{cases} training cases / batch {per_step}")
         decisions.append(Decision("train.epochs", epochs, f"{target} optimizer steps for {FAMILY_TEXT[kind]}: {how} "
                                   f"= {steps_per_epoch} steps per epoch (bounded to {MIN_EPOCHS}-{MAX_EPOCHS} "
                                   f"epochs)"))
