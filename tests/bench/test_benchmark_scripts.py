@@ -65,6 +65,7 @@ HELP_ONLY = {
     "realistic_reference.py": "trains on a realistic task folder (minutes per seed)",
     "realistic_table.py": "reads a realistic task folder and a compare folder",
     "rejudge_runs.py": "rewrites finished run folders",
+    "survival_loss_table.py": "reads the run folders of the survival loss arms (minutes per run)",
     "vit_seg_mechanisms.py": "trains a segmentation ViT per mechanism (minutes)",
 }
 
