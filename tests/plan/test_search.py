@@ -1,21 +1,38 @@
 """The recipe search (issue 48): generated from its knobs, it never searches a key the user set, keeps within its
 budget, chooses the same candidate for the same data and seed, gives every arm of a compare the same budget, and
-records every candidate's score; trials never read the test split."""
+records every candidate's score; trials never read the test split. Where the validation split is too small to
+choose, it chooses by inner cross-validation over the training split's patients, within the same budget."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 import yaml
+from torch.utils.data import Dataset
 
-from engine_data import bag_bundle, image_bundle, tiny_config
-from medattn.experiments.recipe import choose_recipe, planned_search, recipe_for, with_values
+from engine_data import SignalBags, bag_bundle, image_bundle, tiny_config
+from medattn.data.base import DataBundle, TaskInfo
+from medattn.data.tables import RecordDataset
+from medattn.experiments.recipe import choose_recipe, fold_bundles, inner_folds, planned_search, recipe_for, with_values
 from medattn.experiments.runs import job_state
 from medattn.plan import fingerprint
-from medattn.plan.search import KNOBS, Candidate, SearchPlan, candidates, describe_search, halving_rounds, search_plan
+from medattn.plan.search import (
+    AUTO_MIN_TRAIN,
+    AUTO_MIN_VAL,
+    INNER_FOLDS,
+    KNOBS,
+    Candidate,
+    SearchPlan,
+    candidates,
+    describe_search,
+    halving_rounds,
+    search_plan,
+)
 from medattn.train import fit
 from medattn.train.defaults import training_defaults
+from medattn.vocabulary.record import Record
 
 BAG = ("model.name=vitwsi_small", "model.attention=seqnorm", "train.lr=null", "train.batch_size=1",
        "eval.bootstrap=0", "eval.heatmaps=0", "recipe.search=true")
@@ -25,6 +42,43 @@ OWN = training_defaults("vitwsi_small")
 @pytest.fixture(scope="module")
 def bags():
     return bag_bundle(16)
+
+
+@pytest.fixture(scope="module")
+def big_bags():
+    """A validation split of AUTO_MIN_VAL cases: large enough to choose by itself."""
+    return bag_bundle(2 * AUTO_MIN_VAL)
+
+
+class Cases(Dataset):
+    """engine_data's SignalBags under ids of their own split, two cases per patient (its splits reuse ids)."""
+
+    def __init__(self, n: int, seed: int, split: str) -> None:
+        self.bags, self.split = SignalBags(n, seed), split
+
+    def __len__(self) -> int:
+        return len(self.bags)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.bags[index], "id": f"{self.split}{index}", "patient": f"{self.split}-p{index // 2}"}
+
+
+@pytest.fixture(scope="module")
+def patients():
+    """31 training cases of 16 patients (one with one case), a validation split of 10 cases (< AUTO_MIN_VAL)."""
+    task = TaskInfo("binary", "bag", 1, (16,), synthetic=True)
+    return DataBundle(Cases(31, 0, "train"), Cases(10, 1, "val"), Cases(10, 2, "test"), task)
+
+
+def ids(dataset) -> list[str]:
+    return [dataset[i]["id"] for i in range(len(dataset))]
+
+
+def get_key(config: dict, key: str):
+    """The value of a dotted key."""
+    for part in key.split("."):
+        config = config[part]
+    return config
 
 
 #: A config each knob applies to: the CPU bag transformer chooses its readout, attention-MIL its learning rate.
@@ -84,36 +138,143 @@ def test_auto_skips_small_splits_and_says_why(bags):
     assert "false" in search_plan(tiny_config(*BAG, "recipe.search=false"), fingerprint(bags), 10, OWN).skip
 
 
+@pytest.mark.parametrize("search", ["auto", "true"])
+@pytest.mark.parametrize("n_val", [0, 8, AUTO_MIN_VAL - 1, AUTO_MIN_VAL, 200])
+def test_a_small_validation_split_chooses_by_inner_cross_validation(bags, search, n_val):
+    """auto and true alike: a validation split of fewer than AUTO_MIN_VAL cases hands the choice to inner
+    cross-validation (said in the plan), a larger one chooses by itself."""
+    found = {**fingerprint(bags), "cases": {"train": AUTO_MIN_TRAIN, "val": n_val, "test": 20}}
+    plan = search_plan(tiny_config(*BAG, f"recipe.search={search}"), found, 20, OWN)
+    assert plan.skip is None
+    assert plan.folds == (INNER_FOLDS if n_val < AUTO_MIN_VAL else 0)
+    said = describe_search(plan)
+    assert (f"inner {INNER_FOLDS}-fold cross-validation" in said) == (n_val < AUTO_MIN_VAL)
+    assert f"{n_val} cases" in said
+
+
+@pytest.mark.parametrize("key", sorted(APPLIES))
+@pytest.mark.parametrize("epochs", [1, 2, 3, 5, 8, 13, 20, 37])
+@pytest.mark.parametrize("budget", [1.5, 2.0, 3.0, 5.0])
+def test_inner_cross_validation_keeps_within_its_budget(bags, key, epochs, budget):
+    """K fold trials of e // (K - 1) epochs on (K - 1) / K of the cases each cost at most a plain trial's e epochs:
+    the trials spend at most (budget - 1) single runs; the search is skipped exactly where the plain schedule
+    affords no epoch per fold trial."""
+    config = tiny_config(*APPLIES[key], f"recipe.budget={budget}")
+    found = {**fingerprint(bags), "cases": {"train": AUTO_MIN_TRAIN, "val": 10, "test": 10}}
+    plan = search_plan(config, found, epochs, OWN)
+    plain = SearchPlan(plan.candidates, halving_rounds(len(plan.candidates), epochs, budget), epochs, budget)
+    assert plan.folds == INNER_FOLDS and plan.rounds == [e // (INNER_FOLDS - 1) for e in plain.rounds]
+    affordable = min(plain.rounds) >= INNER_FOLDS - 1 and plain.trial_epochs <= (budget - 1) * epochs
+    assert (plan.skip is None) == affordable
+    if plan.skip is None:
+        assert plan.trial_epochs <= plain.trial_epochs <= (budget - 1) * epochs
+    else:
+        assert "less than an epoch per" in plan.skip
+
+
 class CountingFit:
     """A stand-in for medattn.train.fit: each candidate's validation score is a fixed function of its values, so
-    the best is known; records every call's config (the test split is never asked for)."""
+    the best is known; records every call's config and data (the test split is never asked for)."""
 
     def __init__(self) -> None:
-        self.calls = []
+        self.calls, self.bundles = [], []
 
     def __call__(self, config, bundle, run_dir, **kwargs):
         assert kwargs.get("test") is False  # trials never read the test split
         self.calls.append(config)
-        readout = config["model"]["kwargs"].get("readout")
+        self.bundles.append(bundle)
+        readout = config["model"]["kwargs"].get("readout", "max")
         score = {"max": 0.6, "attention": 0.7, "mean": 0.65}[readout] + 0.001 * config["train"]["epochs"]
-        return {"metric": "auroc", "val_auroc": score}
+        return {"metric": "auroc", "val_auroc": score + 0.0001 * len(bundle.val)}
 
 
-def test_the_search_keeps_the_best_candidate_within_its_budget_and_records_it(bags):
+def test_a_large_validation_split_chooses_by_itself_within_its_budget_and_records_it(big_bags):
     config = tiny_config(*BAG, "train.epochs=8")
     counting = CountingFit()
-    chosen = choose_recipe(config, bags, log=lambda m: None, fit=counting)
+    chosen = choose_recipe(config, big_bags, log=lambda m: None, fit=counting)
     record = chosen["recipe"]["record"]
     assert record["searched"] and record["chosen"] == "readout=attention"
+    assert record["by"] == f"the validation split ({AUTO_MIN_VAL} cases)"
+    assert all(bundle is big_bags for bundle in counting.bundles)  # the whole training split, its own validation
+    assert all("folds" not in t for c in record["candidates"] for t in c["trials"])
     assert chosen["model"]["kwargs"]["readout"] == "attention" and chosen["train"]["lr"] is None
     trial_epochs = sum(c["train"]["epochs"] for c in counting.calls)
     assert trial_epochs == record["trial_epochs"] <= (config["recipe"]["budget"] - 1) * 8
     assert all(c["recipe"]["search"] is False for c in counting.calls)
-    assert [c["name"] for c in record["candidates"]] == [c.name for c in planned_search(config, bags).candidates]
-    again = choose_recipe(config, bags, log=lambda m: None, fit=CountingFit())
+    assert [c["name"] for c in record["candidates"]] == [c.name for c in planned_search(config, big_bags).candidates]
+    again = choose_recipe(config, big_bags, log=lambda m: None, fit=CountingFit())
     for one in (again, chosen):
         one["recipe"]["record"].pop("seconds")
     assert again == chosen  # deterministic
+
+
+@pytest.mark.parametrize("epochs", [6, 8, 13])
+def test_inner_cross_validation_folds_the_training_patients_within_the_budget(patients, epochs):
+    """A small validation split: every candidate's trial is K fold runs whose validation parts partition the
+    training cases by patient (no patient in two folds, every case in one), each trained on the rest; no validation
+    or test case in any; the same folds for every candidate; the trained epochs keep within the budget."""
+    config = tiny_config(*BAG, f"train.epochs={epochs}")
+    counting = CountingFit()
+    chosen = choose_recipe(config, patients, log=lambda m: None, fit=counting)
+    record, search = chosen["recipe"]["record"], planned_search(config, patients)
+    assert record["searched"] and record["chosen"] == "readout=attention"
+    assert record["by"].startswith(f"inner {INNER_FOLDS}-fold cross-validation") and "(validation split of 10" in \
+        record["by"]
+    train, outside = set(ids(patients.train)), set(ids(patients.val)) | set(ids(patients.test))
+    trials = [counting.bundles[i:i + INNER_FOLDS] for i in range(0, len(counting.bundles), INNER_FOLDS)]
+    assert len(counting.bundles) == INNER_FOLDS * sum(len(c["trials"]) for c in record["candidates"])
+    folds = [[ids(part.val) for part in trial] for trial in trials]
+    assert all(each == folds[0] for each in folds)  # every candidate and round: the same folds
+    held = [case for fold in folds[0] for case in fold]
+    assert sorted(held) == sorted(train)  # every training case in exactly one fold
+    owner = {patients.train[i]["id"]: patients.train[i]["patient"] for i in range(len(patients.train))}
+    fold_of = {}
+    for k, fold in enumerate(folds[0]):
+        for case in fold:
+            assert fold_of.setdefault(owner[case], k) == k  # no patient in two folds
+    for part in counting.bundles:
+        assert sorted(ids(part.train) + ids(part.val)) == sorted(train) and not set(ids(part.train)) & outside
+        assert part.test is patients.test and part.task is patients.task
+    scale = len(patients.train)  # training-split epochs actually trained: epochs x the share of the cases
+    trained = sum(c["train"]["epochs"] * len(b.train) / scale for c, b in zip(counting.calls, counting.bundles))
+    assert trained == pytest.approx(record["trial_epochs"]) and trained <= (config["recipe"]["budget"] - 1) * epochs
+    assert record["rounds"] == search.rounds == [e // (INNER_FOLDS - 1) for e in halving_rounds(3, epochs, 3)]
+    for candidate in record["candidates"]:
+        for trial in candidate["trials"]:
+            assert len(trial["folds"]) == INNER_FOLDS
+            assert trial["val_score"] == pytest.approx(sum(trial["folds"]) / INNER_FOLDS)
+    again = CountingFit()
+    repeated = choose_recipe(config, patients, log=lambda m: None, fit=again)
+    for one in (repeated, chosen):
+        one["recipe"]["record"].pop("seconds")
+    assert repeated == chosen  # deterministic: the same folds and the same choice
+    assert [ids(b.val) for b in again.bundles] == [ids(b.val) for b in counting.bundles]
+
+
+def test_a_tables_folds_stay_records_and_are_validated_as_validation_data(patients):
+    """A table's fold keeps its records (labels and bag sizes are read from them) and the training loader for its
+    training part, the validation loader (no augmentation, whole bags) for its held-out fold."""
+    records = [Record(f"c{i}", f"p{i // 3}", f"row {i}", (), torch.tensor([float(i % 2)])) for i in range(12)]
+    train_load, val_load = (lambda record: {"input": torch.zeros(3, 16)}), (lambda record: {"input": torch.ones(3, 16)})
+    bundle = DataBundle(RecordDataset(records, train_load), RecordDataset([], val_load), RecordDataset([], val_load),
+                        patients.task)
+    parts = fold_bundles(bundle, inner_folds(bundle, INNER_FOLDS, 0))
+    assert sorted(r.id for part in parts for r in part.val.records) == sorted(r.id for r in records)
+    for part in parts:
+        assert part.train.load is train_load and part.val.load is val_load
+        assert not {r.patient for r in part.train.records} & {r.patient for r in part.val.records}
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.key)
+def test_inner_cross_validation_never_searches_a_key_the_user_sets(patients, knob):
+    """Every fold trial trains the user's value (a set readout leaves the bag transformer's rate to search)."""
+    found = fingerprint(patients)
+    value = knob.values(tiny_config(*APPLIES[knob.key]), found, OWN)[-1]
+    config = with_values(tiny_config(*APPLIES[knob.key], "train.epochs=8"), {knob.key: value})
+    counting = CountingFit()
+    record = choose_recipe(config, patients, log=lambda m: None, fit=counting)["recipe"]["record"]
+    assert all(get_key(call, knob.key) == value for call in counting.calls)
+    assert knob.key not in record.get("keys", []) and knob.key not in record.get("values", {})
 
 
 def test_a_real_search_is_reproducible_and_the_run_records_it(tmp_path, bags):

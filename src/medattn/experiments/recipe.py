@@ -1,28 +1,38 @@
 """The recipe search (``recipe.search``): train the candidates of :func:`medattn.plan.search.search_plan` by
-successive halving, keep the one with the best validation score, and hand back the config that trains it, with
+successive halving, keep the one with the best validation score (by inner cross-validation by patient on the
+training split where the validation split is too small to choose), and hand back the config that trains it, with
 every candidate's score, the choice and the budget in ``recipe.record`` (config.yaml, results.json, the summary and
 report.html show it).
 
 Trials are ordinary seeded runs (:func:`medattn.train.fit` with ``test=False``: the test split is never read) in a
 temporary folder that is removed afterwards; they start from ``init_from`` as the final run does. A trial that
-fails with a UserError (e.g. it diverged) scores nothing and is out of the search.
+fails with a UserError (e.g. it diverged) scores nothing and is out of the search. With inner cross-validation
+(:func:`inner_folds`, :func:`fold_bundles`) a candidate's trial is K runs, one per fold, each trained on the other
+folds' cases and scored on the fold's; its score is the mean of the folds' best validation scores (a fold without
+a score, e.g. one class only, is left out of the mean), and one failed fold puts the candidate out.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from torch.utils.data import Dataset, Subset
+
 from medattn.data.base import DataBundle
+from medattn.data.cohort.splits import assign_splits
 from medattn.errors import UserError
 from medattn.plan import apply as apply_plan
 from medattn.plan import fingerprint, plan
 from medattn.plan.rules import set_key
 from medattn.plan.search import ETA, SearchPlan, describe_search, search_plan
+from medattn.vocabulary import task_types
 
 
 def planned_search(config: dict, bundle: DataBundle) -> SearchPlan:
@@ -73,6 +83,86 @@ def _trial_config(config: dict, overrides: dict, epochs: int) -> dict:
     return trial
 
 
+def _patients_and_strata(bundle: DataBundle) -> tuple[list[str], list[str]]:
+    """Each training case's patient and stratum (:meth:`~medattn.vocabulary.task_types.TaskType.stratum`): from the
+    records where the dataset keeps them, else from each sample (drawn aside: the seeded random stream stays)."""
+    kind = task_types.of(bundle.task.task_type)
+    records = getattr(bundle.train, "records", None)
+    if records is not None:
+        return [r.patient for r in records], [kind.stratum(r.label) for r in records]
+    with torch.random.fork_rng():
+        samples = [bundle.train[i] for i in range(len(bundle.train))]
+    return [s.get("patient", s["id"]) for s in samples], [kind.stratum(s["label"]) for s in samples]
+
+
+def inner_folds(bundle: DataBundle, folds: int, seed: int) -> list[list[int]]:
+    """The training split's cases (indices into ``bundle.train``) in ``folds`` folds by patient: no patient in two
+    folds, every case in one. Stratified by each patient's stratum as the data splits are
+    (:func:`~medattn.data.cohort.splits.assign_splits`: scikit-learn's ``StratifiedGroupKFold`` shuffled with
+    ``seed``, so the same data and seed make the same folds), by patient only where a stratum has fewer cases than
+    folds; UserError with fewer patients than folds."""
+    patients, strata = _patients_and_strata(bundle)
+
+    def fold_names(keys: list[str]) -> list[list[str]]:
+        return [assign_splits(patients, keys, {"folds": folds, "fold": k, "val_fraction": 0}, seed)
+                for k in range(folds)]
+
+    try:
+        names = fold_names(strata)
+    except UserError:  # a stratum too rare to reach every fold
+        names = fold_names([""] * len(strata))
+    return [[i for i, name in enumerate(fold) if name == "test"] for fold in names]
+
+
+def _take(dataset: Dataset, indices: list[int]) -> Dataset:
+    """``dataset``'s cases ``indices``: a table's records keep their loader (and stay records for the code that reads
+    them: labels, bag sizes), any other dataset becomes a Subset."""
+    from medattn.data.tables import RecordDataset
+
+    if isinstance(dataset, RecordDataset):
+        return RecordDataset([dataset.records[i] for i in indices], dataset.load, dataset.transform)
+    return Subset(dataset, indices)
+
+
+def _as_validation(bundle: DataBundle) -> Dataset:
+    """The training split read as the validation split reads its cases (no augmentation, whole bags): a table's
+    records with the validation loader, a synthetic split with the validation split's ``finish``; another dataset
+    as it is."""
+    from medattn.data.seeded import SyntheticDataset
+    from medattn.train.survival_report import plain_training_set
+
+    if isinstance(bundle.train, SyntheticDataset) and isinstance(bundle.val, SyntheticDataset):
+        plain = copy.copy(bundle.train)  # shares the rendered cache
+        plain.finish = bundle.val.finish
+        return plain
+    return plain_training_set(bundle)
+
+
+def fold_bundles(bundle: DataBundle, folds: list[list[int]]) -> list[DataBundle]:
+    """One bundle per fold of :func:`inner_folds`: the other folds' training cases as its training split, the
+    fold's as its validation split (read as validation); the task and the rest as ``bundle``'s."""
+    held_out = _as_validation(bundle)
+    out = []
+    for fold in folds:
+        inside = set(fold)
+        rest = [i for i in range(len(bundle.train)) if i not in inside]
+        out.append(dataclasses.replace(bundle, train=_take(bundle.train, rest), val=_take(held_out, fold)))
+    return out
+
+
+def _trial(fit: Callable, trial: dict, parts: list[DataBundle], run_dir: Path, init_from) -> dict:
+    """One candidate's trial on ``parts`` (the bundle, or the fold bundles): ``val_score`` (the mean of the parts'
+    best validation scores that exist) and, for folds, ``folds`` (each fold's score). Raises a trial's UserError."""
+    found = []
+    for k, part in enumerate(parts):
+        results = fit(trial, part, run_dir / f"part{k}", progress=False, log=lambda message: None,
+                      init_from=init_from, test=False)
+        found.append(results[f"val_{results['metric']}"])
+    kept = [score for score in found if score is not None and not math.isnan(score)]
+    entry = {"val_score": sum(kept) / len(kept) if kept else None}
+    return entry if len(parts) == 1 else {**entry, "folds": found}
+
+
 def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | None = None,
                   log: Callable[[str], None] = print, fit: Callable | None = None) -> dict:
     """-> ``config`` with the chosen candidate's values set and ``recipe.record`` filled (the module docstring);
@@ -83,6 +173,13 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
     search = planned_search(config, bundle)
     log(describe_search(search))
     chosen = copy.deepcopy(config)
+    parts = [bundle]
+    if search.folds and not search.skip:
+        try:
+            parts = fold_bundles(bundle, inner_folds(bundle, search.folds, config["seed"]))
+        except UserError as error:  # fewer training patients than folds
+            search.skip = f"inner {search.folds}-fold cross-validation cannot fold the training split: {error}"
+            log(f"recipe: the defaults, no search ({search.skip})")
     if search.skip:
         chosen["recipe"]["record"] = {"searched": False, "reason": search.skip}
         return chosen
@@ -92,27 +189,26 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
             for index, candidate in enumerate(alive):
                 trial = _trial_config(config, candidate.overrides, epochs)
                 try:
-                    results = fit(trial, bundle, Path(folder) / f"round{round_number}_{index}", progress=False,
-                                  log=lambda message: None, init_from=init_from, test=False)
-                    score = results[f"val_{results['metric']}"]
+                    entry = _trial(fit, trial, parts, Path(folder) / f"round{round_number}_{index}", init_from)
                 except UserError as error:
                     log(f"recipe: {candidate.name} failed in round {round_number}: {error}")
-                    score = None
-                scores.setdefault(candidate.name, []).append({"round": round_number, "epochs": epochs,
-                                                              "val_score": score})
-                log(f"recipe: round {round_number}, {candidate.name}: best validation score "
+                    entry = {"val_score": None}
+                scores.setdefault(candidate.name, []).append({"round": round_number, "epochs": epochs, **entry})
+                score = entry["val_score"]
+                log(f"recipe: round {round_number}, {candidate.name}: "
+                    f"{'mean of the folds' if search.folds else 'best'} validation score "
                     f"{'none' if score is None else f'{score:.4f}'} in {epochs} epochs")
             ranked = sorted(alive, key=lambda c: -_last(scores[c.name]))  # stable: ties keep the earlier
             alive = ranked[:math.ceil(len(alive) / ETA)]
     winner = alive[0]
     chosen = with_values(config, winner.overrides)
     chosen["recipe"] = {**config["recipe"], "record": {
-        "searched": True, "chosen": winner.name, "values": winner.overrides, "keys": search.knobs,
+        "searched": True, "chosen": winner.name, "values": winner.overrides, "keys": search.knobs, "by": search.by,
         "budget": search.budget, "single_run_epochs": search.epochs, "trial_epochs": search.trial_epochs,
         "rounds": search.rounds, "seconds": round(time.time() - started, 1),
         "candidates": [{"name": c.name, "values": c.overrides, "trials": scores[c.name]} for c in search.candidates]}}
-    log(f"recipe: chose {winner.name} (best validation score {_last(scores[winner.name]):.4f}); the search took "
-        f"{time.time() - started:.0f} s")
+    log(f"recipe: chose {winner.name} (validation score {_last(scores[winner.name]):.4f} by {search.by}); the "
+        f"search took {time.time() - started:.0f} s")
     return chosen
 
 

@@ -15,9 +15,16 @@ one that validates best and say which it kept:
   equally; each round trains its candidates from scratch for ``round budget / candidates`` epochs and keeps the
   better half by the best validation score; ties keep the earlier candidate (the defaults first). Deterministic:
   the trials are seeded runs, so the same data and seed make the same choice;
-* **when** (``recipe.search``): ``true``, ``false``, or ``auto`` (the default): on where a knob applies and the splits
-  can choose (at least :data:`AUTO_MIN_TRAIN` training and :data:`AUTO_MIN_VAL` validation cases; a validation score
-  of fewer cases chooses noise), else off with the reason printed.
+* **when** (``recipe.search``): ``true``, ``false``, or ``auto`` (the default): on where a knob applies and the
+  training split can choose (at least :data:`AUTO_MIN_TRAIN` cases), else off with the reason printed;
+* **by what** (:attr:`SearchPlan.by`): the best validation score where the validation split has at least
+  :data:`AUTO_MIN_VAL` cases; on a smaller one (a score of fewer cases chooses noise) by inner cross-validation: the
+  training split only, in :data:`INNER_FOLDS` folds by patient (stratified by the task type's stratum), each
+  candidate trained on the other folds and scored on each fold; its score in a round is the mean over the folds.
+  The validation split still chooses the final run's checkpoint; the test split is never read. The budget holds: a
+  fold trial trains on (K - 1) / K of the cases, so a round of e epochs per candidate gives each of its K fold
+  trials ``e // (K - 1)`` epochs, ``(K - 1) * (e // (K - 1)) <= e`` training-split epochs in all (no epoch per
+  fold trial: the search is skipped).
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from medattn.vocabulary import task_types
 
 AUTO_MIN_TRAIN, AUTO_MIN_VAL = 100, 40
 ETA = 2  # successive halving keeps 1 / ETA of the candidates each round
+#: K of the inner cross-validation that replaces a validation split of fewer than AUTO_MIN_VAL cases: each fold trial
+#: trains on 2/3 of the training cases, and every training case is scored once (a fold of 100 cases scores 33).
+INNER_FOLDS = 3
 
 
 def _is_bag_model(config: dict, found: dict) -> bool:
@@ -101,8 +111,10 @@ class Candidate:
 
 @dataclass
 class SearchPlan:
-    """What the search will do: ``candidates`` (the defaults first), ``rounds`` (epochs per candidate in each round),
-    ``epochs`` (E, the planned single run), ``budget``; ``skip`` the reason it will not run (None: it runs)."""
+    """What the search will do: ``candidates`` (the defaults first), ``rounds`` (epochs per trial in each round: a
+    candidate's run, or each of its fold runs), ``epochs`` (E, the planned single run), ``budget``; ``skip`` the
+    reason it will not run (None: it runs); ``folds`` K of the inner cross-validation (0: the validation split
+    chooses) and ``by`` what chooses, in words."""
 
     candidates: list[Candidate]
     rounds: list[int]
@@ -110,13 +122,16 @@ class SearchPlan:
     budget: float
     skip: str | None = None
     knobs: list[str] = field(default_factory=list)
+    folds: int = 0
+    by: str = "the validation split"
 
     @property
     def trial_epochs(self) -> int:
-        """Epochs the trials take in all (every round's candidates times their epochs)."""
-        alive, total = len(self.candidates), 0
+        """Training-split epochs the trials take in all: every round's candidates times their epochs; a candidate's K
+        fold trials each train on (K - 1) / K of the cases, K - 1 epochs' worth per epoch."""
+        alive, total, worth = len(self.candidates), 0, max(1, self.folds - 1)
         for epochs in self.rounds:
-            total += alive * epochs
+            total += alive * epochs * worth
             alive = max(1, math.ceil(alive / ETA))
         return total
 
@@ -157,19 +172,25 @@ def search_plan(config: dict, found: dict, planned_epochs: int, own: dict) -> Se
     ``planned_epochs``: E, the single run's epochs after the plan; ``own``: the model's own training settings."""
     recipe = config["recipe"]
     found_candidates, keys = candidates(config, found, own)
-    plan = SearchPlan(found_candidates, halving_rounds(len(found_candidates), planned_epochs, recipe["budget"]),
-                      planned_epochs, recipe["budget"], knobs=keys)
     n_train, n_val = found["cases"]["train"], found["cases"]["val"]
+    rounds = halving_rounds(len(found_candidates), planned_epochs, recipe["budget"])
+    plan = SearchPlan(found_candidates, rounds, planned_epochs, recipe["budget"], knobs=keys,
+                      by=f"the validation split ({n_val} cases)")
+    if n_val < AUTO_MIN_VAL:
+        plan.folds, plan.rounds = INNER_FOLDS, [epochs // (INNER_FOLDS - 1) for epochs in rounds]
+        plan.by = (f"inner {INNER_FOLDS}-fold cross-validation by patient on the training split (validation split "
+                   f"of {n_val} cases < {AUTO_MIN_VAL})")
     if recipe["search"] is False:
         plan.skip = "recipe.search is false"
     elif len(found_candidates) < 2:
         plan.skip = f"nothing to search for {config['model']['name']} (every searchable key is set or does not apply)"
-    elif plan.trial_epochs > (recipe["budget"] - 1) * planned_epochs:
+    elif 0 in plan.rounds or plan.trial_epochs > (recipe["budget"] - 1) * planned_epochs:
+        per = f"fold trial of inner {plan.folds}-fold cross-validation" if plan.folds else "candidate and round"
         plan.skip = (f"recipe.budget {recipe['budget']:g} of {planned_epochs}-epoch runs leaves less than an epoch "
-                     f"per candidate and round")
-    elif recipe["search"] == "auto" and (n_train < AUTO_MIN_TRAIN or n_val < AUTO_MIN_VAL):
-        plan.skip = (f"{n_train} training and {n_val} validation cases (auto searches from {AUTO_MIN_TRAIN} and "
-                     f"{AUTO_MIN_VAL}: fewer validation cases choose noise); recipe.search=true forces it")
+                     f"per {per}")
+    elif recipe["search"] == "auto" and n_train < AUTO_MIN_TRAIN:
+        plan.skip = (f"{n_train} training and {n_val} validation cases (auto searches from {AUTO_MIN_TRAIN} training "
+                     f"cases); recipe.search=true forces it")
     return plan
 
 
@@ -178,9 +199,11 @@ def describe_search(plan: SearchPlan) -> str:
     if plan.skip:
         return f"recipe: the defaults, no search ({plan.skip})"
     cost = (plan.trial_epochs + plan.epochs) / plan.epochs
+    per, whole = ((f"fold trial ({plan.folds} per candidate, each epoch on {plan.folds - 1}/{plan.folds} of the "
+                   f"training cases)", " (of the whole training split)") if plan.folds else ("candidate", ""))
     lines = [f"recipe: search over {', '.join(plan.knobs)}: {len(plan.candidates)} candidates, successive halving "
-             f"in {len(plan.rounds)} round(s) of {', '.join(map(str, plan.rounds))} epochs per candidate; "
-             f"{plan.trial_epochs} trial epochs + the final {plan.epochs} = {cost:.2f} single runs "
-             f"(budget {plan.budget:g})"]
+             f"in {len(plan.rounds)} round(s) of {', '.join(map(str, plan.rounds))} epochs per {per}, chosen by "
+             f"{plan.by}; {plan.trial_epochs} trial epochs{whole} + the final {plan.epochs} = {cost:.2f} single "
+             f"runs (budget {plan.budget:g})"]
     lines += [f"  {i}. {c.name}" + ("  (the defaults)" if i == 1 else "") for i, c in enumerate(plan.candidates, 1)]
     return "\n".join(lines)
