@@ -308,3 +308,14 @@ def test_compare_gives_every_arm_the_same_budget(bags):
     for name, plan in plans.items():
         assert plan.trial_epochs + plan.epochs <= plan.budget * plan.epochs, name
         assert plan.trial_epochs >= (plan.budget - 1) * plan.epochs - len(plan.candidates), name  # budget used
+
+
+def test_the_summary_line_names_what_chose():
+    """The run summary and report.html say whether the validation split or inner cross-validation chose."""
+    from medattn.train.report import recipe_text
+
+    record = {"searched": True, "chosen": "readout=mean", "budget": 3, "trial_epochs": 40, "single_run_epochs": 20,
+              "rounds": [5, 10], "candidates": [{"name": "readout=mean", "trials": [{"val_score": 0.7}]}]}
+    assert "by the score on the validation split (" in recipe_text(record)  # a record from before "by"
+    inner = {**record, "by": "inner 3-fold cross-validation by patient on the training split"}
+    assert "by the score on inner 3-fold cross-validation by patient" in recipe_text(inner)

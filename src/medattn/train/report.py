@@ -255,7 +255,8 @@ def recipe_text(record: dict | None) -> str | None:
     scores = "; ".join(f"{c['name']} " + " / ".join("failed" if t["val_score"] is None else f"{t['val_score']:.4f}"
                                                     for t in c["trials"]) for c in record["candidates"])
     cost = (record["trial_epochs"] + record["single_run_epochs"]) / record["single_run_epochs"]
-    return (f"chose {record['chosen']} by validation score ({scores}; rounds of {record['rounds']} epochs); "
+    chooser = record.get("by", "the validation split")  # records before inner cross-validation have no "by"
+    return (f"chose {record['chosen']} by the score on {chooser} ({scores}; rounds of {record['rounds']} epochs); "
             f"{cost:.2f} single runs, budget {record['budget']:g}")
 
 
