@@ -264,3 +264,29 @@ def test_compare_draws_each_arm_per_seed_and_marks_arms_that_did_not_learn(tmp_p
     assert labels == ["softmax", "seqnorm\n(did not learn)"] and (tmp_path / "compare.png").stat().st_size > 0
     assert [round(bar.get_height(), 2) for bar in axis.patches] == [0.85, 0.51]
     assert axis.patches[1].get_hatch() == "//" and not axis.patches[0].get_hatch()
+
+
+@pytest.mark.parametrize("risks", [["risk"], ["risk_cancer", "risk_other"]])
+def test_survival_predictions_are_read_beside_their_risk_group(tmp_path, risks):
+    """A survival or competing-risks run's predictions_test.csv holds a text column, risk_group, beside the risks:
+    compare reads the risks and scores the C-index (it failed on 'low' before)."""
+    from medattn.metrics_competing import cause_specific_c_index
+    from medattn.metrics_survival import concordance_index
+
+    rng = np.random.default_rng(0)
+    n = 30
+    time, risk = rng.uniform(1, 50, n), rng.normal(size=(n, len(risks)))
+    event = rng.integers(0, len(risks) + 1, n) if len(risks) > 1 else rng.integers(0, 2, n)
+    with open(tmp_path / "predictions_test.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "patient", "time", "event", *risks, "risk_group"])
+        for i in range(n):
+            writer.writerow([f"c{i}", f"p{i}", f"{time[i]:.4f}", event[i], *[f"{r:.6f}" for r in risk[i]],
+                             "high" if risk[i, 0] > 0 else "low"])
+    cases = read_cases(tmp_path)
+    assert cases.outputs.shape == (n, len(risks)) and cases.labels.shape == (n, 2)
+    everyone = np.arange(n)
+    rounded = np.round(risk[:, 0], 6)
+    expected = (concordance_index(rounded, np.round(time, 4), event.astype(bool)) if len(risks) == 1
+                else cause_specific_c_index(rounded, np.round(time, 4), event, 1))
+    assert cases.score(everyone) == pytest.approx(expected)

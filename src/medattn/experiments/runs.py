@@ -169,6 +169,10 @@ def run_jobs(jobs: list[Job], root: Path, *, progress: bool = True, log: Callabl
     return results
 
 
+#: Text columns of ``predictions_test.csv`` that share a numeric column's prefix (the risk group beside the risks).
+TEXT_COLUMNS = ("risk_group",)
+
+
 @dataclass
 class Cases:
     """A run's per-case test outputs read back from ``predictions_test.csv``.
@@ -198,8 +202,8 @@ class Cases:
 def read_cases(run_dir: Path) -> Cases:
     """Read ``predictions_test.csv`` as written by :mod:`medattn.train.report`: ``label`` (multi-class) or
     ``label_<name>`` (binary: one, multi-label: several) and ``prob_<name>`` columns, ``dice_<name>``
-    columns (segmentation), ``time``, ``event`` and ``risk`` (survival) or ``true_<name>`` and ``pred_<name>``
-    (regression)."""
+    columns (segmentation), ``time``, ``event`` and ``risk`` (survival) or ``risk_<cause>`` per cause (competing
+    risks; both with a text column ``risk_group``, not read) or ``true_<name>`` and ``pred_<name>`` (regression)."""
     path = Path(run_dir) / "predictions_test.csv"
     try:
         with open(path, newline="") as f:
@@ -211,14 +215,15 @@ def read_cases(run_dir: Path) -> Cases:
     columns = list(rows[0])
 
     def matrix(prefix: str) -> np.ndarray:
-        return np.array([[float(r[c]) if r[c] != "" else math.nan for c in columns if c.startswith(prefix)]
-                         for r in rows])
+        return np.array([[float(r[c]) if r[c] != "" else math.nan for c in columns
+                          if c.startswith(prefix) and c not in TEXT_COLUMNS] for r in rows])
 
     ids, patients = [r["id"] for r in rows], [r["patient"] for r in rows]
     if any(c.startswith("dice_") for c in columns):
         return Cases(ids, patients, matrix("dice_"), None, "segmentation")
-    if "risk" in columns:
-        return Cases(ids, patients, matrix("risk"), np.hstack([matrix("time"), matrix("event")]), "survival")
+    if "time" in columns and "event" in columns:  # one risk (survival) or one per cause (competing risks)
+        kind = "survival" if "risk" in columns else "competing_risks"
+        return Cases(ids, patients, matrix("risk"), np.hstack([matrix("time"), matrix("event")]), kind)
     if any(c.startswith("true_") for c in columns):
         return Cases(ids, patients, matrix("pred_"), matrix("true_"), "regression")
     probs = matrix("prob_")
