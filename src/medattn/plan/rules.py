@@ -10,8 +10,9 @@ Rules (each measured on the realistic benchmark, docs/realistic.md, "The plan"):
   model runs the B bags of a batch one at a time (:func:`medattn.train.survival_bags.forward_each`), so a batch
   costs B single-bag steps and its epochs are planned as at batch 1 (180 training bags: 20 epochs, not the 150 a
   batch of 16 would get). Padded batches of other bag tasks keep the optimizer-step rule. On ``retina_survival``
-  every loss's validation C-index came within 0.02 of its 30-epoch best by epoch 4-7 (docs/survival.md, "Losses for
-  bags"); 150 epochs cost 7 times the time of 20.
+  SeqNorm's validation C-index came within 0.02 of its 30-epoch best by epoch 3-7 with every loss; attention-MIL's
+  Cox loss at its own rate needed 18-26 epochs, at 5 times the rate (a recipe candidate) it learns within 20
+  (docs/survival_bags.md). 150 epochs cost 7 times the time of 20.
 * survival, every split: a split with fewer than ``MIN_EVENTS`` events or ``MIN_PAIRS`` comparable pairs cannot
   measure a C-index (none without a pair; few pairs make it move in steps of 1 / (2 pairs), so 2 validation patients
   read 1.000 at every epoch): a note (docs/survival.md, "The plan").
