@@ -285,6 +285,8 @@ def test_a_real_search_is_reproducible_and_the_run_records_it(tmp_path, bags):
     second = choose_recipe(config, bags, log=lambda m: None)
     assert first["recipe"]["record"]["candidates"] == second["recipe"]["record"]["candidates"]
     assert first["recipe"]["record"]["chosen"] == second["recipe"]["record"]["chosen"]
+    trials = [t for c in first["recipe"]["record"]["candidates"] for t in c["trials"]]
+    assert all(t["learned"] in (True, False) for t in trials)  # a trial without a test split is judged too
     lines = []
     results = fit(first, bags, tmp_path / "run", progress=False, log=lines.append)
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -319,3 +321,32 @@ def test_the_summary_line_names_what_chose():
     assert "by the score on the validation split (" in recipe_text(record)  # a record from before "by"
     inner = {**record, "by": "inner 3-fold cross-validation by patient on the training split"}
     assert "by the score on inner 3-fold cross-validation by patient" in recipe_text(inner)
+
+
+class JudgedFit(CountingFit):
+    """CountingFit whose runs carry the verdict: the readouts in ``unlearned`` did not learn."""
+
+    def __init__(self, unlearned: set[str]) -> None:
+        super().__init__()
+        self.unlearned = unlearned
+
+    def __call__(self, config, bundle, run_dir, **kwargs):
+        results = super().__call__(config, bundle, run_dir, **kwargs)
+        readout = config["model"]["kwargs"].get("readout", "max")
+        return {**results, "learning": {"learned": readout not in self.unlearned}}
+
+
+@pytest.mark.parametrize("unlearned, expected", [
+    ({"attention"}, "readout=mean"),  # the best score did not learn: the best that learned wins
+    ({"attention", "mean", "max"}, "readout=max"),  # nothing learned: the defaults stay
+    ({"max"}, "readout=attention"),  # the defaults did not learn, the others did: scores decide among them
+    (set(), "readout=attention"),
+])
+def test_a_trial_that_did_not_learn_never_displaces_the_defaults(big_bags, unlearned, expected):
+    """ihc_bags seed 1: attention's flat trial peaked on one epoch's noise and beat the max readout, which had not
+    started; the final run did not learn. A trial's score counts only where the trial learned."""
+    config = tiny_config(*BAG, "train.epochs=8")
+    record = choose_recipe(config, big_bags, log=lambda m: None, fit=JudgedFit(unlearned))["recipe"]["record"]
+    assert record["chosen"] == expected
+    trials = {c["name"]: c["trials"] for c in record["candidates"]}
+    assert all(t["learned"] == (name.split("=")[1] not in unlearned) for name, ts in trials.items() for t in ts)

@@ -6,7 +6,11 @@ report.html show it).
 
 Trials are ordinary seeded runs (:func:`medattn.train.fit` with ``test=False``: the test split is never read) in a
 temporary folder that is removed afterwards; they start from ``init_from`` as the final run does. A trial that
-fails with a UserError (e.g. it diverged) scores nothing and is out of the search. With inner cross-validation
+fails with a UserError (e.g. it diverged) scores nothing and is out of the search. A trial that did not learn
+(:mod:`medattn.train.verdict`: its train loss never went below a constant predictor's, or its best validation
+score lies within chance) cannot displace the defaults, whatever its score (:func:`_rank`): on ``ihc_bags`` seed 1
+the max readout's 6-epoch trial had not started (0.511), attention's flat run peaked at 0.650 on one epoch's noise
+and won, and the final run did not learn (test AUROC 0.628; seed 0, where max won, 0.861). With inner cross-validation
 (:func:`inner_folds`, :func:`fold_bundles`) a candidate's trial is K runs, one per fold, each trained on the other
 folds' cases and scored on the fold's; its score is the mean of the folds' best validation scores (a fold without
 a score, e.g. one class only, is left out of the mean), and one failed fold puts the candidate out.
@@ -152,15 +156,32 @@ def fold_bundles(bundle: DataBundle, folds: list[list[int]]) -> list[DataBundle]
 
 def _trial(fit: Callable, trial: dict, parts: list[DataBundle], run_dir: Path, init_from) -> dict:
     """One candidate's trial on ``parts`` (the bundle, or the fold bundles): ``val_score`` (the mean of the parts'
-    best validation scores that exist) and, for folds, ``folds`` (each fold's score). Raises a trial's UserError."""
-    found = []
+    best validation scores that exist), ``learned`` (the verdict of :mod:`medattn.train.verdict`; with folds, true
+    when most folds learned; None where the runs carry no verdict) and, for folds, ``folds`` (each fold's score).
+    Raises a trial's UserError."""
+    found, verdicts = [], []
     for k, part in enumerate(parts):
         results = fit(trial, part, run_dir / f"part{k}", progress=False, log=lambda message: None,
                       init_from=init_from, test=False)
         found.append(results[f"val_{results['metric']}"])
+        verdicts.append((results.get("learning") or {}).get("learned"))
     kept = [score for score in found if score is not None and not math.isnan(score)]
-    entry = {"val_score": sum(kept) / len(kept) if kept else None}
+    judged = [v for v in verdicts if v is not None]
+    entry = {"val_score": sum(kept) / len(kept) if kept else None,
+             "learned": 2 * sum(judged) > len(judged) if judged else None}
     return entry if len(parts) == 1 else {**entry, "folds": found}
+
+
+def _rank(trials: list[dict], position: int) -> tuple:
+    """A candidate's place after a round (lower first): candidates that learned in their latest trial by their
+    score; then those that did not learn, in the candidates' order (the defaults first), since a score that did not
+    come from learning is noise and must not displace the defaults; then those that failed."""
+    latest = trials[-1]
+    if latest["val_score"] is None:
+        return (2, position)
+    if latest.get("learned") is False:
+        return (1, position)
+    return (0, -latest["val_score"])
 
 
 def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | None = None,
@@ -192,13 +213,15 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
                     entry = _trial(fit, trial, parts, Path(folder) / f"round{round_number}_{index}", init_from)
                 except UserError as error:
                     log(f"recipe: {candidate.name} failed in round {round_number}: {error}")
-                    entry = {"val_score": None}
+                    entry = {"val_score": None, "learned": None}
                 scores.setdefault(candidate.name, []).append({"round": round_number, "epochs": epochs, **entry})
                 score = entry["val_score"]
                 log(f"recipe: round {round_number}, {candidate.name}: "
                     f"{'mean of the folds' if search.folds else 'best'} validation score "
-                    f"{'none' if score is None else f'{score:.4f}'} in {epochs} epochs")
-            ranked = sorted(alive, key=lambda c: -_last(scores[c.name]))  # stable: ties keep the earlier
+                    f"{'none' if score is None else f'{score:.4f}'} in {epochs} epochs"
+                    + (" (did not learn)" if entry["learned"] is False else ""))
+            position = {c.name: i for i, c in enumerate(search.candidates)}
+            ranked = sorted(alive, key=lambda c: _rank(scores[c.name], position[c.name]))  # stable
             alive = ranked[:math.ceil(len(alive) / ETA)]
     winner = alive[0]
     chosen = with_values(config, winner.overrides)
@@ -207,8 +230,10 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
         "budget": search.budget, "single_run_epochs": search.epochs, "trial_epochs": search.trial_epochs,
         "rounds": search.rounds, "seconds": round(time.time() - started, 1),
         "candidates": [{"name": c.name, "values": c.overrides, "trials": scores[c.name]} for c in search.candidates]}}
-    log(f"recipe: chose {winner.name} (validation score {_last(scores[winner.name]):.4f} by {search.by}); the "
-        f"search took {time.time() - started:.0f} s")
+    unlearned = scores[winner.name][-1].get("learned") is False
+    log(f"recipe: chose {winner.name} (validation score {_last(scores[winner.name]):.4f} by {search.by}"
+        + ("; no candidate learned in its trial, so the defaults' order decided" if unlearned else "")
+        + f"); the search took {time.time() - started:.0f} s")
     return chosen
 
 

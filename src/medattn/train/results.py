@@ -65,7 +65,9 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         label = " ".join(str(v) for v in (config["model"]["name"], config["model"].get("attention")) if v)
         rows = report.read_metrics(run_dir / "metrics.csv")
         probabilities = test.outputs if objective.outputs_are_probabilities else None
-        results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}", results["best_epoch"])
+        if results.get("learning") is None:  # judged already where the training task's results did
+            results["learning"] = learning_verdict(config, bundle, rows, f"val_{objective.metric}",
+                                                   results["best_epoch"])
         results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
         results["warnings"] += results["learning"]["warnings"]
         results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)

@@ -41,7 +41,8 @@ from .model_setup import fit_feature_norm, initialise, model_defaults, preset_de
 from .objectives import Objective, metric_fields, objective_for
 from .optim import EMA
 from .predictions import predict
-from .results import CasePictures, test_best
+from .report import read_metrics
+from .results import CasePictures, learning_verdict, test_best
 from .sampling import drop_instances, make_loader, positive_weight, recipe_labels
 from .survival_bags import forward_each, survival_training
 from .trainable import check_trainable
@@ -176,9 +177,13 @@ class Supervised:
                           f"val loss {val.loss:.4f}  val {objective.metric_label} {score:.4f}")
 
     def results(self, run_dir: Path, state: dict, train_seconds: float) -> dict:
-        """results.json before the test: the run, its best epoch and validation score, the data and the setup."""
+        """results.json before the test: the run, its best epoch and validation score, whether it learned (the
+        verdict, :mod:`medattn.train.verdict`: a recipe trial, which has no test, is judged too), the data and the
+        setup."""
         parts, bundle = self.parts, self.bundle
         config, metric = parts.config, parts.objective.metric
+        learning = (learning_verdict(config, bundle, read_metrics(run_dir / "metrics.csv"), f"val_{metric}",
+                                     state["best_epoch"]) if distributed.is_main() else None)
         return {
             "run_dir": str(run_dir), "synthetic": parts.task.synthetic, "data": config["data"].get("kind"),
             "model": config["model"]["name"], "attention": config["model"]["attention"],
@@ -189,7 +194,7 @@ class Supervised:
             "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": parts.record["init_from"],
             "warnings": parts.record["warnings"], "defaults": parts.record["defaults"],
             "feature_standardization": parts.record["feature_standardization"], "plan": parts.record["plan"],
-            "recipe": config["recipe"]["record"],
+            "recipe": config["recipe"]["record"], "learning": learning,
         }
 
     def test(self, run_dir: Path, results: dict, progress: bool, started: float,
