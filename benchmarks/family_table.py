@@ -118,6 +118,26 @@ def paired_tests(compare_folder: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _tests_text(rows: list[dict]) -> str:
+    """compare_tests.csv's rows on the task's metric (the integrated Brier score's t-test left out) in one cell:
+    per pair, the difference and the p-values over seeds and over test patients, or why compare left it out."""
+    by_pair: dict[str, dict] = {}
+    for row in rows:
+        if "Brier" in row["test"]:
+            continue
+        over = {"paired t": "seeds", "paired b": "patients"}.get(row["test"][:8], "note")
+        by_pair.setdefault(f"{row['arm']} - {row['reference']}", {})[over] = row
+    cells = []
+    for pair, found in by_pair.items():
+        if "note" in found:
+            cells.append(f"{pair}: left out ({found['note']['note']})")
+            continue
+        difference = float(next(iter(found.values()))["difference"])
+        cells.append(f"{pair}: {difference:+.3f}, p {_p(found.get('seeds', {}).get('p_value'))} / "
+                     f"{_p(found.get('patients', {}).get('p_value'))}")
+    return "; ".join(cells) or "-"
+
+
 def _mean_sd(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f} (1 seed)" if values else "-"
@@ -151,14 +171,9 @@ def main() -> None:
         ref = found["independent"]
         scores = "; ".join(f"{arm} {_mean_sd([s['test'] for s in seeds])}, {sum(bool(s['learned']) for s in seeds)}"
                            f"/{len(seeds)}" for arm, seeds in found["arms"].items())
-        by_arm: dict[str, dict] = {}
-        for row in found["tests"]:
-            over = "seeds" if row["test"].startswith("paired t") else "patients"
-            by_arm.setdefault(f"{row['arm']} - {row['reference']}", {})[over] = row
-        tests = "; ".join(f"{pair}: {float(next(iter(t.values()))['difference']):+.3f}, p "
-                          f"{_p(t.get('seeds', {}).get('p_value'))} / {_p(t.get('patients', {}).get('p_value'))}"
-                          for pair, t in by_arm.items())
-        print(f"| {task} | {ref['metric']} | {scores} | {ref['model']}: {ref['test']:.3f} | {tests or '-'} |")
+        r = f" (Pearson r {ref['pearson_r']:.3f})" if "pearson_r" in ref else ""
+        print(f"| {task} | {ref['metric']} | {scores} | {ref['model']}: {ref['test']:.3f}{r} | "
+              f"{_tests_text(found['tests'])} |")
 
 
 if __name__ == "__main__":
