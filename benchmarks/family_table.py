@@ -77,13 +77,15 @@ def independent(folder: Path) -> dict:
 
 
 def _cox(x_train: np.ndarray, x_test: np.ndarray, targets: dict, data: dict) -> dict:
-    """Penalised Cox (lifelines, penalizer 0.1) on the pooled features -> the test C-index (medattn's function; the
-    tests of metrics_survival hold it equal to lifelines')."""
+    """Penalised Cox (lifelines, penalizer 0.1) on the pooled features (those constant over the training bags
+    dropped) -> the test C-index (medattn's function; the tests of metrics_survival hold it equal to lifelines')."""
     import pandas as pd
     from lifelines import CoxPHFitter
 
     from medattn.metrics_survival import concordance_index
 
+    keep = x_train.std(0) > 1e-12  # a feature constant over the training bags stalls the Newton steps
+    x_train, x_test = x_train[:, keep], x_test[:, keep]
     names = [f"f{i}" for i in range(x_train.shape[1])]
     time, event = data["time_column"], data["event_column"]
     frame = pd.DataFrame(x_train, columns=names).assign(time=targets["train"][time], event=targets["train"][event])
