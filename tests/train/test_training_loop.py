@@ -159,6 +159,8 @@ def test_best_epoch_breaks_ties_by_validation_loss(score, loss, expected):
     ([0.693, 0.40, 0.21], np.linspace(0.1, 0.9, 20)[:, None], []),
     ([0.693, 0.692], np.full((20, 1), 0.5), ["never left its start", "collapse to a band"]),
     ([0.693], None, []),  # one epoch: no trend to judge; segmentation: no probabilities
+    # ihc_bags, 40 epochs: down to 0.19, back to 0.70 at the end: it learned, then fell back (not "never left")
+    ([0.695, 0.359, 0.190, 0.574, 0.699], np.linspace(0.1, 0.9, 20)[:, None], ["rose back"]),
 ])
 def test_learning_warnings(losses, probabilities, expected):
     found = learning_warnings(losses, probabilities)

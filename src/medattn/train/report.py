@@ -190,7 +190,8 @@ def write_cases(pred: Predictions, names: list[str], folder: OutputFolder, name:
                            *[f"voxels_{n}" for n in names]], rows)
 
 
-#: A train loss at the end above this fraction of its first epoch's "never left its start".
+#: A train loss that never went below this fraction of its first epoch's "never left its start"; one that went below
+#: it and ended above it again "rose back".
 FLAT_LOSS_FRACTION = 0.95
 #: Test probabilities whose 5th-95th percentile spread is below this, for every output, "collapsed".
 NARROW_BAND = 0.05
@@ -200,15 +201,22 @@ def learning_warnings(train_losses: list[float], probabilities: np.ndarray | Non
     """Signs that a run learned nothing, as sentences for the summary (empty when none).
 
     ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a
-    classification task, or None. Two signs: the last epoch's train loss is above ``FLAT_LOSS_FRACTION``
-    of the first's (over at least two epochs), and the test probabilities of every output lie within a
-    5th-95th percentile band narrower than ``NARROW_BAND`` (the model tells the cases apart barely or not
-    at all, whatever the AUROC says).
+    classification task, or None. The signs: no epoch's train loss went below ``FLAT_LOSS_FRACTION`` of the
+    first's (over at least two epochs: "never left its start"); it went below and the last epoch's is above it
+    again (training fell back: the kept checkpoint is the best validation epoch, from before); the test
+    probabilities of every output lie within a 5th-95th percentile band narrower than ``NARROW_BAND`` (the model
+    tells the cases apart barely or not at all, whatever the AUROC says).
     """
     found = []
-    if len(train_losses) >= 2 and train_losses[-1] > FLAT_LOSS_FRACTION * train_losses[0]:
-        found.append(f"the train loss never left its start ({train_losses[0]:.4f} in epoch 1, "
-                     f"{train_losses[-1]:.4f} in epoch {len(train_losses)}): the model may have learned nothing")
+    if len(train_losses) >= 2:
+        flat, lowest = FLAT_LOSS_FRACTION * train_losses[0], int(np.argmin(train_losses))
+        if train_losses[lowest] > flat:
+            found.append(f"the train loss never left its start ({train_losses[0]:.4f} in epoch 1, lowest "
+                         f"{train_losses[lowest]:.4f}): the model may have learned nothing")
+        elif train_losses[-1] > flat:
+            found.append(f"the train loss fell to {train_losses[lowest]:.4f} (epoch {lowest + 1}) and rose back to "
+                         f"{train_losses[-1]:.4f} by epoch {len(train_losses)} (start {train_losses[0]:.4f}): "
+                         f"training became unstable; the checkpoint kept is the best validation epoch")
     if probabilities is not None and len(probabilities) >= 2:
         low, high = np.percentile(probabilities, [5, 95], axis=0)
         if float((high - low).max()) < NARROW_BAND:
