@@ -199,3 +199,20 @@ def test_a_multiclass_report_names_the_predicted_class_and_left_right_models_rep
     groups = hd.sr.srread(tmp_path / "s_dicom" / "breast_sr.dcm").content.get_image_measurement_groups()
     assert {g.tracking_identifier: g.get_measurements()[0].value for g in groups} == {
         f"medattn classification ({side} half)": pytest.approx(p, abs=1e-6) for side, p in sides.items()}
+
+
+def test_a_competing_risks_model_reports_each_causes_risk_by_name(tmp_path, capsys):
+    """One measurement per cause, named for the cause (not the cause-1 risk as an unnamed 'risk')."""
+    hd = pytest.importorskip("highdicom")
+    write_series(tmp_path / "mri", planes(8, 18, 20), stack((1, 0, 0, 0, 1, 0), 8))
+    task = TaskInfo("competing_risks", "volume3d", 2, (1, 16, 16, 8), ["cancer", "other"], synthetic=False)
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=resnet3d_tiny", "model.attention=null"],
+                         task, normalize="zscore")
+    assert main(["predict", str(ck), str(tmp_path / "mri"), "--out", str(tmp_path / "r.csv"), "--dicom-dir",
+                 str(tmp_path / "reports")]) == 0
+    capsys.readouterr()
+    (row,) = rows(tmp_path / "r.csv")
+    (group,) = hd.sr.srread(tmp_path / "reports" / "mri_sr.dcm").content.get_image_measurement_groups()
+    found = {m.name.meaning: m.value for m in group.get_measurements()}
+    assert found == {f"log cause-specific hazard ratio of {cause} (higher = earlier)":
+                     pytest.approx(float(row[f"risk_{cause}"]), abs=1e-6) for cause in ("cancer", "other")}

@@ -193,7 +193,8 @@ def _report_outputs(reports, item, prep, p, cut) -> None:
     names, side = prep.output_names, item.side if prep.split_sides else None
     kind = task_types.of(prep.task_type)
     if kind.events:
-        group = lambda w: w.risk(float(p[0]), side)  # noqa: E731
+        causes = names if kind.causes else None  # competing risks: one risk per cause
+        group = lambda w: w.risk([float(v) for v in p], causes, side)  # noqa: E731
     else:
         predicted = names[int(np.argmax(p))] if kind.class_index else None
         group = lambda w: w.classification(names, [float(v) for v in p], side, cut, predicted)  # noqa: E731

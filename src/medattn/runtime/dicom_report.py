@@ -7,7 +7,8 @@ beside the study: a Comprehensive 3D SR holding a TID 1500 measurement report (`
   medattn's private scheme :data:`~medattn.runtime.dicom_results.SCHEME`, unit UCUM ``1``, no units), and the
   decision: binary and multi-label, ``<class> at threshold <t>`` Present or Absent; multi-class, ``predicted class``;
 * survival: one measurement ``log relative risk (higher = earlier event)`` (code ``risk``, unit UCUM ``1``): a risk
-  score, never called a probability;
+  score, never called a probability; competing risks: one per cause, ``log cause-specific hazard ratio of <cause>
+  (higher = earlier)`` (code ``risk_<k>``);
 * segmentation: one volumetric group per foreground class (TID 1411, finding type the class, as the DICOM
   Segmentation's segment) with its ``Volume`` (SCT 118565006) in ``mm3``, referencing that segment of the
   Segmentation where one was written; a 2D image gives the ``Area`` (SCT 42798000) in ``mm2`` when it states its
@@ -166,11 +167,16 @@ class ReportWriter(DicomWriter):
                                                             self._concept(predicted[:16], predicted))]
         return self._image_group("classification", side, measurements, evaluations)
 
-    def risk(self, value: float, side: str | None = None):
-        """The survival group: the model's ``risk`` (log relative risk, higher = earlier event; not a probability)."""
+    def risk(self, values: list[float], causes: list[str] | None = None, side: str | None = None):
+        """The survival group: the model's ``risk`` (log relative risk, higher = earlier event; not a probability),
+        or with ``causes`` (competing risks) each cause's log cause-specific hazard ratio, ``values`` in their
+        order."""
         from pydicom.sr.codedict import codes
 
-        return self._image_group("risk", side, [self._measurement(*RISK, value, codes.UCUM.NoUnits)])
+        named = ([(f"risk_{k}", f"log cause-specific hazard ratio of {cause} (higher = earlier)")
+                  for k, cause in enumerate(causes)] if causes else [RISK])
+        return self._image_group("risk", side, [self._measurement(code, meaning, value, codes.UCUM.NoUnits)
+                                                for (code, meaning), value in zip(named, values, strict=True)])
 
     def volumes(self, names: list[str], sizes, area: bool = False):
         """Segmentation: per foreground class (``names``, background first) its ``Volume`` in mm3 (or, ``area``, its

@@ -32,7 +32,6 @@ class CompetingRisks(TaskType):
                       "who died of another cause no longer at risk of it (docs/survival.md, Competing risks).")
     writer = "medattn.train.competing_objective:write_competing"
     losses = ("cox",)
-    dicom_result = False  # a DICOM SR of one risk (TID 1500) does not say which cause
     readouts = ("attention", "max", "mean")
     question = "how large a burden drives the hazard of cause 1"
     shows = "risk of {name}"
