@@ -111,6 +111,18 @@ def test_a_classifier_on_a_dicom_image_writes_an_sr_of_its_probability_and_decis
     assert f"model_id={row['model_id']}" in {p.TextValue for p in items(ds, "TEXT")}  # the algorithm's parameters
 
 
+def _predict_series(tmp_path, task: TaskInfo, capsys) -> dict:
+    """``medattn predict`` of a tiny 3D model for ``task`` on the series in ``tmp_path/mri``, its SR into
+    ``tmp_path/reports`` -> the CSV's one row."""
+    ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=resnet3d_tiny", "model.attention=null"],
+                         task, normalize="zscore")
+    assert main(["predict", str(ck), str(tmp_path / "mri"), "--out", str(tmp_path / "r.csv"), "--dicom-dir",
+                 str(tmp_path / "reports")]) == 0
+    capsys.readouterr()
+    (row,) = rows(tmp_path / "r.csv")
+    return row
+
+
 def test_a_survival_model_on_a_dicom_series_writes_an_sr_of_its_risk_never_a_probability(tmp_path, capsys):
     hd = pytest.importorskip("highdicom")
     uid = write_series(tmp_path / "mri", planes(8, 18, 20), stack((1, 0, 0, 0, 1, 0), 8))
@@ -119,13 +131,8 @@ def test_a_survival_model_on_a_dicom_series_writes_an_sr_of_its_risk_never_a_pro
         for keyword, value in PATIENT.items():
             setattr(ds, keyword, value)
         ds.save_as(file, enforce_file_format=True)
-    task = TaskInfo("survival", "volume3d", 1, (1, 16, 16, 8), ["risk"], synthetic=False)
-    ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=resnet3d_tiny", "model.attention=null"],
-                         task, normalize="zscore")
-    assert main(["predict", str(ck), str(tmp_path / "mri"), "--out", str(tmp_path / "r.csv"), "--dicom-dir",
-                 str(tmp_path / "reports")]) == 0
-    capsys.readouterr()
-    (row,) = rows(tmp_path / "r.csv")
+    row = _predict_series(tmp_path, TaskInfo("survival", "volume3d", 1, (1, 16, 16, 8), ["risk"], synthetic=False),
+                          capsys)
     sr = hd.sr.srread(tmp_path / "reports" / "mri_sr.dcm")
     (group,) = sr.content.get_image_measurement_groups()
     (measurement,) = group.get_measurements()
@@ -206,12 +213,7 @@ def test_a_competing_risks_model_reports_each_causes_risk_by_name(tmp_path, caps
     hd = pytest.importorskip("highdicom")
     write_series(tmp_path / "mri", planes(8, 18, 20), stack((1, 0, 0, 0, 1, 0), 8))
     task = TaskInfo("competing_risks", "volume3d", 2, (1, 16, 16, 8), ["cancer", "other"], synthetic=False)
-    ck = save_checkpoint(tmp_path / "ck", "synthetic_breast_mri", ["model.name=resnet3d_tiny", "model.attention=null"],
-                         task, normalize="zscore")
-    assert main(["predict", str(ck), str(tmp_path / "mri"), "--out", str(tmp_path / "r.csv"), "--dicom-dir",
-                 str(tmp_path / "reports")]) == 0
-    capsys.readouterr()
-    (row,) = rows(tmp_path / "r.csv")
+    row = _predict_series(tmp_path, task, capsys)
     (group,) = hd.sr.srread(tmp_path / "reports" / "mri_sr.dcm").content.get_image_measurement_groups()
     found = {m.name.meaning: m.value for m in group.get_measurements()}
     assert found == {f"log cause-specific hazard ratio of {cause} (higher = earlier)":
