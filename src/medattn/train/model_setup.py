@@ -85,7 +85,8 @@ def size_warnings(model_cfg: dict, task: TaskInfo) -> list[str]:
 #: Model arguments whose preset value is recorded with a run when the config does not set them (in the summary and
 #: results.json, and in the checkpoint, which applies them on load: a later change of the preset's default does not
 #: change what a checkpoint builds).
-RECORDED_KWARGS = ("stem", "global_pool", "standardize_features", "readout", "init_values", "pool_norm")
+RECORDED_KWARGS = ("stem", "global_pool", "standardize_features", "readout", "init_values", "pool_norm",
+                   "pooled_features")
 
 
 def preset_design(model_cfg: dict) -> dict:
