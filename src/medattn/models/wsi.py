@@ -21,14 +21,16 @@ the head reads one vector of the bag, chosen by ``readout``:
 * ``"count"``: the same indicators summed, ``z_c = sum_k p_kc / COUNT_UNIT``: how many tiles look like c
   (``COUNT_UNIT`` = 100 keeps z near 1 for bags of hundreds to thousands of tiles).
 
-With ``pooled_features=True`` the head also reads the bag's mean and maximum of its standardised input features,
-``s = [mean_k f_k, max_k f_k]`` (2F numbers, standardised over the training bags like z), beside z: logits
-``W_z z + W_s s + b``, with ``W_s`` starting at zero. That linear path is the independent model on pooled features
-(a logistic, ridge or Cox model on the same 2F numbers) inside the bag model, and the transformer adds to it. Why
-(docs/decisions.md, "Pooled features beside the readout"): the max readout takes the maximum of a *mix* of features
-(``max_k w . f_k``), which picks the tile most extreme in that mix; a hot spot is the maximum of each DAB feature on
-its own (``w . max_k f_k``), which a linear model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from
-the 64 maxima alone) and 180 bags are too few for the mix to learn.
+With ``pooled_features=True`` a second, linear path reads the bag's mean and maximum of its standardised input
+features, ``s = [mean_k f_k, max_k f_k]`` (2F numbers, standardised over the training bags like z): logits
+``head(z) + W_s s``, with ``W_s`` (``pooled_head``) starting at zero and trained at ``POOLED_FEATURES_LR_SCALE``
+times the model's rate. That path is the independent model on pooled features (a logistic, ridge or Cox model on
+the same 2F numbers) inside the bag model, and the transformer adds to it. Why (docs/decisions.md, "Pooled features
+beside the readout"): the max readout takes the maximum of a *mix* of features (``max_k w . f_k``), which picks the
+tile most extreme in that mix; a hot spot is the maximum of each DAB feature on its own (``w . max_k f_k``), which a
+linear model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from the 64 maxima alone) and 180 bags
+are too few for the mix to learn. The rate: at the bag model's 2e-4 the linear path alone is still far from its
+optimum after 20 epochs of single-bag steps (``benchmarks/pooled_path_rate.py``).
 
 Max and attention answer "is there any positive tile" (presence); a fraction target (a share of positive tiles, a
 burden that drives survival) is answered by mean or proportion, a count by count: max pooling cannot fit a
@@ -78,6 +80,9 @@ READOUT_QUESTIONS = {"max": "presence", "attention": "presence", "mean": "propor
 #: (benchmarks/bag_learning_dynamics.py); attention pooling trained worse with it (its pooled vector moves as its
 #: weights sharpen, and the running statistics lag).
 POOL_NORM_READOUTS = ("max",)
+#: The pooled-feature path's learning rate over the model's (``lr_scales``): chosen leave-one-task-out on the
+#: realistic bag family, the linear path alone (``benchmarks/pooled_path_rate.py``, docs/decisions.md).
+POOLED_FEATURES_LR_SCALE = 10.0
 #: The count readout's unit: z is the soft number of positive tiles per COUNT_UNIT tiles' worth (a scale near 1).
 COUNT_UNIT = 100.0
 
@@ -149,16 +154,18 @@ class WSITransformer(nn.Module):
             self.pool = nn.Linear(embed_dim, pool_dim or max(1, embed_dim // 2))
         if readout == "max":  # reads the unnormalised residual stream: the final LayerNorm would never run
             self.encoder.norm = nn.Identity()
-        pooled_dim = self.pool.out_features if readout in ("proportion", "count") else embed_dim
-        self.pooled_features = pooled_features
-        self.head = nn.Linear(pooled_dim + (2 * feature_dim if pooled_features else 0), num_classes)
+        self.head = nn.Linear(self.pool.out_features if readout in ("proportion", "count") else embed_dim,
+                              num_classes)
         if pool_norm is None:
             pool_norm = readout in POOL_NORM_READOUTS
-        self.pool_norm = RunningStandardizer(pooled_dim) if pool_norm and readout != "cls" else nn.Identity()
+        self.pool_norm = RunningStandardizer(self.head.in_features) if pool_norm and readout != "cls" else nn.Identity()
+        self.pooled_features = pooled_features
+        self.lr_scales = {}
         if pooled_features:  # s = [mean, max] of the standardised features, standardised over the training bags
             self.features_pool_norm = RunningStandardizer(2 * feature_dim)
-        with torch.no_grad():
-            self.head.weight[:, pooled_dim:] = 0.0  # W_s starts at zero: the model starts as the transformer alone
+            self.pooled_head = nn.Linear(2 * feature_dim, num_classes, bias=False)
+            nn.init.zeros_(self.pooled_head.weight)  # the model starts as the transformer alone
+            self.lr_scales = {"pooled_head.": POOLED_FEATURES_LR_SCALE}
         if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -199,10 +206,11 @@ class WSITransformer(nn.Module):
 
     def read(self, z: torch.Tensor, summary) -> torch.Tensor:
         """The head on a pooling readout's standardised z (B, P) -> (B, num_classes) logits; with
-        ``pooled_features`` beside ``summary()``, the bag's (B, 2F) mean and maximum standardised features."""
+        ``pooled_features`` plus the linear path on ``summary()``, the bag's (B, 2F) mean and maximum standardised
+        features."""
         if not self.pooled_features:
             return self.head(z)
-        return self.head(torch.cat([z, self.features_pool_norm(summary())], dim=-1))
+        return self.head(z) + self.pooled_head(self.features_pool_norm(summary()))
 
     @staticmethod
     def features_summary(features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
