@@ -23,14 +23,15 @@ the head reads one vector of the bag, chosen by ``readout``:
 
 With ``pooled_features=True`` a second, linear path reads the bag's mean and maximum of its standardised input
 features, ``s = [mean_k f_k, max_k f_k]`` (2F numbers, standardised over the training bags like z): logits
-``head(z) + W_s s``, with ``W_s`` (``pooled_head``) starting at zero and trained at ``POOLED_FEATURES_LR_SCALE``
-times the model's rate. That path is the independent model on pooled features (a logistic, ridge or Cox model on
-the same 2F numbers) inside the bag model, and the transformer adds to it. Why (docs/decisions.md, "Pooled features
-beside the readout"): the max readout takes the maximum of a *mix* of features (``max_k w . f_k``), which picks the
-tile most extreme in that mix; a hot spot is the maximum of each DAB feature on its own (``w . max_k f_k``), which a
-linear model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from the 64 maxima alone) and 180 bags
-are too few for the mix to learn. The rate: at the bag model's 2e-4 the linear path alone is still far from its
-optimum after 20 epochs of single-bag steps (``benchmarks/pooled_path_rate.py``).
+``head(z) + W_s s`` (``W_s``: ``pooled_head``). Before training, :func:`medattn.train.pooled_path.fit_pooled_path`
+fits ``W_s`` and the head's bias on the training bags by the run's own loss, and the head on z starts at zero: the
+model starts as the independent model on pooled features (a logistic, ridge-like or Cox model on the same 2F
+numbers), and the transformer learns what that model misses. Why (docs/decisions.md, "Pooled features beside the
+readout"): the max readout takes the maximum of a *mix* of features (``max_k w . f_k``), which picks the tile most
+extreme in that mix; a hot spot is the maximum of each DAB feature on its own (``w . max_k f_k``), which a linear
+model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from the 64 maxima alone), and 180 bags are
+too few for the mix to learn it. Built without the fit (a model made outside a run), ``W_s`` is zero and the model
+is the transformer alone.
 
 Max and attention answer "is there any positive tile" (presence); a fraction target (a share of positive tiles, a
 burden that drives survival) is answered by mean or proportion, a count by count: max pooling cannot fit a
@@ -80,9 +81,6 @@ READOUT_QUESTIONS = {"max": "presence", "attention": "presence", "mean": "propor
 #: (benchmarks/bag_learning_dynamics.py); attention pooling trained worse with it (its pooled vector moves as its
 #: weights sharpen, and the running statistics lag).
 POOL_NORM_READOUTS = ("max",)
-#: The pooled-feature path's learning rate over the model's (``lr_scales``): chosen leave-one-task-out on the
-#: realistic bag family, the linear path alone (``benchmarks/pooled_path_rate.py``, docs/decisions.md).
-POOLED_FEATURES_LR_SCALE = 10.0
 #: The count readout's unit: z is the soft number of positive tiles per COUNT_UNIT tiles' worth (a scale near 1).
 COUNT_UNIT = 100.0
 
@@ -160,13 +158,11 @@ class WSITransformer(nn.Module):
             pool_norm = readout in POOL_NORM_READOUTS
         self.pool_norm = RunningStandardizer(self.head.in_features) if pool_norm and readout != "cls" else nn.Identity()
         self.pooled_features = pooled_features
-        self.lr_scales = {}
         if pooled_features:  # s = [mean, max] of the standardised features, standardised over the training bags
             self.features_pool_norm = RunningStandardizer(2 * feature_dim)
             self.pooled_head = nn.Linear(2 * feature_dim, num_classes, bias=False)
-            nn.init.zeros_(self.pooled_head.weight)  # the model starts as the transformer alone
-            self.lr_scales = {"pooled_head.": POOLED_FEATURES_LR_SCALE}
-        if readout == "max":  # the unnormalised maximum: logits start at 0 (see the module docstring)
+            nn.init.zeros_(self.pooled_head.weight)  # fitted before training (see the module docstring)
+        if readout == "max" or pooled_features:  # the head on z starts at zero (see the module docstring)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 

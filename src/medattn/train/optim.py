@@ -54,25 +54,19 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     get none), and with ``layer_decay`` = d < 1 (layer-wise learning-rate decay, BEiT, Bao et al. 2022; MAE
     fine-tuning, He et al. 2022) a learning-rate scale ``lr_scale = d^(L + 1 - layer)`` per :func:`layer_ids`:
     the head and final norm train at the full rate, block L at d, ..., the embeddings at d^(L + 1). Without it
-    (None or 1) there are two groups with ``lr_scale`` 1. A model's own ``lr_scales`` (parameter-name prefix ->
-    factor; the bag transformer's pooled-feature path, :data:`medattn.models.wsi.POOLED_FEATURES_LR_SCALE`)
-    multiply the scale of the parameters they name."""
+    (None or 1) there are two groups with ``lr_scale`` 1."""
     def decays(name: str, p: torch.Tensor) -> bool:
         return p.ndim > 1 and "pos_embed" not in name and "cls_token" not in name
 
-    def own_scale(name: str) -> float:
-        return next((factor for prefix, factor in own.items() if name.startswith(prefix)), 1.0)
-
     decay = 1.0 if layer_decay is None else float(layer_decay)
     ids, depth = layer_ids(model) if decay != 1.0 else ({}, 0)
-    own = getattr(model, "lr_scales", {})
-    groups: dict[tuple[int, bool, float], dict] = {}
+    groups: dict[tuple[int, bool], dict] = {}
     for name, p in model.named_parameters():
-        layer, wd, factor = ids.get(name, depth + 1), decays(name, p), own_scale(name)
-        group = groups.setdefault((layer, wd, factor), {"params": [], "weight_decay": weight_decay if wd else 0.0,
-                                                        "lr_scale": factor * decay ** (depth + 1 - layer)})
+        layer, wd = ids.get(name, depth + 1), decays(name, p)
+        group = groups.setdefault((layer, wd), {"params": [], "weight_decay": weight_decay if wd else 0.0,
+                                                "lr_scale": decay ** (depth + 1 - layer)})
         group["params"].append(p)
-    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1], k[2]))]
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
 def scheduled_lr(step: int, total_steps: int, warmup_steps: int, train_cfg: dict) -> float:

@@ -70,7 +70,9 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
                                                    results["best_epoch"])
         results["warnings"] += [f"did not learn: {reason}" for reason in results["learning"]["reasons"]]
         results["warnings"] += results["learning"]["warnings"]
-        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities)
+        fitted = results.get("pooled_path") or {}
+        results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities,
+                                                        fitted.get("fitted_loss"))
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):

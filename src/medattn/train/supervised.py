@@ -40,6 +40,7 @@ from medattn.runtime.threshold import threshold_meta
 from .model_setup import fit_feature_norm, initialise, model_defaults, preset_design, size_warnings, training_module
 from .objectives import Objective, metric_fields, objective_for
 from .optim import EMA
+from .pooled_path import fit_pooled_path
 from .predictions import predict
 from .report import read_metrics
 from .results import CasePictures, learning_verdict, test_best
@@ -124,6 +125,11 @@ class Supervised:
             log(f"WARNING: {warning}")
         init_report = None if resume or init_from is None else initialise(model, init_from, log)
         standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics
+        pooled_path = None if resume else fit_pooled_path(model, bundle.train, train_objective, task.task_type)
+        if pooled_path and pooled_path["fitted"]:
+            log(f"pooled features: the linear path fitted on {pooled_path['bags']} training bags "
+                f"(C {pooled_path['C']:g} by 5-fold cross-validation; training loss "
+                f"{pooled_path['constant_loss']:.3f} as a constant, {pooled_path['fitted_loss']:.3f} fitted)")
         defaults = {**planned.defaults, **bundle.defaults, **model_defaults(config["model"])}
         _log_choices(defaults, planned.record["decisions"], log)
         ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: from those weights
@@ -136,7 +142,7 @@ class Supervised:
         val_loader = make_loader(bundle.val, train_cfg["eval_batch_size"] or train_cfg["batch_size"], False, seed,
                                  workers)
         record = {"warnings": warnings, "init_from": init_report, "defaults": defaults,
-                  "feature_standardization": standardized, "plan": planned.record}
+                  "feature_standardization": standardized, "pooled_path": pooled_path, "plan": planned.record}
         self.parts = _Parts(config, task, device, objective, train_objective, per_bag, model, train_loader,
                             val_loader, checkpoint_meta(config, bundle), record)
         return Built(model, model, ddp_model, len(train_loader), defaults, ema)
@@ -193,7 +199,8 @@ class Supervised:
             "skipped_samples": bundle.skipped, "train_seconds": train_seconds,
             "n_train": len(bundle.train), "n_val": len(bundle.val), "init_from": parts.record["init_from"],
             "warnings": parts.record["warnings"], "defaults": parts.record["defaults"],
-            "feature_standardization": parts.record["feature_standardization"], "plan": parts.record["plan"],
+            "feature_standardization": parts.record["feature_standardization"],
+            "pooled_path": parts.record["pooled_path"], "plan": parts.record["plan"],
             "recipe": config["recipe"]["record"], "learning": learning,
         }
 
