@@ -75,7 +75,28 @@ def test_onnx_matches_onnxruntime(preset, mechanism, tmp_path):
     """ONNX (opset 18, dynamic batch; dynamic tokens for bags, dynamic H x W for the pixel transformer)
     against the eager model to 1e-4 relative, at batch 3 and 1 (export examples have batch 2)."""
     prep, model = _prep(preset), _model(preset, mechanism)
-    path = export_model(model, prep, "onnx", tmp_path / "m.onnx", {"model_id": preset})
+    _check_onnx(model, prep, export_model(model, prep, "onnx", tmp_path / "m.onnx", {"model_id": preset}))
+
+
+@pytest.mark.parametrize("readout", ["max", "attention", "mean"])
+def test_a_bag_model_with_pooled_features_exports_both_paths(readout, tmp_path):
+    """The pooled-feature path (mean and maximum over the real tiles, its running standardiser frozen) exports with
+    the readout, at other token counts and with padding."""
+    torch.manual_seed(0)
+    prep = _prep("vitwsi_tiny")
+    model = build_model({"name": "vitwsi_tiny", "attention": "seqnorm",
+                         "kwargs": {"readout": readout, "pooled_features": True}}, stated_task(prep))
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(4, 20, 16) * 3 + 1)  # running statistics away from their prior
+        torch.nn.init.normal_(model.pooled_head.weight)
+        torch.nn.init.normal_(model.head.weight)
+    model.eval()
+    _check_onnx(model, prep, export_model(model, prep, "onnx", tmp_path / "m.onnx", {"model_id": "pooled"}))
+
+
+def _check_onnx(model, prep: Preprocessing, path) -> None:
+    """The exported file against the eager model to 1e-4 relative, at batch 3 and 1 (export examples: batch 2)."""
     session = ort.InferenceSession(str(path))
     names = [i.name for i in session.get_inputs()]
     assert session.get_modelmeta().custom_metadata_map["medattn"]
