@@ -7,7 +7,9 @@ standardised over the training bags: a logistic regression (binary; C chosen by 
 training split, scikit-learn's LogisticRegressionCV), a ridge regression (regression; RidgeCV, alphas 1e-3..1e3) or
 a penalised Cox model (survival; lifelines' CoxPHFitter, penalizer 0.1) fitted on the training split and scored on
 the test split (AUROC; Pearson r and R^2; C-index). The ridge and Cox models are ``independent_survival.py``'s
-(features constant over the training bags dropped), given these pooled features.
+(features constant over the training bags dropped), given these pooled features. Beside it, the bag transformer's
+pooled-feature path alone (``medattn.train.pooled_path``, fitted on the same features): what a model with
+``model.kwargs.pooled_features=true`` starts from.
 
     medattn realistic --out bench --tasks ihc_rare retina_count
     medattn compare bench/ihc_rare/config.yaml --models vitwsi_small abmil_small --seeds 0 1 2 --out cmp/ihc_rare
@@ -82,6 +84,36 @@ def independent(folder: Path) -> dict:
             "test": float(roc_auc_score(label[1], model.predict_proba(scaler.transform(pooled["test"]))[:, 1]))}
 
 
+def pooled_path_alone(folder: Path) -> dict:
+    """The bag transformer's pooled-feature path alone (``medattn.train.pooled_path``: the run's loss, penalty C by
+    5-fold cross-validation on the training bags) fitted on the same pooled features, and its test score: what a
+    ``pooled_features=True`` model starts from."""
+    import torch
+
+    from medattn.data.base import TaskInfo
+    from medattn.metrics_regression import pearson_r
+    from medattn.train.objectives import objective_for
+    from medattn.train.pooled_path import choose_penalty, fit_linear
+
+    pooled, targets, data = pooled_bags(folder)
+    task_type = data.get("task_type", "binary")
+    columns = list(targets["train"])
+    x = {split: torch.tensor(pooled[split], dtype=torch.float32) for split in pooled}
+    mean, std = x["train"].mean(0), x["train"].std(0) + 1e-8
+    x = {split: (values - mean) / std for split, values in x.items()}
+    labels = {split: torch.tensor(np.stack([targets[split][c] for c in columns], 1), dtype=torch.float32)
+              for split in pooled}
+    scale = ({"target_mean": [float(labels["train"][:, 0].mean())], "target_std": [float(labels["train"][:, 0].std())]}
+             if task_type == "regression" else {})
+    objective = objective_for(TaskInfo(task_type, "bag", 1, (x["train"].shape[1] // 2,), synthetic=True, **scale))
+    c, _ = choose_penalty(x["train"], labels["train"], objective, task_type, 1)
+    weight, bias = fit_linear(x["train"], labels["train"], objective, c, 1)
+    found, truth = objective.outputs(x["test"] @ weight.T + bias, labels["test"])
+    found, truth = found.numpy(), truth.numpy()
+    return {"C": c, "test": float(objective.metric_of(found, truth, task_type)),
+            "pearson_r": float(pearson_r(found[:, 0], truth[:, 0])) if task_type == "regression" else None}
+
+
 def arms(compare_folder: Path) -> dict[str, list[dict]]:
     """arm -> per seed: the test score, whether it learned and the recipe it chose, from each run's results.json."""
     out = {}
@@ -144,6 +176,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("family_table.json"))
     args = parser.parse_args()
     table = {task: {"independent": independent(args.tasks_root / task), "arms": arms(args.compare_root / task),
+                    "pooled_path_alone": pooled_path_alone(args.tasks_root / task),
                     "tests": paired_tests(args.compare_root / task)} for task in args.tasks}
     args.out.write_text(json.dumps(table, indent=1))
     print("| task | arm (seed) | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
@@ -153,15 +186,18 @@ def main() -> None:
                 r = "" if s["pearson_r"] is None else f"{s['pearson_r']:.3f}"
                 print(f"| {task} | {arm} ({s['seed']}) | {s['metric']} {s['test']:.3f} | {r} | {s['learned']} | "
                       f"{s['recipe']} |")
-    print("\n| task | metric | arm: mean (SD) over seeds, runs learned | independent model | paired tests (arm - "
-          "reference: difference, p over seeds / p over test patients) |\n|---|---|---|---|---|")
+    print("\n| task | metric | arm: mean (SD) over seeds, runs learned | independent model | the pooled-feature path "
+          "alone | paired tests (arm - reference: difference, p over seeds / p over test patients) |\n"
+          "|---|---|---|---|---|---|")
     for task, found in table.items():
         ref = found["independent"]
         scores = "; ".join(f"{arm} {_mean_sd([s['test'] for s in seeds])}, {sum(bool(s['learned']) for s in seeds)}"
                            f"/{len(seeds)}" for arm, seeds in found["arms"].items())
         r = f" (Pearson r {ref['pearson_r']:.3f})" if "pearson_r" in ref else ""
+        alone = found["pooled_path_alone"]
+        alone_r = "" if alone["pearson_r"] is None else f" (Pearson r {alone['pearson_r']:.3f})"
         print(f"| {task} | {ref['metric']} | {scores} | {ref['model']}: {ref['test']:.3f}{r} | "
-              f"{_tests_text(found['tests'])} |")
+              f"{alone['test']:.3f}{alone_r}, C {alone['C']:g} | {_tests_text(found['tests'])} |")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ from medattn.train import fit
 from medattn.train.defaults import training_defaults
 from medattn.vocabulary.record import Record
 
-BAG = ("model.name=vitwsi_small", "model.attention=seqnorm", "train.lr=null", "train.batch_size=1",
-       "eval.bootstrap=0", "eval.heatmaps=0", "recipe.search=true")
+#: The CPU bag transformer with every searchable key unset (BAG_ALL), and with its pooled-feature start set (BAG):
+#: most tests here are about the readout search and its schedule for 3 candidates.
+BAG_ALL = ("model.name=vitwsi_small", "model.attention=seqnorm", "train.lr=null", "train.batch_size=1",
+           "eval.bootstrap=0", "eval.heatmaps=0", "recipe.search=true")
+BAG = (*BAG_ALL, "model.kwargs.pooled_features=false")
 OWN = training_defaults("vitwsi_small")
 
 
@@ -81,8 +84,11 @@ def get_key(config: dict, key: str):
     return config
 
 
-#: A config each knob applies to: the CPU bag transformer chooses its readout, attention-MIL its learning rate.
-APPLIES = {"model.kwargs.readout": BAG, "train.lr": (*BAG, "model.name=abmil_small", "model.attention=null")}
+#: A config each knob alone applies to: the CPU bag transformer chooses its readout (its pooled-feature start set) or
+#: its pooled-feature start (its readout set), attention-MIL its learning rate.
+APPLIES = {"model.kwargs.readout": BAG,
+           "model.kwargs.pooled_features": (*BAG_ALL, "model.kwargs.readout=max", "train.lr=2e-4"),
+           "train.lr": (*BAG, "model.name=abmil_small", "model.attention=null")}
 
 
 def test_every_knob_applies_somewhere_and_none_to_an_image_vit(bags):
@@ -92,8 +98,11 @@ def test_every_knob_applies_somewhere_and_none_to_an_image_vit(bags):
         found_candidates, keys = candidates(config, found, OWN)
         assert keys == [knob.key]
         assert len(found_candidates) == len(knob.values(config, found, OWN)) >= 2
-    first = candidates(tiny_config(*BAG), found, OWN)[0][0]
-    assert first.name == "readout=max"  # the plan's default first: presence for a binary task
+    both = candidates(tiny_config(*BAG_ALL), found, OWN)[0]
+    assert both[0].name == "readout=max"  # the plan's default first: presence for a binary task
+    # the pooled-feature start is one more candidate, with the default readout, not a second copy of every readout
+    assert [c.name for c in both] == ["readout=max", "readout=attention", "readout=mean",
+                                      "readout=max,pooled_features=True"]
     assert candidates(tiny_config("train.lr=null"), fingerprint(image_bundle(12)), OWN)[1] == []
 
 

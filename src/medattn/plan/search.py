@@ -74,6 +74,20 @@ def readouts(config: dict, found: dict, own: dict | None = None) -> list:
     return list(task_types.of(found["task_type"]).readouts)
 
 
+def pooled_features_unset(config: dict, found: dict) -> bool:
+    """Whether the bag transformer may start as the pooled model (``model.kwargs.pooled_features``,
+    :mod:`medattn.train.pooled_path`): a pooling bag preset (as for the readout) whose config leaves the key unset."""
+    from medattn.catalogue import PRESETS
+
+    preset = PRESETS.get(config["model"]["name"], (None, {}))[1]
+    return (_is_bag_model(config, found) and preset.get("readout", "cls") != "cls"
+            and "pooled_features" not in (config["model"].get("kwargs") or {}))
+
+
+def _off_then_on(config: dict, found: dict, own: dict) -> list:
+    return [False, True]
+
+
 def _learning_rates(config: dict, found: dict, own: dict) -> list:
     return [own["lr"], own["lr"] * 5]
 
@@ -83,17 +97,24 @@ class Knob:
     """One searchable key: ``key`` (dotted; ``model.kwargs.X`` for a model argument), ``applies(config, found)``
     (False where the user set it or it means nothing to the model), ``values(config, found, own)`` (the default
     first; ``own``: the model's own training settings, :func:`medattn.train.defaults.training_defaults`) and ``why``
-    (what the docs and ``medattn plan --search`` say)."""
+    (what the docs and ``medattn plan --search`` say). ``alone``: each value after the default makes one candidate
+    of its own, every other knob at its default, instead of multiplying the grid (a switch worth one trial, not a
+    doubling of every candidate)."""
 
     key: str
     applies: Callable[[dict, dict], bool]
     values: Callable[[dict, dict], list]
     why: str
+    alone: bool = False
 
 
 KNOBS = (
     Knob("model.kwargs.readout", pooling_readout, readouts,
          "which question the bag readout answers: presence (max, attention), proportion (mean) or count"),
+    Knob("model.kwargs.pooled_features", pooled_features_unset, _off_then_on,
+         "the bag model started as the independent model on pooled features (mean and maximum of each feature, "
+         "fitted before training), which a hot spot in a few tiles of hand-made descriptors favours and a diffuse "
+         "finding does not", alone=True),
     Knob("train.lr", _rate_unset, _learning_rates,
          "the model's own learning rate and 5 times it, for bag models without a readout to choose: a rate that "
          "learns on one feature distribution can sit flat on another"),
@@ -144,14 +165,19 @@ def candidates(config: dict, found: dict, own: dict) -> tuple[list[Candidate], l
     """-> (the candidates for the knobs that apply, the dotted keys searched). One candidate (the defaults) when no
     knob applies. ``own``: the model's own training settings."""
     knobs = [knob for knob in KNOBS if knob.applies(config, found)]
-    grid = itertools.product(*[knob.values(config, found, own) for knob in knobs])
-    out = []
-    for values in grid:
-        overrides = {knob.key: value for knob, value in zip(knobs, values)}
-        name = ",".join(f"{_short(k)}={v:g}" if isinstance(v, float) else f"{_short(k)}={v}"
-                        for k, v in overrides.items())
-        out.append(Candidate(name or "defaults", overrides))
-    return out, [knob.key for knob in knobs]
+    crossed = [knob for knob in knobs if not knob.alone]
+    grid = [{knob.key: value for knob, value in zip(crossed, values)}
+            for values in itertools.product(*[knob.values(config, found, own) for knob in crossed])]
+    for knob in knobs:
+        if knob.alone:
+            grid += [{**grid[0], knob.key: value} for value in knob.values(config, found, own)[1:]]
+    return [Candidate(_name(overrides), overrides) for overrides in grid], [knob.key for knob in knobs]
+
+
+def _name(overrides: dict) -> str:
+    """``readout=max,lr=0.001`` (``defaults`` for none)."""
+    return ",".join(f"{_short(k)}={v:g}" if isinstance(v, float) else f"{_short(k)}={v}"
+                    for k, v in overrides.items()) or "defaults"
 
 
 def halving_rounds(n: int, epochs: int, budget: float) -> list[int]:
