@@ -23,6 +23,7 @@ from medattn.plan.search import (
     AUTO_MIN_VAL,
     INNER_FOLDS,
     KNOBS,
+    MAX_CANDIDATES,
     Candidate,
     SearchPlan,
     candidates,
@@ -359,3 +360,14 @@ def test_a_trial_that_did_not_learn_never_displaces_the_defaults(big_bags, unlea
     assert record["chosen"] == expected
     trials = {c["name"]: c["trials"] for c in record["candidates"]}
     assert all(t["learned"] == (name.split("=")[1] not in unlearned) for name, ts in trials.items() for t in ts)
+
+
+def test_a_knob_searched_alone_keeps_the_search_within_four_candidates(bags):
+    """Regression's 4 readouts leave no room for the pooled-feature start (a fifth candidate made a first round of 2
+    epochs); with the readout set, the start is searched against the defaults."""
+    regression = fingerprint(bags)
+    regression["task_type"] = "regression"
+    found_candidates, keys = candidates(tiny_config(*BAG_ALL), regression, OWN)
+    assert keys == ["model.kwargs.readout"] and len(found_candidates) == MAX_CANDIDATES
+    chosen = tiny_config(*BAG_ALL, "model.kwargs.readout=attention", "train.lr=2e-4")
+    assert [c.name for c in candidates(chosen, fingerprint(bags), OWN)[0]] == ["defaults", "pooled_features=True"]

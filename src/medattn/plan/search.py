@@ -38,6 +38,10 @@ from medattn.vocabulary import task_types
 
 AUTO_MIN_TRAIN, AUTO_MIN_VAL = 100, 40
 ETA = 2  # successive halving keeps 1 / ETA of the candidates each round
+#: The most candidates a knob searched alone (:attr:`Knob.alone`) may bring the search to: with 4, successive halving
+#: keeps two rounds (5 and 10 epochs per candidate at E = 20, budget 3); with 5 (a regression task's 4 readouts and
+#: the pooled-feature start) it took three, the first of 2 epochs, whose validation scores were noise.
+MAX_CANDIDATES = 4
 #: K of the inner cross-validation that replaces a validation split of fewer than AUTO_MIN_VAL cases: each fold trial
 #: trains on 2/3 of the training cases, and every training case is scored once (a fold of 100 cases scores 33).
 INNER_FOLDS = 3
@@ -99,7 +103,7 @@ class Knob:
     first; ``own``: the model's own training settings, :func:`medattn.train.defaults.training_defaults`) and ``why``
     (what the docs and ``medattn plan --search`` say). ``alone``: each value after the default makes one candidate
     of its own, every other knob at its default, instead of multiplying the grid (a switch worth one trial, not a
-    doubling of every candidate)."""
+    doubling of every candidate), and only while the candidates stay within :data:`MAX_CANDIDATES`."""
 
     key: str
     applies: Callable[[dict, dict], bool]
@@ -168,9 +172,12 @@ def candidates(config: dict, found: dict, own: dict) -> tuple[list[Candidate], l
     crossed = [knob for knob in knobs if not knob.alone]
     grid = [{knob.key: value for knob, value in zip(crossed, values)}
             for values in itertools.product(*[knob.values(config, found, own) for knob in crossed])]
-    for knob in knobs:
-        if knob.alone:
-            grid += [{**grid[0], knob.key: value} for value in knob.values(config, found, own)[1:]]
+    for knob in [knob for knob in knobs if knob.alone]:
+        extra = [{**grid[0], knob.key: value} for value in knob.values(config, found, own)[1:]]
+        if len(grid) + len(extra) > MAX_CANDIDATES:
+            knobs.remove(knob)
+            continue
+        grid += extra
     return [Candidate(_name(overrides), overrides) for overrides in grid], [knob.key for knob in knobs]
 
 
