@@ -1,6 +1,7 @@
 """The bag transformer's pooled-feature path (``pooled_features=True``): the head reads the bag's mean and maximum
 standardised features beside every pooling readout's z. Each readout equals a slow reference over the real tiles,
-streams to the same logits, starts as the transformer alone and passes gradcheck in float64."""
+streams to the same logits, exports, starts at zero for the fit to set, passes gradcheck in float64, and older
+checkpoints load without it."""
 
 from __future__ import annotations
 
@@ -60,27 +61,17 @@ def test_a_streamed_bag_read_from_disk_gives_the_whole_bags_logits(readout, tmp_
                                    rtol=1e-4, atol=1e-5)
 
 
-def test_the_pooled_feature_path_starts_at_zero_so_the_model_starts_as_the_transformer_alone(monkeypatch):
+def test_built_outside_a_run_both_heads_start_at_zero_for_the_fit_to_set(monkeypatch):
+    """The fit (medattn.train.pooled_path) sets the path and the bias; the head on z starts at zero, so a fitted
+    model's first predictions are the pooled model's. Unfitted, the summary does not reach the logits."""
     model = create_model("vitwsi_tiny", attention="seqnorm", readout="attention", pooled_features=True).eval()
-    assert not model.pooled_head.weight.any() and model.head.weight.any()
+    assert not model.pooled_head.weight.any() and not model.head.weight.any()
+    assert create_model("vitwsi_tiny", attention="seqnorm", readout="attention").head.weight.any()  # without: random
     bag = torch.randn(1, 30, 16)
     with torch.no_grad():
         before = model(bag)
         monkeypatch.setattr(model, "features_summary", lambda features, mask=None: torch.randn(1, 32) * 100)
         torch.testing.assert_close(model(bag), before)
-
-
-def test_the_pooled_feature_path_trains_at_its_own_rate_and_nothing_else_does():
-    from medattn.models.wsi import POOLED_FEATURES_LR_SCALE
-    from medattn.train.optim import param_groups
-
-    model = create_model("vitwsi_tiny", attention="seqnorm", readout="max", pooled_features=True)
-    scales = {id(p): group["lr_scale"] for group in param_groups(model, 0.05) for p in group["params"]}
-    for name, parameter in model.named_parameters():
-        assert scales[id(parameter)] == (POOLED_FEATURES_LR_SCALE if name.startswith("pooled_head.") else 1.0), name
-    layered = param_groups(model, 0.05, layer_decay=0.5)
-    assert max(group["lr_scale"] for group in layered) == POOLED_FEATURES_LR_SCALE  # with the head's layer: 1
-    assert {group["lr_scale"] for group in param_groups(create_model("vitwsi_tiny", readout="max"), 0.05)} == {1.0}
 
 
 def test_pooled_features_need_a_pooling_readout():
