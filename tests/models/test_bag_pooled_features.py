@@ -1,6 +1,6 @@
 """The bag transformer's pooled-feature path (``pooled_features=True``): the head reads the bag's mean and maximum
 standardised features beside every pooling readout's z. Each readout equals a slow reference over the real tiles,
-streams to the same logits, exports, starts at zero for the fit to set, passes gradcheck in float64, and older
+streams to the same logits, starts at zero for the fit to set, passes gradcheck in float64, and older
 checkpoints load without it."""
 
 from __future__ import annotations
