@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine_data import SignalBags
 from medattn.data.base import TaskInfo
 from medattn.models import create_model
 from medattn.train.objectives import objective_for
@@ -19,7 +20,7 @@ from medattn.train.report import learning_warnings
 TASK = TaskInfo("binary", "bag", 1, (16,), synthetic=True)
 
 
-class MaxFeatureBags(torch.utils.data.Dataset):
+class MaxFeatureBags(SignalBags):
     """Bags of 30-60 tiles of 16 noise features (SD 3); a positive bag has one tile whose feature 3 is raised by
     10-16: its label is in the bag's maximum of feature 3 alone (what a linear model on pooled features reads)."""
 
@@ -31,14 +32,6 @@ class MaxFeatureBags(torch.utils.data.Dataset):
             if i % 2:
                 bag[0, 3] += 10 + 6 * float(torch.rand((), generator=gen))
             self.bags.append(bag)
-
-    def __len__(self) -> int:
-        return len(self.bags)
-
-    def __getitem__(self, index: int) -> dict:
-        bag = self.bags[index]
-        return {"input": bag, "coords": torch.zeros(len(bag), 2), "label": torch.tensor([float(index % 2)]),
-                "id": f"bag{index}"}
 
 
 def _fitted_model(dataset):
