@@ -30,8 +30,8 @@ numbers), and the transformer learns what that model misses. Why (docs/decisions
 readout"): the max readout takes the maximum of a *mix* of features (``max_k w . f_k``), which picks the tile most
 extreme in that mix; a hot spot is the maximum of each DAB feature on its own (``w . max_k f_k``), which a linear
 model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from the 64 maxima alone), and 180 bags are
-too few for the mix to learn it. Built without the fit (a model made outside a run), ``W_s`` is zero and the model
-is the transformer alone.
+too few for the mix to learn it. Built without the fit (a model made outside a run), both heads are zero: a constant
+predictor until trained.
 
 Max and attention answer "is there any positive tile" (presence); a fraction target (a share of positive tiles, a
 burden that drives survival) is answered by mean or proportion, a count by count: max pooling cannot fit a

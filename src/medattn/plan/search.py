@@ -53,14 +53,20 @@ def _is_bag_model(config: dict, found: dict) -> bool:
     return input_kinds.of(found["input_kind"]).instances
 
 
-def pooling_readout(config: dict, found: dict) -> bool:
+def _pooling_preset_leaves(key: str, config: dict, found: dict) -> bool:
     """Whether the run's model is a bag model whose preset reads the bag by pooling its tiles (``vitwsi_small``) and
-    whose config sets no readout: the paper's ``vitwsi`` keeps its class token unless the user asks otherwise."""
+    whose config leaves ``model.kwargs.<key>`` unset."""
     from medattn.catalogue import PRESETS
 
     preset = PRESETS.get(config["model"]["name"], (None, {}))[1]
     return (_is_bag_model(config, found) and preset.get("readout", "cls") != "cls"
-            and "readout" not in (config["model"].get("kwargs") or {}))
+            and key not in (config["model"].get("kwargs") or {}))
+
+
+def pooling_readout(config: dict, found: dict) -> bool:
+    """Whether the readout is searched: a pooling bag preset whose config sets no readout (the paper's ``vitwsi``
+    keeps its class token unless the user asks otherwise)."""
+    return _pooling_preset_leaves("readout", config, found)
 
 
 def _rate_unset(config: dict, found: dict) -> bool:
@@ -80,12 +86,8 @@ def readouts(config: dict, found: dict, own: dict | None = None) -> list:
 
 def pooled_features_unset(config: dict, found: dict) -> bool:
     """Whether the bag transformer may start as the pooled model (``model.kwargs.pooled_features``,
-    :mod:`medattn.train.pooled_path`): a pooling bag preset (as for the readout) whose config leaves the key unset."""
-    from medattn.catalogue import PRESETS
-
-    preset = PRESETS.get(config["model"]["name"], (None, {}))[1]
-    return (_is_bag_model(config, found) and preset.get("readout", "cls") != "cls"
-            and "pooled_features" not in (config["model"].get("kwargs") or {}))
+    :mod:`medattn.train.pooled_path`): a pooling bag preset whose config leaves the key unset."""
+    return _pooling_preset_leaves("pooled_features", config, found)
 
 
 def _off_then_on(config: dict, found: dict, own: dict) -> list:

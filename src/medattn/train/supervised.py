@@ -130,6 +130,8 @@ class Supervised:
             log(f"pooled features: the linear path fitted on {pooled_path['bags']} training bags "
                 f"(C {pooled_path['C']:g} by 5-fold cross-validation; training loss "
                 f"{pooled_path['constant_loss']:.3f} as a constant, {pooled_path['fitted_loss']:.3f} fitted)")
+        elif pooled_path:
+            log(f"WARNING: pooled features: {pooled_path['reason']}; the path starts at zero")
         defaults = {**planned.defaults, **bundle.defaults, **model_defaults(config["model"])}
         _log_choices(defaults, planned.record["decisions"], log)
         ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: from those weights
