@@ -59,15 +59,15 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str
     return pooled, targets, data
 
 
-def independent(folder: Path) -> dict:
-    """The pooled-feature model's test score on one task (module docstring): the penalised Cox and ridge models are
-    those of ``benchmarks/independent_survival.py``, fitted here on mean+max pooled features."""
+def independent(pooled: dict, targets: dict, data: dict) -> dict:
+    """The pooled-feature model's test score on one task (:func:`pooled_bags`'s output; module docstring): the
+    penalised Cox and ridge models are those of ``benchmarks/independent_survival.py``, fitted here on mean+max
+    pooled features."""
     from independent_survival import cox_reference, ridge_reference
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
 
-    pooled, targets, data = pooled_bags(folder)
     task_type = data.get("task_type", "binary")
     if task_type == "survival":
         found = cox_reference(data, pooled, targets)
@@ -84,7 +84,7 @@ def independent(folder: Path) -> dict:
             "test": float(roc_auc_score(label[1], model.predict_proba(scaler.transform(pooled["test"]))[:, 1]))}
 
 
-def pooled_path_alone(folder: Path) -> dict:
+def pooled_path_alone(pooled: dict, targets: dict, data: dict) -> dict:
     """The bag transformer's pooled-feature path alone (``medattn.train.pooled_path``: the run's loss, penalty C by
     5-fold cross-validation on the training bags) fitted on the same pooled features, and its test score: what a
     ``pooled_features=True`` model starts from."""
@@ -95,7 +95,6 @@ def pooled_path_alone(folder: Path) -> dict:
     from medattn.train.objectives import objective_for
     from medattn.train.pooled_path import choose_penalty, fit_linear
 
-    pooled, targets, data = pooled_bags(folder)
     task_type = data.get("task_type", "binary")
     columns = list(targets["train"])
     x = {split: torch.tensor(pooled[split], dtype=torch.float32) for split in pooled}
@@ -175,9 +174,11 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", required=True)
     parser.add_argument("--out", type=Path, default=Path("family_table.json"))
     args = parser.parse_args()
-    table = {task: {"independent": independent(args.tasks_root / task), "arms": arms(args.compare_root / task),
-                    "pooled_path_alone": pooled_path_alone(args.tasks_root / task),
-                    "tests": paired_tests(args.compare_root / task)} for task in args.tasks}
+    table = {}
+    for task in args.tasks:
+        read = pooled_bags(args.tasks_root / task)  # every bag of the task, read once for both pooled models
+        table[task] = {"independent": independent(*read), "arms": arms(args.compare_root / task),
+                       "pooled_path_alone": pooled_path_alone(*read), "tests": paired_tests(args.compare_root / task)}
     args.out.write_text(json.dumps(table, indent=1))
     print("| task | arm (seed) | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
     for task, found in table.items():

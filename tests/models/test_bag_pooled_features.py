@@ -1,7 +1,6 @@
 """The bag transformer's pooled-feature path (``pooled_features=True``): the head reads the bag's mean and maximum
 standardised features beside every pooling readout's z. Each readout equals a slow reference over the real tiles,
-streams to the same logits, starts at zero for the fit to set, passes gradcheck in float64, and older
-checkpoints load without it."""
+streams to the same logits, starts at zero for the fit to set and passes gradcheck in float64."""
 
 from __future__ import annotations
 
@@ -85,25 +84,3 @@ def test_gradients_through_both_paths_pass_gradcheck_in_float64(readout):
     bag = torch.randn(1, 9, 16, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: model(x), (bag,), eps=1e-6, atol=1e-5)
 
-
-def test_a_checkpoint_without_the_path_loads_as_such_when_its_preset_gains_it(tmp_path, monkeypatch):
-    """A bag checkpoint saved without pooled features and without the key loads without them where the preset's
-    default turned them on; without the rule ``pooled_head.weight`` would be a missing tensor."""
-    from medattn.config import load_config
-    from medattn.data.base import TaskInfo
-    from medattn.models import presets
-    from medattn.runtime import checkpoint
-    from medattn.runtime.build import build_model
-
-    cls, kwargs = presets.PRESETS["vitwsi_tiny"]
-    monkeypatch.setitem(presets.PRESETS, "vitwsi_tiny", (cls, {**kwargs, "readout": "max"}))
-    model = create_model("vitwsi_tiny", attention="seqnorm")
-    config = load_config(None, ["data.kind=synthetic_wsi", "model.name=vitwsi_tiny", "model.attention=seqnorm"])
-    task = TaskInfo("binary", "bag", 1, (16,), synthetic=True)
-    checkpoint.save(tmp_path / "old", model, {"config": config, "task": checkpoint.task_to_dict(task)})
-    monkeypatch.setitem(presets.PRESETS, "vitwsi_tiny", (cls, {**kwargs, "readout": "max", "pooled_features": True}))
-    meta = checkpoint.load_meta(tmp_path / "old")
-    assert meta["config"]["model"]["kwargs"]["pooled_features"] is False
-    rebuilt = build_model(meta["config"]["model"], task)
-    checkpoint.load_model(tmp_path / "old", rebuilt)
-    assert not rebuilt.pooled_features

@@ -293,16 +293,23 @@ class WSITransformer(nn.Module):
         """The class token (if there is one), then the projected features chunk by chunk, each (1, n_c, D')."""
         from ..data.bag_rows import read_rows
 
-        parameter = self.head.weight
         if self.readout == "cls":
             yield self.cls_token
-        for start in range(0, features.shape[0], chunk_size):
-            chunk = read_rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
-            x = self.feature_proj(self.feature_norm(chunk)).unsqueeze(0)
+        for start, chunk in self.standardised_chunks(features, chunk_size):
+            x = self.feature_proj(chunk).unsqueeze(0)
             if self.pos_encoding == "sincos":
-                position = read_rows(coords, start, start + chunk_size).to(parameter.device)
+                position = read_rows(coords, start, start + chunk_size).to(chunk.device)
                 x = x + sincos_2d(position.unsqueeze(0) / self.coord_scale, x.shape[-1]).to(x.dtype)
             yield x
+
+    def standardised_chunks(self, features, chunk_size: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, the chunk's standardised features (n_c, F)) for a bag (N, F) read chunk by chunk."""
+        from ..data.bag_rows import read_rows
+
+        parameter = self.head.weight
+        for start in range(0, features.shape[0], chunk_size):
+            chunk = read_rows(features, start, start + chunk_size).to(parameter.device, parameter.dtype)
+            yield start, self.feature_norm(chunk)
 
     def through_streamed_blocks(self, x: torch.Tensor, states: list[dict]) -> torch.Tensor:
         """A chunk (1, n_c, D') through the first ``len(states)`` blocks, whose statistics are final."""
@@ -370,13 +377,8 @@ class WSITransformer(nn.Module):
 
     def streamed_features_summary(self, features, chunk_size: int) -> torch.Tensor:
         """:meth:`features_summary` of one bag (N, F) read chunk by chunk -> (1, 2F)."""
-        from ..data.bag_rows import read_rows
-
-        parameter = self.head.weight
         sums, peak = None, None
-        for start in range(0, features.shape[0], chunk_size):
-            chunk = self.feature_norm(read_rows(features, start, start + chunk_size).to(parameter.device,
-                                                                                        parameter.dtype))
+        for _, chunk in self.standardised_chunks(features, chunk_size):
             sums = chunk.sum(0) if sums is None else sums + chunk.sum(0)
             peak = chunk.amax(0) if peak is None else torch.maximum(peak, chunk.amax(0))
         return torch.cat([sums / features.shape[0], peak]).unsqueeze(0)

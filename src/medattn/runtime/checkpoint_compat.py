@@ -33,7 +33,6 @@ def keep_design(meta: dict, shapes: Shapes) -> None:
     _keep_raw_features(model_cfg, shapes)
     _keep_class_token(model_cfg, shapes)
     _keep_unnormalised_pool(model_cfg, shapes)
-    _keep_without_pooled_features(model_cfg, meta.get("model_defaults", {}), shapes)
     _keep_unscaled_branches(model_cfg, meta.get("model_defaults", {}), shapes)
     _keep_patch_swin(model_cfg, meta.get("model_defaults", {}), shapes)
 
@@ -95,16 +94,6 @@ def _keep_unnormalised_pool(model_cfg: dict, shapes: Shapes) -> None:
     readout = kwargs.get("readout", preset.get("readout", parameters["readout"].default))
     if readout in POOL_NORM_READOUTS and "pool_norm.mean" not in shapes():
         kwargs["pool_norm"] = False
-
-
-def _keep_without_pooled_features(model_cfg: dict, recorded: dict, shapes: Shapes) -> None:
-    """A bag transformer's checkpoint written before its preset read pooled features beside the readout (2026-11-28,
-    issue 48: no ``pooled_head.weight`` tensor, no ``pooled_features`` key) gets ``pooled_features: false``."""
-    kwargs = model_cfg["kwargs"]
-    if "pooled_features" in kwargs or "pooled_features" in recorded or model_cfg["name"] not in PRESETS:
-        return
-    if PRESETS[model_cfg["name"]][1].get("pooled_features") and "pooled_head.weight" not in shapes():
-        kwargs["pooled_features"] = False
 
 
 def _keep_raw_features(model_cfg: dict, shapes: Shapes) -> None:

@@ -31,7 +31,6 @@ import math
 import torch
 from torch.utils.data import Dataset
 
-from medattn.data.base import collate
 from medattn.metrics import UndefinedMetricError
 
 MAX_ITERATIONS = 500
@@ -43,14 +42,14 @@ FOLDS = 5
 def training_summaries(model, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """-> ((n, 2F) every training bag's mean and maximum standardised features, (n, ...) their labels), the bags read
     as training reads them, under a forked RNG so the training order stays as seeded."""
-    parameter, summaries, samples = model.head.weight, [], []
+    parameter, summaries, labels = model.head.weight, [], []
     with torch.random.fork_rng(), torch.no_grad():
         for index in range(len(dataset)):
             sample = dataset[index]
             features = model.feature_norm(sample["input"].to(parameter.device, parameter.dtype)).unsqueeze(0)
             summaries.append(model.features_summary(features)[0].float())
-            samples.append({"id": index, "input": sample["input"][:1], "label": sample["label"]})
-    return torch.stack(summaries), collate(samples)["label"].to(parameter.device)
+            labels.append(sample["label"])
+    return torch.stack(summaries), torch.stack(labels).to(parameter.device)  # the labels as collate batches them
 
 
 def fit_linear(x: torch.Tensor, labels: torch.Tensor, objective, c: float, outputs: int) -> tuple:
