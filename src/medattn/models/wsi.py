@@ -208,6 +208,11 @@ class WSITransformer(nn.Module):
             return self.head(z)
         return self.head(z) + self.pooled_head(self.features_pool_norm(summary()))
 
+    def pooled_logits(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, F) raw tile features and their (B, N) padding mask -> (B, num_classes) the linear path ``W_s s``
+        alone (no bias), as :meth:`forward` adds it."""
+        return self.pooled_head(self.features_pool_norm(self.features_summary(self.feature_norm(features), mask)))
+
     @staticmethod
     def features_summary(features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N, F) standardised features and the (B, N) padding mask -> (B, 2F): each feature's mean and maximum

@@ -27,6 +27,7 @@ at 2e-4 to 1e-3) at once (docs/decisions.md, "Pooled features beside the readout
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
@@ -39,17 +40,18 @@ PENALTY_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 FOLDS = 5
 
 
-def training_summaries(model, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> ((n, 2F) every training bag's mean and maximum standardised features, (n, ...) their labels), the bags read
-    as training reads them, under a forked RNG so the training order stays as seeded."""
-    parameter, summaries, labels = model.head.weight, [], []
+def training_summaries(model, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """-> ((n, 2F) every training bag's mean and maximum standardised features, (n, ...) their labels, their n
+    sample ids), the bags read as training reads them, under a forked RNG so the training order stays as seeded."""
+    parameter, summaries, labels, ids = model.head.weight, [], [], []
     with torch.random.fork_rng(), torch.no_grad():
         for index in range(len(dataset)):
             sample = dataset[index]
             features = model.feature_norm(sample["input"].to(parameter.device, parameter.dtype)).unsqueeze(0)
             summaries.append(model.features_summary(features)[0].float())
             labels.append(sample["label"])
-    return torch.stack(summaries), torch.stack(labels).to(parameter.device)  # the labels as collate batches them
+            ids.append(sample["id"])
+    return torch.stack(summaries), torch.stack(labels).to(parameter.device), ids  # the labels as collate batches them
 
 
 def fit_linear(x: torch.Tensor, labels: torch.Tensor, objective, c: float, outputs: int) -> tuple:
@@ -69,12 +71,13 @@ def fit_linear(x: torch.Tensor, labels: torch.Tensor, objective, c: float, outpu
 
 
 def choose_penalty(x: torch.Tensor, labels: torch.Tensor, objective, task_type: str,
-                   outputs: int) -> tuple[float, dict]:
-    """-> (C, {C: the out-of-fold validation metric}) by :data:`FOLDS`-fold cross-validation over
-    :data:`PENALTY_GRID` (module docstring); a metric the folds leave undefined counts as -inf."""
+                   outputs: int) -> tuple[float, dict, torch.Tensor]:
+    """-> (C, {C: the out-of-fold validation metric}, (n, outputs) the out-of-fold predictions at that C) by
+    :data:`FOLDS`-fold cross-validation over :data:`PENALTY_GRID` (module docstring); a metric the folds leave
+    undefined counts as -inf."""
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     folds = [order[k::FOLDS] for k in range(FOLDS)]
-    scores = {}
+    scores, out_of_fold = {}, {}
     for c in PENALTY_GRID:
         predicted = x.new_zeros(len(x), outputs)
         for fold in folds:
@@ -88,33 +91,63 @@ def choose_penalty(x: torch.Tensor, labels: torch.Tensor, objective, task_type: 
         except (ValueError, UndefinedMetricError):
             scores[c] = -math.inf
         scores[c] = scores[c] if math.isfinite(scores[c]) else -math.inf
-    return max(PENALTY_GRID, key=lambda c: (scores[c], -c)), scores
+        out_of_fold[c] = predicted
+    chosen = max(PENALTY_GRID, key=lambda c: (scores[c], -c))
+    return chosen, scores, out_of_fold[chosen]
 
 
-def fit_pooled_path(model, dataset: Dataset, objective, task_type: str) -> dict | None:
+@dataclass
+class CrossFit:
+    """The pooled path as training sees it: each training bag's out-of-fold prediction ``W_k s_i + b_k`` (the fit on
+    the folds without bag i, at the chosen C) in place of the full fit's ``W_s s_i + b``. Training on the full fit,
+    whose fit has seen every training bag, leaves the transformer the residual of a model that has memorised them
+    (a separating fit's loss is near zero and so is its gradient); on the out-of-fold predictions it learns what the
+    pooled model gets wrong on bags it has not seen, as on new bags. Validation, test and inference use the full fit.
+    ``offsets``: sample id -> (K,); ``bias``: the full fit's b (the head's bias at the start)."""
+
+    offsets: dict
+    bias: torch.Tensor
+
+    def correct(self, logits: torch.Tensor, model, batch: dict) -> torch.Tensor:
+        """(B, K) training logits ``head(z) + W_s s + ...`` of ``batch`` -> ``head(z) + (W_k s + b_k - b)``: the full
+        fit's path (frozen, so no gradient is lost) swapped for each bag's out-of-fold prediction."""
+        with torch.no_grad():
+            path = model.pooled_logits(batch["input"], batch.get("mask")) + self.bias.to(logits.device)
+            offsets = torch.stack([self.offsets[key] for key in batch["id"]]).to(logits.device)
+        return logits + (offsets - path).to(logits.dtype)
+
+
+def fit_pooled_path(model, dataset: Dataset, objective, task_type: str, *,
+                    resume: bool = False) -> tuple[dict | None, CrossFit | None]:
     """Fit ``model``'s pooled-feature path on the training bags ``dataset`` of a ``task_type`` task by
-    ``objective.loss``, its penalty chosen by ``objective.metric_of`` (the module docstring), and set its
-    standardiser to the training summaries' statistics. -> what was fitted (for results.json: bags, C, the
-    cross-validated metric per C, the training loss of a constant predictor and of the fit), or None for a model
-    without the path."""
+    ``objective.loss``, its penalty chosen by ``objective.metric_of`` (the module docstring), set its standardiser to
+    the training summaries' statistics and freeze both. -> (what was fitted, for results.json: bags, C, the
+    cross-validated metric per C, the training loss of a constant predictor, of the fit and of the out-of-fold
+    predictions; the :class:`CrossFit` training uses), (None, None) for a model without the path. ``resume``: the
+    model's path was fitted and saved by the run it resumes; the same deterministic fit gives the same record and
+    offsets and the model is left as loaded."""
     if not getattr(model, "pooled_features", False):
-        return None
-    summaries, labels = training_summaries(model, dataset)
+        return None, None
+    summaries, labels, ids = training_summaries(model, dataset)
     standardiser = model.features_pool_norm
-    mean, var = summaries.mean(0), summaries.var(0)
-    standardiser.mean.copy_(mean)  # the running statistics go on from the training bags' own
-    standardiser.var.copy_(var)
-    standardiser.count.fill_(len(summaries))
-    x = (summaries - mean) / torch.sqrt(var + standardiser.eps)
+    if not resume:
+        standardiser.mean.copy_(summaries.mean(0))
+        standardiser.var.copy_(summaries.var(0))
+        standardiser.count.fill_(len(summaries))
+    standardiser.frozen = True  # the path is the fit: its statistics stay the training bags'
+    model.pooled_head.requires_grad_(False)
+    x = (summaries - standardiser.mean) / torch.sqrt(standardiser.var + standardiser.eps)
     outputs = model.pooled_head.weight.shape[0]
-    c, scores = choose_penalty(x, labels, objective, task_type, outputs)
+    c, scores, out_of_fold = choose_penalty(x, labels, objective, task_type, outputs)
     weight, bias = fit_linear(x, labels, objective, c, outputs)
+    if not (torch.isfinite(weight).all() and torch.isfinite(bias).all() and torch.isfinite(out_of_fold).all()):
+        return {"bags": len(x), "fitted": False, "reason": "the fit did not converge to finite weights"}, None
     with torch.no_grad():
-        start = float(objective.loss(x.new_zeros(len(x), outputs), labels))
-        fitted = float(objective.loss(x @ weight.T + bias, labels))
-        if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
-            return {"bags": len(x), "fitted": False, "reason": "the fit did not converge to finite weights"}
-        model.pooled_head.weight.copy_(weight)
-        model.head.bias.copy_(bias)
-    return {"bags": len(x), "fitted": True, "C": c, "cv_metric": {f"{k:g}": v for k, v in scores.items()},
-            "constant_loss": start, "fitted_loss": fitted}
+        losses = {name: float(objective.loss(logits, labels)) for name, logits in (
+            ("constant_loss", x.new_zeros(len(x), outputs)), ("fitted_loss", x @ weight.T + bias),
+            ("out_of_fold_loss", out_of_fold))}
+        if not resume:
+            model.pooled_head.weight.copy_(weight)
+            model.head.bias.copy_(bias)
+    return ({"bags": len(x), "fitted": True, "C": c, "cv_metric": {f"{k:g}": v for k, v in scores.items()}, **losses},
+            CrossFit(dict(zip(ids, out_of_fold.detach())), bias.detach()))
