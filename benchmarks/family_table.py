@@ -97,9 +97,8 @@ def independent_on_training_folds(pooled: dict, targets: dict, data: dict, folds
         held = np.zeros(n, dtype=bool)
         held[order[k::folds]] = True
         split = {"train": ~held, "test": held}
-        scores.append(independent({name: pooled["train"][rows] for name, rows in split.items()},
-                                  {name: {c: v[rows] for c, v in targets["train"].items()} for name, rows in split.items()},
-                                  data)["test"])
+        folded = {name: {c: v[rows] for c, v in targets["train"].items()} for name, rows in split.items()}
+        scores.append(independent({name: pooled["train"][rows] for name, rows in split.items()}, folded, data)["test"])
     return {"folds": folds, "mean": float(np.mean(scores)), "sd": float(np.std(scores, ddof=1)), "scores": scores}
 
 

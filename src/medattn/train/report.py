@@ -201,14 +201,14 @@ def learning_warnings(train_losses: list[float], probabilities: np.ndarray | Non
                       fitted_start: float | None = None) -> list[str]:
     """Signs that a run learned nothing, as sentences for the summary (empty when none).
 
-    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a
-    classification task, or None; ``fitted_start``: the training loss the model started from when its pooled-feature
-    path was fitted before training (the out-of-fold predictions', :mod:`medattn.train.pooled_path`), else None (the start is epoch 1's loss). The
-    signs: no epoch's train loss went below ``FLAT_LOSS_FRACTION`` of the start's (over at least two epochs: "never
-    left its start"; from a fitted start: the transformer added nothing to the pooled model); it went below and the
-    last epoch's is above it again (training fell back: the kept checkpoint is the best validation epoch, from
-    before); the test probabilities of every output lie within a 5th-95th percentile band narrower than
-    ``NARROW_BAND`` (the model tells the cases apart barely or not at all, whatever the AUROC says).
+    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a classification
+    task, or None; ``fitted_start``: the training loss the model started from when its pooled-feature path was fitted
+    before training (the out-of-fold predictions', :mod:`medattn.train.pooled_path`), else None (the start is epoch 1's
+    loss). The signs: no epoch's train loss went below ``FLAT_LOSS_FRACTION`` of the start's (over at least two epochs:
+    "never left its start"; from a fitted start: the transformer added nothing to the pooled model); it went below and
+    the last epoch's is above it again (training fell back: the kept checkpoint is the best validation epoch, from
+    before); the test probabilities of every output lie within a 5th-95th percentile band narrower than ``NARROW_BAND``
+    (the model tells the cases apart barely or not at all, whatever the AUROC says).
     """
     found = []
     if len(train_losses) >= 2:
