@@ -105,6 +105,27 @@ def choose_penalty(x: torch.Tensor, labels: torch.Tensor, objective, task_type: 
     return chosen, scores, out_of_fold[chosen]
 
 
+def calibrate(out_of_fold: torch.Tensor, labels: torch.Tensor, objective) -> tuple[float, torch.Tensor]:
+    """(n, K) out-of-fold predictions -> (scale a in (0, 1), shift d (K,)) minimising ``L(a oof + d, y)``: the stacking
+    weight of the pooled model (Wolpert 1992; Platt's scaling of held-out scores). A fold fit at a weak penalty
+    separates its training folds and predicts its held-out bags with logits far too confident (``retina_diffuse``, C
+    100: out-of-fold AUROC 0.92 at a loss of 0.585 against a constant predictor's 0.693); scaled, the path starts the
+    transformer from the pooled model's ranking without saturating its loss. ``a = sigmoid(t)``: the path may shrink,
+    never grow."""
+    logit_scale = out_of_fold.new_zeros((), requires_grad=True)
+    shift = out_of_fold.new_zeros(out_of_fold.shape[1], requires_grad=True)
+    solver = torch.optim.LBFGS([logit_scale, shift], max_iter=MAX_ITERATIONS, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        solver.zero_grad()
+        loss = objective.loss(torch.sigmoid(logit_scale) * out_of_fold + shift, labels)
+        loss.backward()
+        return loss
+
+    solver.step(closure)
+    return float(torch.sigmoid(logit_scale.detach())), shift.detach()
+
+
 @dataclass
 class CrossFit:
     """The pooled path as training sees it: each training bag's out-of-fold prediction ``W_k s_i + b_k`` (the fit on
@@ -151,6 +172,8 @@ def fit_pooled_path(model, dataset: Dataset, objective, task_type: str, *,
     weight, bias = fit_linear(x, labels, objective, c, outputs)
     if not (torch.isfinite(weight).all() and torch.isfinite(bias).all() and torch.isfinite(out_of_fold).all()):
         return {"bags": len(x), "fitted": False, "reason": "the fit did not converge to finite weights"}, None
+    scale, shift = calibrate(out_of_fold, labels, objective)
+    weight, bias, out_of_fold = scale * weight, scale * bias + shift, scale * out_of_fold + shift
     with torch.no_grad():
         losses = {name: float(objective.loss(logits, labels)) for name, logits in (
             ("constant_loss", x.new_zeros(len(x), outputs)), ("fitted_loss", x @ weight.T + bias),
@@ -158,5 +181,6 @@ def fit_pooled_path(model, dataset: Dataset, objective, task_type: str, *,
         if not resume:
             model.pooled_head.weight.copy_(weight)
             model.head.bias.copy_(bias)
-    return ({"bags": len(x), "fitted": True, "C": c, "cv_metric": {f"{k:g}": v for k, v in scores.items()}, **losses},
+    return ({"bags": len(x), "fitted": True, "C": c, "cv_metric": {f"{k:g}": v for k, v in scores.items()},
+             "scale": scale, "shift": shift.tolist(), **losses},
             CrossFit(dict(zip(ids, out_of_fold.detach())), bias.detach()))
