@@ -206,13 +206,12 @@ class RunningStandardizer(nn.Module):
     of hundreds of tiles varies little from bag to bag next to its size, so a head on it starts as a constant
     predictor and learns only as its weights grow to 1 / (that variation) (issue 48's learning-dynamics finding);
     standardised, the between-bag variation the head sees is of order one from the first step. In evaluation (and
-    in exported graphs) m and v are constants. Gradients do not flow through m and v. ``frozen``: m and v stay
-    constant in training too (set where they were fitted before training, :mod:`medattn.train.pooled_path`).
+    in exported graphs) m and v are constants. Gradients do not flow through m and v.
     """
 
     def __init__(self, dim: int, momentum: float = 0.02, eps: float = 1e-5) -> None:
         super().__init__()
-        self.momentum, self.eps, self.frozen = momentum, eps, False
+        self.momentum, self.eps = momentum, eps
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.zeros((), dtype=torch.long))
@@ -230,7 +229,7 @@ class RunningStandardizer(nn.Module):
             self.count += 1
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        if self.training and not self.frozen and not is_traced():
+        if self.training and not is_traced():
             self._update(z)
         return (z - self.mean.to(z.dtype)) / torch.sqrt(self.var.to(z.dtype) + self.eps)
 

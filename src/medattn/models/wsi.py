@@ -24,10 +24,9 @@ the head reads one vector of the bag, chosen by ``readout``:
 With ``pooled_features=True`` a second, linear path reads the bag's mean and maximum of its standardised input
 features, ``s = [mean_k f_k, max_k f_k]`` (2F numbers, standardised over the training bags like z): logits
 ``head(z) + W_s s`` (``W_s``: ``pooled_head``). Before training, :func:`medattn.train.pooled_path.fit_pooled_path`
-fits ``W_s`` and the head's bias on the training bags by the run's own loss and freezes the path, and the head on z
-starts at zero: the model starts as the independent model on pooled features (a logistic, ridge-like or Cox model on
-the same 2F numbers), and the transformer learns what that model misses (in training each bag sees the path fitted
-without it: :class:`medattn.train.pooled_path.CrossFit`). Why (docs/decisions.md, "Pooled features beside the
+fits ``W_s`` and the head's bias on the training bags by the run's own loss, and the head on z starts at zero: the
+model starts as the independent model on pooled features (a logistic, ridge-like or Cox model on the same 2F
+numbers), and the transformer learns what that model misses. Why (docs/decisions.md, "Pooled features beside the
 readout"): the max readout takes the maximum of a *mix* of features (``max_k w . f_k``), which picks the tile most
 extreme in that mix; a hot spot is the maximum of each DAB feature on its own (``w . max_k f_k``), which a linear
 model on pooled features reads directly (AUROC 0.962 on ``ihc_bags`` from the 64 maxima alone), and 180 bags are
@@ -208,11 +207,6 @@ class WSITransformer(nn.Module):
         if not self.pooled_features:
             return self.head(z)
         return self.head(z) + self.pooled_head(self.features_pool_norm(summary()))
-
-    def pooled_logits(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, N, F) raw tile features and their (B, N) padding mask -> (B, num_classes) the linear path ``W_s s``
-        alone (no bias), as :meth:`forward` adds it."""
-        return self.pooled_head(self.features_pool_norm(self.features_summary(self.feature_norm(features), mask)))
 
     @staticmethod
     def features_summary(features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

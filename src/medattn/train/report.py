@@ -201,21 +201,21 @@ def learning_warnings(train_losses: list[float], probabilities: np.ndarray | Non
                       fitted_start: float | None = None) -> list[str]:
     """Signs that a run learned nothing, as sentences for the summary (empty when none).
 
-    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a classification
-    task, or None; ``fitted_start``: the training loss the model started from when its pooled-feature path was fitted
-    before training (the out-of-fold predictions', :mod:`medattn.train.pooled_path`), else None (the start is epoch 1's
-    loss). The signs: no epoch's train loss went below ``FLAT_LOSS_FRACTION`` of the start's (over at least two epochs:
-    "never left its start"; from a fitted start: the transformer added nothing to the pooled model); it went below and
-    the last epoch's is above it again (training fell back: the kept checkpoint is the best validation epoch, from
-    before); the test probabilities of every output lie within a 5th-95th percentile band narrower than ``NARROW_BAND``
-    (the model tells the cases apart barely or not at all, whatever the AUROC says).
+    ``train_losses``: mean train loss per epoch, in order; ``probabilities``: test outputs (N, K) of a
+    classification task, or None; ``fitted_start``: the training loss the model started from when its pooled-feature
+    path was fitted before training (:mod:`medattn.train.pooled_path`), else None (the start is epoch 1's loss). The
+    signs: no epoch's train loss went below ``FLAT_LOSS_FRACTION`` of the start's (over at least two epochs: "never
+    left its start"; from a fitted start: the transformer added nothing to the pooled model); it went below and the
+    last epoch's is above it again (training fell back: the kept checkpoint is the best validation epoch, from
+    before); the test probabilities of every output lie within a 5th-95th percentile band narrower than
+    ``NARROW_BAND`` (the model tells the cases apart barely or not at all, whatever the AUROC says).
     """
     found = []
     if len(train_losses) >= 2:
         start = train_losses[0] if fitted_start is None else fitted_start
         flat, lowest = FLAT_LOSS_FRACTION * start, int(np.argmin(train_losses))
         if train_losses[lowest] > flat and fitted_start is not None:
-            found.append(f"the train loss never went below the pooled-feature path's ({start:.4f} out of fold before "
+            found.append(f"the train loss never went below the pooled-feature path's fit ({start:.4f} before "
                          f"training, lowest {train_losses[lowest]:.4f}): the transformer added little to the "
                          f"pooled model")
         elif train_losses[lowest] > flat:

@@ -72,7 +72,7 @@ def test_best(model: nn.Module, config: dict, bundle: DataBundle, run_dir: Path,
         results["warnings"] += results["learning"]["warnings"]
         fitted = results.get("pooled_path") or {}
         results["warnings"] += report.learning_warnings([row["train_loss"] for row in rows], probabilities,
-                                                        fitted.get("out_of_fold_loss"))
+                                                        fitted.get("fitted_loss"))
         results["warnings"] += report.trivial_statistic_warnings(
             probabilities, test.statistic, input_kinds.of(task.input_kind).statistic_name)
         with writing(run_dir):

@@ -40,7 +40,7 @@ from medattn.runtime.threshold import threshold_meta
 from .model_setup import fit_feature_norm, initialise, model_defaults, preset_design, size_warnings, training_module
 from .objectives import Objective, metric_fields, objective_for
 from .optim import EMA
-from .pooled_path import CrossFit, fit_pooled_path
+from .pooled_path import fit_pooled_path
 from .predictions import predict
 from .report import read_metrics
 from .results import CasePictures, learning_verdict, test_best
@@ -65,7 +65,6 @@ class _Parts:
     val_loader: torch.utils.data.DataLoader
     meta: dict  # every checkpoint's metadata (:func:`checkpoint_meta`)
     record: dict  # results.json's part from the setup: warnings, init_from, defaults, standardisation, plan
-    cross_fit: CrossFit | None  # the pooled path's out-of-fold predictions training uses (pooled features)
 
 
 class Supervised:
@@ -126,12 +125,11 @@ class Supervised:
             log(f"WARNING: {warning}")
         init_report = None if resume or init_from is None else initialise(model, init_from, log)
         standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics
-        pooled_path, cross_fit = fit_pooled_path(model, bundle.train, train_objective, task.task_type, resume=resume)
+        pooled_path = None if resume else fit_pooled_path(model, bundle.train, train_objective, task.task_type)
         if pooled_path and pooled_path["fitted"]:
             log(f"pooled features: the linear path fitted on {pooled_path['bags']} training bags "
                 f"(C {pooled_path['C']:g} by 5-fold cross-validation; training loss "
-                f"{pooled_path['constant_loss']:.3f} as a constant, {pooled_path['fitted_loss']:.3f} fitted, "
-                f"{pooled_path['out_of_fold_loss']:.3f} out of fold: what training starts from)")
+                f"{pooled_path['constant_loss']:.3f} as a constant, {pooled_path['fitted_loss']:.3f} fitted)")
         elif pooled_path:
             log(f"WARNING: pooled features: {pooled_path['reason']}; the path starts at zero")
         defaults = {**planned.defaults, **bundle.defaults, **model_defaults(config["model"])}
@@ -148,7 +146,7 @@ class Supervised:
         record = {"warnings": warnings, "init_from": init_report, "defaults": defaults,
                   "feature_standardization": standardized, "pooled_path": pooled_path, "plan": planned.record}
         self.parts = _Parts(config, task, device, objective, train_objective, per_bag, model, train_loader,
-                            val_loader, checkpoint_meta(config, bundle), record, cross_fit)
+                            val_loader, checkpoint_meta(config, bundle), record)
         return Built(model, model, ddp_model, len(train_loader), defaults, ema)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -172,8 +170,6 @@ class Supervised:
         parts = self.parts
         with autocast(parts.device, parts.config["train"]["precision"]):
             logits = (forward_each if parts.per_bag else forward)(model, batch, parts.task.input_kind)
-            if parts.cross_fit is not None:
-                logits = parts.cross_fit.correct(logits, parts.model, batch)
         return parts.train_objective.loss(logits, batch["label"]), len(batch["id"]), {}
 
     def validate(self, model: nn.Module, epoch: int, progress: bool) -> Validation:
