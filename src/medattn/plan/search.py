@@ -105,13 +105,16 @@ class Knob:
     first; ``own``: the model's own training settings, :func:`medattn.train.defaults.training_defaults`) and ``why``
     (what the docs and ``medattn plan --search`` say). ``alone``: each value after the default makes one candidate
     of its own, every other knob at its default, instead of multiplying the grid (a switch worth one trial, not a
-    doubling of every candidate), and only while the candidates stay within :data:`MAX_CANDIDATES`."""
+    doubling of every candidate), and only while the candidates stay within :data:`MAX_CANDIDATES`. ``simpler``
+    (with ``alone``): its candidates are the simpler model, kept where the best validation score beats theirs by no
+    more than its standard error (the one-standard-error rule, :func:`medattn.experiments.recipe.choose_recipe`)."""
 
     key: str
     applies: Callable[[dict, dict], bool]
     values: Callable[[dict, dict], list]
     why: str
     alone: bool = False
+    simpler: bool = False
 
 
 KNOBS = (
@@ -120,7 +123,7 @@ KNOBS = (
     Knob("model.kwargs.pooled_features", pooled_features_unset, _off_then_on,
          "the bag model started as the independent model on pooled features (mean and maximum of each feature, "
          "fitted before training), which a hot spot in a few tiles of hand-made descriptors favours and a diffuse "
-         "finding does not", alone=True),
+         "finding does not; the simpler model, kept within one standard error of the best", alone=True, simpler=True),
     Knob("train.lr", _rate_unset, _learning_rates,
          "the model's own learning rate and 5 times it, for bag models without a readout to choose: a rate that "
          "learns on one feature distribution can sit flat on another"),
@@ -130,10 +133,12 @@ KNOBS = (
 @dataclass(frozen=True)
 class Candidate:
     """A configuration the search may train: ``name`` (``readout=mean,lr=0.001``) and its ``overrides``
-    (dotted key -> value)."""
+    (dotted key -> value); ``simpler``: made by a :attr:`Knob.simpler` knob (kept within one standard error of the
+    best validation score)."""
 
     name: str
     overrides: dict
+    simpler: bool = False
 
 
 @dataclass
@@ -180,7 +185,9 @@ def candidates(config: dict, found: dict, own: dict) -> tuple[list[Candidate], l
             knobs.remove(knob)
             continue
         grid += extra
-    return [Candidate(_name(overrides), overrides) for overrides in grid], [knob.key for knob in knobs]
+    simpler = [any(knob.simpler and knob.key in overrides for knob in knobs) for overrides in grid]
+    return [Candidate(_name(overrides), overrides, flag) for overrides, flag in zip(grid, simpler)], \
+        [knob.key for knob in knobs]
 
 
 def _name(overrides: dict) -> str:

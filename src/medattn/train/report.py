@@ -272,8 +272,11 @@ def recipe_text(record: dict | None) -> str | None:
                                                     for t in c["trials"]) for c in record["candidates"])
     cost = (record["trial_epochs"] + record["single_run_epochs"]) / record["single_run_epochs"]
     chooser = record.get("by", "the validation split")  # records before inner cross-validation have no "by"
-    return (f"chose {record['chosen']} by the score on {chooser} ({scores}; rounds of {record['rounds']} epochs); "
-            f"{cost:.2f} single runs, budget {record['budget']:g}")
+    simpler = record.get("simpler_kept")  # the one-standard-error rule (medattn.experiments.recipe)
+    rule = (f", the simpler model within one standard error ({record['standard_error']:.4f}) of {simpler}'s best,"
+            if simpler else "")
+    return (f"chose {record['chosen']}{rule} by the score on {chooser} ({scores}; rounds of {record['rounds']} "
+            f"epochs); {cost:.2f} single runs, budget {record['budget']:g}")
 
 
 def summary(results: dict, objective: Objective) -> str:
