@@ -13,7 +13,7 @@ encoder separates moderately); a bag holds N tiles of which a share s are positi
 For each readout and bag size the figure draws the pooled value against s (mean and 10-90% band over bags) and the
 legend gives Pearson r between the pooled value and s over bags whose s is drawn uniformly from [0, 0.3] and whose N
 is drawn from [N/2, 2N] (r of 1: the readout alone fits a fraction target linearly). Pure NumPy, seconds; no
-training (what each readout learns on the realistic family is in docs/realistic.md).
+training (what each readout learns on the realistic family is in docs/realistic_family.md).
 
     python benchmarks/readout_questions.py --out docs/images/readout_questions.png
 """

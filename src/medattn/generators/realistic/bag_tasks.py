@@ -17,7 +17,7 @@ task                 tissue   tiles a bag   finding        question (target)
 Two tissues (:mod:`.ihc`: scikit-image's immunohistochemistry image, hand-made descriptors, 64 features;
 :mod:`.retina`: its fundus photograph, a fixed random convolutional network, 96 features), two extractors,
 positive rates from 0.5% to 30%, bags from 50 to 20,000 tiles, and presence, fraction, count and survival
-targets: a recipe chosen on some of them is judged on another (docs/realistic.md, "The family").
+targets: a recipe chosen on some of them is judged on another (docs/realistic_family.md, "The family").
 """
 
 from __future__ import annotations
