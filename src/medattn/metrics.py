@@ -111,6 +111,16 @@ def auroc_standard_error(auc: float, positives: int, negatives: int) -> float:
     return max(variance, 0.0) ** 0.5
 
 
+def auroc_error_of_labels(auc: float, labels) -> float | None:
+    """:func:`auroc_standard_error` of an AUROC ``auc`` on cases with 0/1 ``labels`` (N,) or (N, 1); None where they
+    hold one class only (a binary task's :attr:`~medattn.vocabulary.task_type.TaskType.score_error`)."""
+    labels = np.asarray(labels).reshape(-1)
+    positives = int((labels > 0.5).sum())
+    if positives in (0, len(labels)):
+        return None
+    return auroc_standard_error(auc, positives, len(labels) - positives)
+
+
 def bootstrap_ci(probs, labels, task_type: str, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
                  groups=None) -> tuple[float, float]:
     """Percentile bootstrap CI of the AUROC over ``n_boot`` resamples with replacement.

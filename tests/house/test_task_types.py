@@ -143,6 +143,17 @@ def _cases(kind: TaskType) -> bool:
             and (kind.case_output is None or 0 <= kind.case_output < k))
 
 
+def _score_error(kind) -> bool:
+    """None, or a function of (score, labels) that is 0 for a perfect score, grows as the score leaves it, and is
+    None where the labels hold one class (the recipe search's one-standard-error rule)."""
+    if kind.score_error is None:
+        return True
+    error = kind.component("score_error")
+    labels = np.array([0, 1] * 15)
+    return (error(1.0, labels) == 0.0 and 0 < error(0.9, labels) < error(0.7, labels)
+            and error(0.8, np.ones(30)) is None)
+
+
 #: Each question a task type answers -> a check that the answer has the right kind.
 QUESTIONS = {
     "flags": lambda kind: all(isinstance(getattr(kind, name), bool) for name in BOOLS),
@@ -150,6 +161,7 @@ QUESTIONS = {
     "outputs": lambda kind: kind.fixed_outputs is None or kind.fixed_outputs >= kind.min_outputs,
     "objective": _objective,
     "writer": lambda kind: _resolves(kind, "writer"),
+    "score_error": _score_error,
     "losses": lambda kind: isinstance(kind.losses, tuple) and all(isinstance(x, str) for x in kind.losses),
     "metric": _metric,
     "columns": _columns,

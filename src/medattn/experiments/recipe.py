@@ -247,20 +247,16 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
 
 
 def score_error(bundle: DataBundle, folds: int, best: float) -> float | None:
-    """The standard error of the best validation score ``best`` (:func:`medattn.metrics.auroc_standard_error`) on
-    the cases that scored it: the validation split's, or with inner cross-validation (``folds``) the training
-    split's, each scored once. None where the task's metric has no closed-form error (every task but binary) or the
-    score is undefined: there the best score chooses alone."""
+    """The standard error of the best validation score ``best`` on the cases that scored it (the validation
+    split's, or with inner cross-validation (``folds``) the training split's, each scored once), by the task type
+    (:attr:`~medattn.vocabulary.task_type.TaskType.score_error`: the AUROC's for a binary task). None where the
+    metric has no closed-form error or the score is undefined: there the best score chooses alone."""
     from medattn.data.base import dataset_labels
-    from medattn.metrics import auroc_standard_error
 
-    if bundle.task.task_type != "binary" or not math.isfinite(best):
+    kind = task_types.of(bundle.task.task_type)
+    if kind.score_error is None or not math.isfinite(best):
         return None
-    labels = dataset_labels(bundle.train if folds else bundle.val).reshape(-1)
-    positives = int((labels > 0.5).sum())
-    if positives == 0 or positives == len(labels):
-        return None
-    return auroc_standard_error(best, positives, len(labels) - positives)
+    return kind.component("score_error")(best, dataset_labels(bundle.train if folds else bundle.val).numpy())
 
 
 def _one_standard_error(finalists: list, scores: dict, error: float | None) -> tuple:

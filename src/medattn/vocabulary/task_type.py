@@ -49,6 +49,10 @@ class TaskType:
     #: The validation metric: its key in results.json and metrics.csv, and its label in words.
     metric: ClassVar[str | None] = None
     metric_label: ClassVar[str | None] = None
+    #: What gives the standard error of a validation score (``module:function``, called ``(score, labels)`` -> the
+    #: error, or None where the labels leave it undefined), for the recipe search's one-standard-error rule; None:
+    #: the metric has no closed-form error here.
+    score_error: ClassVar[str | None] = None
     #: The validation metric a predictor unrelated to the labels centres on (None: judged by another floor).
     chance_score: ClassVar[float | None] = None
     #: The objective that trains it (``module:Class``; its ``create(task, loss, label_smoothing, pos_weight)``).
@@ -179,7 +183,8 @@ class TaskType:
         return self.component("objective")
 
     def component(self, attribute: str):
-        """What the ``module:name`` path in ``attribute`` (:attr:`objective`, :attr:`writer`) names, imported now."""
+        """What the ``module:name`` path in ``attribute`` (:attr:`objective`, :attr:`writer`, :attr:`score_error`)
+        names, imported now."""
         path = getattr(self, attribute)
         if path is None:
             raise UserError(f"{self.noun} has no {attribute}")

@@ -36,6 +36,7 @@ class Binary(TaskType):
     metric, metric_label, chance_score = "auroc", "AUROC", 0.5
     objective, figure = "medattn.train.objectives:Classification", "roc"
     writer = "medattn.train.report:write_classes"
+    score_error = "medattn.metrics:auroc_error_of_labels"
 
     def name_counts(self, num_outputs: int) -> tuple[int, ...]:
         return (0, 1, 2)  # the positive class, or both classes
