@@ -265,8 +265,8 @@ def _one_standard_error(finalists: list, scores: dict, error: float | None) -> t
     pooled-feature start, the independent model inside the bag model) and a simpler finalist that learned scores
     within ``error`` of it: the one-standard-error rule (Breiman et al., CART 1984; glmnet's lambda.1se). A
     validation split of 60 cases cannot tell apart AUROCs 0.04 apart (``ihc_rare``: max 0.893 against the pooled
-    start's 0.867 on validation; 0.784 against 0.851 on test), and where it cannot, the simpler model generalises
-    at least as well."""
+    start's 0.867 on validation; 0.784 against 0.851 on test), and where it cannot, the simpler model is the safer
+    bet."""
     best = finalists[0]
     top = scores[best.name][-1]
     if error is None or best.simpler or top.get("learned") is False:

@@ -185,9 +185,9 @@ def candidates(config: dict, found: dict, own: dict) -> tuple[list[Candidate], l
             knobs.remove(knob)
             continue
         grid += extra
-    simpler = [any(knob.simpler and knob.key in overrides for knob in knobs) for overrides in grid]
-    return [Candidate(_name(overrides), overrides, flag) for overrides, flag in zip(grid, simpler)], \
-        [knob.key for knob in knobs]
+    made = [Candidate(_name(overrides), overrides, any(knob.simpler and knob.key in overrides for knob in knobs))
+            for overrides in grid]
+    return made, [knob.key for knob in knobs]
 
 
 def _name(overrides: dict) -> str:
@@ -247,5 +247,7 @@ def describe_search(plan: SearchPlan) -> str:
              f"in {len(plan.rounds)} round(s) of {', '.join(map(str, plan.rounds))} epochs per {per}, chosen by "
              f"{plan.by}; {plan.trial_epochs} trial epochs{whole} + the final {plan.epochs} = {cost:.2f} single "
              f"runs (budget {plan.budget:g})"]
-    lines += [f"  {i}. {c.name}" + ("  (the defaults)" if i == 1 else "") for i, c in enumerate(plan.candidates, 1)]
+    lines += [f"  {i}. {c.name}" + ("  (the defaults)" if i == 1 else "")
+              + ("  (the simpler model: kept within one standard error of the best)" if c.simpler else "")
+              for i, c in enumerate(plan.candidates, 1)]
     return "\n".join(lines)
