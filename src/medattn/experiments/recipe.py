@@ -274,7 +274,7 @@ def _one_standard_error(finalists: list, scores: dict, error: float | None) -> t
     for candidate in finalists[1:]:
         trial = scores[candidate.name][-1]
         if (candidate.simpler and trial.get("learned") is not False and trial["val_score"] is not None
-                and trial["round"] == top["round"] and top["val_score"] - trial["val_score"] <= error):
+                and top["val_score"] - trial["val_score"] <= error):  # every finalist's latest trial: the last round
             return candidate, best.name
     return best, None
 
