@@ -3,7 +3,9 @@ model started from a ``medattn pretrain`` run, at several numbers of labelled tr
 
     medattn realistic --out bench --tasks brain_mri_2d --pool 3000
     medattn pretrain bench/brain_mri_2d/config.yaml --out pre/brain train.threads=1 pretrain.epochs=25
-    python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain --out curve --sizes 25 50 100 180 --seeds 0 1 2
+    python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain train.epochs=60 --out curve
+    python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain train.epochs=60 --out curve_ld --sizes 50 100 \
+        --fine-tune train.layer_decay=0.75
 
 For each size n and seed s a class-balanced subset of n training cases is drawn (seeded by s; the validation and
 test cases are always the task's own), written as ``OUT/tables/n<n>_s<s>.csv`` beside the task's images, and
@@ -11,7 +13,9 @@ trained twice with ``medattn train`` (``seed=s``, one thread): from scratch and 
 (size, seed, arm) run is its own folder under ``OUT/runs`` and is skipped when finished, so the script resumes.
 Per size: the mean (std) of each arm, the paired t-test over seeds and the paired bootstrap over the test patients
 (``medattn.experiments.compare``), written to ``OUT/label_efficiency.json`` and drawn as ``OUT/label_efficiency.png``.
-Runs that learned nothing are counted, never hidden (results.json's verdict).
+Runs that learned nothing are counted, never hidden (results.json's verdict). ``--fine-tune KEY=VALUE ...`` overrides
+the pretrained arm alone (how it is fine-tuned: a layer-wise learning-rate decay, a lower rate); the scratch arm is
+trained as without it.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ def subset_table(data: dict, out: Path, size: int, seed: int) -> Path:
     return table
 
 
-def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, extra: list[str]) -> Path:
-    """One ``medattn train`` run (skipped when its results.json exists) -> its folder."""
+def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, extra: list[str],
+        fine_tune: list[str] = ()) -> Path:
+    """One ``medattn train`` run (skipped when its results.json exists) -> its folder. ``extra``: overrides of
+    both arms; ``fine_tune``: of the pretrained arm alone."""
     folder = out / "runs" / f"n{size}" / arm / f"seed_{seed}"
     if (folder / "results.json").exists():
         return folder
@@ -63,7 +69,7 @@ def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, e
                "--no-progress", "--overwrite", f"data.csv={table}", f"data.data_root={image_root}", f"seed={seed}",
                "train.threads=1", *extra]
     if arm == "pretrained":
-        command += ["--init-from", str(pretrain)]
+        command += ["--init-from", str(pretrain), *fine_tune]
     subprocess.run(command, check=True)
     return folder
 
@@ -120,12 +126,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100, 180])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--fine-tune", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides of the pretrained arm alone, e.g. train.layer_decay=0.75")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.epochs=30")
     args = parser.parse_args()
     for size in args.sizes:
         for seed in args.seeds:
             for arm in ARMS:
-                run(args.task, args.pretrain, args.out, size, seed, arm, args.overrides)
+                run(args.task, args.pretrain, args.out, size, seed, arm, args.overrides, args.fine_tune)
     from medattn.experiments.runs import mean_std_text
 
     table = summarise(args.out, args.sizes, args.seeds, args.resamples)

@@ -102,3 +102,30 @@ def test_script_runs_at_a_toy_size(script, tmp_path):
     result = _run(script, [argument.replace("{out}", str(tmp_path / "out")) for argument in arguments], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert expected in result.stdout, result.stdout[-2000:]
+
+
+def test_label_efficiency_fine_tunes_the_pretrained_arm_alone(tmp_path, monkeypatch):
+    """``--fine-tune`` overrides reach the pretrained arm's command and never the scratch arm's; both train on the
+    same class-balanced subset."""
+    import yaml
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import label_efficiency
+
+    table = tmp_path / "task" / "cases.csv"
+    table.parent.mkdir()
+    rows = [f"case{i},{i % 2},{'train' if i < 8 else 'val'}" for i in range(10)]
+    table.write_text("image,label,split\n" + "\n".join(rows) + "\n")
+    (tmp_path / "task" / "config.yaml").write_text(yaml.safe_dump({"data": {"csv": str(table),
+                                                                             "label_columns": "label"}}))
+    commands = []
+    monkeypatch.setattr(label_efficiency.subprocess, "run", lambda command, check: commands.append(command))
+    for arm in label_efficiency.ARMS:
+        label_efficiency.run(tmp_path / "task", tmp_path / "pre", tmp_path / "out", 4, 0, arm, ["train.epochs=1"],
+                             ["train.layer_decay=0.75"])
+    scratch, pretrained = commands
+    assert "train.epochs=1" in scratch and "train.epochs=1" in pretrained
+    assert "train.layer_decay=0.75" in pretrained and "train.layer_decay=0.75" not in scratch
+    assert "--init-from" in pretrained and "--init-from" not in scratch
+    subset = (tmp_path / "out" / "tables" / "n4_s0.csv").read_text().splitlines()
+    assert sum(line.endswith(",train") for line in subset) == 4 and sum(line.endswith(",val") for line in subset) == 2
