@@ -17,8 +17,8 @@ numbers on a GPU.
 Every run compiles two masked cases that between them cover both architectures, both dtypes and both ends of the
 tile sizes: ``sm_90`` (H100 / H200, the issue's targets) in bf16 on the presets' head width 64, and ``sm_80`` (A100)
 in float32 on the smallest tile (16); each case costs about 14 s of one core. The whole matrix (widths 16, 32, 64,
-128; float32 and bf16; with and without a mask; ``sm_75`` (T4) too) is ``-m slow`` (230 tests, 28 minutes on one core
-of a 2-core AMD EPYC).
+128; float32 and bf16; with and without a mask; ``sm_75`` (T4) too) is ``-m slow`` (230 tests, about 30 minutes on one
+core of a 2-core AMD EPYC).
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def test_every_script_is_run_or_says_why_not():
 
 @pytest.mark.parametrize("script", sorted(HELP_ONLY))
 def test_script_answers_help(script, monkeypatch, capsys):
-    """In this process, as ``python SCRIPT --help`` runs it (a fresh interpreter would spend seconds importing torch
-    again for each script)."""
+    """The script's code run as ``__main__`` in this process with ``--help`` (a fresh interpreter would spend
+    seconds importing torch again for each script); an import that no longer resolves fails here as there."""
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), "--help"])
     with pytest.raises(SystemExit) as exited:
         runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
