@@ -416,6 +416,9 @@ def test_the_pooled_start_is_kept_within_one_standard_error_of_the_best(big_bags
     kept = expected.endswith("True") and margin > 0
     assert record["simpler_kept"] == ("readout=max" if kept else None)
     assert ("the simpler model within one standard error" in recipe_text(record)) == kept
+
+
+def test_the_plan_marks_the_simpler_candidate(big_bags):
     said = describe_search(planned_search(tiny_config(*BAG_ALL, "train.epochs=8"), big_bags)).splitlines()
     assert [line.endswith("(the simpler model: kept within one standard error of the best)") for line in said[1:]] == \
         [False, False, False, True]  # max (the defaults), attention, mean, the pooled start
