@@ -16,9 +16,10 @@ numbers on a GPU.
 
 Every run compiles two masked cases that between them cover both architectures, both dtypes and both ends of the
 tile sizes: ``sm_90`` (H100 / H200, the issue's targets) in bf16 on the presets' head width 64, and ``sm_80`` (A100)
-in float32 on the smallest tile (16); each case costs about 14 s of one core. The whole matrix (widths 16, 32, 64,
-128; float32 and bf16; with and without a mask; ``sm_75`` (T4) too) is ``-m slow`` (230 tests, about 30 minutes on one
-core of a 2-core AMD EPYC).
+in float32 on the smallest tile (16); SeqNorm's kernels in both, bit attention's with each mechanism's terms in the
+first and with ``binary-hamming``'s in the second; each case costs about 10-14 s of one core. The whole matrix
+(widths 16, 32, 64, 128; float32 and bf16; with and without a mask; ``sm_75`` (T4) too) is ``-m slow`` (233 tests,
+about 30 minutes on one core of a 2-core AMD EPYC).
 """
 
 from __future__ import annotations
@@ -170,9 +171,17 @@ def test_seqnorm_launches_compile(launches, arch, dtype, width, masked):
     assert sorted(set(compiled)) == SEQNORM_KERNELS and len(compiled) >= 4, compiled
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize(("arch", "dtype", "width", "masked"), EVERY_RUN + WHOLE,
-                         ids=[case_id(*case) for case in EVERY_RUN] + [case_id(*p.values) for p in WHOLE])
+#: Bit attention in every run: each mechanism's terms on the first case, one mechanism's on the second (the kernels'
+#: source differs between mechanisms by constexpr terms, between cases by dtype, tile and architecture).
+BIT_EVERY_RUN = [(m, *EVERY_RUN[0]) for m in MECHANISMS] + [("binary-hamming", *EVERY_RUN[1])]
+BIT_WHOLE = [pytest.param(m, *case, marks=pytest.mark.slow)
+             for case in product((90, 80, 75), DTYPES, (16, 32, 64, 128), (True, False)) for m in MECHANISMS
+             if (m, *case) not in BIT_EVERY_RUN]
+
+
+@pytest.mark.parametrize(("mechanism", "arch", "dtype", "width", "masked"), BIT_EVERY_RUN + BIT_WHOLE,
+                         ids=[f"{c[0]}-{case_id(*c[1:])}" for c in BIT_EVERY_RUN]
+                         + [f"{p.values[0]}-{case_id(*p.values[1:])}" for p in BIT_WHOLE])
 def test_bit_launches_compile(launches, mechanism, arch, dtype, width, masked):
     """Packing, the streamed forward and the gradient kernels with the mechanism's terms and the gradients it needs
     (binary-sg stops the gradients of q and k: no query-side kernel)."""
