@@ -152,9 +152,10 @@ def compile_all(recorded: dict, arch: int) -> list[str]:
 SEQNORM_KERNELS = ["_row_map_kernel", "_token_sums_kernel"]
 BIT_KERNELS = ["_forward_kernel", "_key_grad_kernel", "_pack_kernel", "_query_grad_kernel"]
 
+#: (architecture, dtype, head width, masked): the whole matrix, and the cases compiled in every run.
+MATRIX = list(product((90, 80, 75), DTYPES, (16, 32, 64, 128), (True, False)))
 EVERY_RUN = [(90, "bf16", 64, True), (80, "fp32", 16, True)]
-WHOLE = [pytest.param(*case, marks=pytest.mark.slow)
-         for case in product((90, 80, 75), DTYPES, (16, 32, 64, 128), (True, False)) if case not in EVERY_RUN]
+WHOLE = [pytest.param(*case, marks=pytest.mark.slow) for case in MATRIX if case not in EVERY_RUN]
 
 
 def case_id(arch, dtype, width, masked) -> str:
@@ -175,13 +176,15 @@ def test_seqnorm_launches_compile(launches, arch, dtype, width, masked):
 #: source differs between mechanisms by constexpr terms, between cases by dtype, tile and architecture).
 BIT_EVERY_RUN = [(m, *EVERY_RUN[0]) for m in MECHANISMS] + [("binary-hamming", *EVERY_RUN[1])]
 BIT_WHOLE = [pytest.param(m, *case, marks=pytest.mark.slow)
-             for case in product((90, 80, 75), DTYPES, (16, 32, 64, 128), (True, False)) for m in MECHANISMS
-             if (m, *case) not in BIT_EVERY_RUN]
+             for case in MATRIX for m in MECHANISMS if (m, *case) not in BIT_EVERY_RUN]
+
+
+def bit_case_id(mechanism, *case) -> str:
+    return f"{mechanism}-{case_id(*case)}"
 
 
 @pytest.mark.parametrize(("mechanism", "arch", "dtype", "width", "masked"), BIT_EVERY_RUN + BIT_WHOLE,
-                         ids=[f"{c[0]}-{case_id(*c[1:])}" for c in BIT_EVERY_RUN]
-                         + [f"{p.values[0]}-{case_id(*p.values[1:])}" for p in BIT_WHOLE])
+                         ids=[bit_case_id(*c) for c in BIT_EVERY_RUN] + [bit_case_id(*p.values) for p in BIT_WHOLE])
 def test_bit_launches_compile(launches, mechanism, arch, dtype, width, masked):
     """Packing, the streamed forward and the gradient kernels with the mechanism's terms and the gradients it needs
     (binary-sg stops the gradients of q and k: no query-side kernel)."""
