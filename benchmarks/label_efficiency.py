@@ -6,9 +6,12 @@ model started from a ``medattn pretrain`` run, at several numbers of labelled tr
     python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain train.epochs=60 --out curve
     python benchmarks/label_efficiency.py bench/brain_mri_2d pre/brain train.epochs=60 --out curve_ld --sizes 50 100 \
         --fine-tune train.layer_decay=0.75
+    medattn pretrain bench/ihc_bags/config.yaml --out pre/ihc_bags train.threads=1     # bags: two views of a bag
+    python benchmarks/label_efficiency.py bench/ihc_bags pre/ihc_bags --out curve_bags --sizes 50 180
 
 For each size n and seed s a class-balanced subset of n training cases is drawn (seeded by s; the validation and
-test cases are always the task's own), written as ``OUT/tables/n<n>_s<s>.csv`` beside the task's images, and
+test cases are always the task's own) from the table that lists the cases with their split (an image task's
+``data.csv``, a bag task's ``data.clinical_table``), written as ``OUT/tables/n<n>_s<s>.csv``, and
 trained twice with ``medattn train`` (``seed=s``, one thread): from scratch and with ``--init-from PRETRAIN``. Every
 (size, seed, arm) run is its own folder under ``OUT/runs`` and is skipped when finished, so the script resumes.
 Per size: the mean (std) of each arm, the paired t-test over seeds and the paired bootstrap over the test patients
@@ -33,10 +36,16 @@ import yaml
 ARMS = ("scratch", "pretrained")
 
 
+def table_key(data: dict) -> str:
+    """The ``data`` key of the table listing the cases and their split: ``csv`` (image and volume tables) or
+    ``clinical_table`` (feature bags, whose slide table joins the patients it keeps)."""
+    return "csv" if "csv" in data else "clinical_table"
+
+
 def subset_table(data: dict, out: Path, size: int, seed: int) -> Path:
     """The table of the config's ``data`` section with only ``size`` of its training cases (half of each label
     where it can), seeded."""
-    with open(data["csv"], newline="") as f:
+    with open(data[table_key(data)], newline="") as f:
         rows = list(csv.DictReader(f))
     label = data["label_columns"]
     rng = np.random.default_rng(seed)
@@ -64,10 +73,10 @@ def run(task: Path, pretrain: Path, out: Path, size: int, seed: int, arm: str, e
         return folder
     data = yaml.safe_load((task / "config.yaml").read_text())["data"]
     table = subset_table(data, out, size, seed)
-    image_root = Path(data["csv"]).parent
+    key = table_key(data)
+    where = [f"data.{key}={table}"] + ([f"data.data_root={Path(data[key]).parent}"] if key == "csv" else [])
     command = [sys.executable, "-m", "medattn", "train", str(task / "config.yaml"), "--out", str(folder),
-               "--no-progress", "--overwrite", f"data.csv={table}", f"data.data_root={image_root}", f"seed={seed}",
-               "train.threads=1", *extra]
+               "--no-progress", "--overwrite", *where, f"seed={seed}", "train.threads=1", *extra]
     if arm == "pretrained":
         command += ["--init-from", str(pretrain), *fine_tune]
     subprocess.run(command, check=True)
@@ -120,7 +129,7 @@ def draw(table: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", type=Path, help="a medattn realistic image task folder (config.yaml inside)")
+    parser.add_argument("task", type=Path, help="a medattn realistic image or bag task folder (config.yaml inside)")
     parser.add_argument("pretrain", type=Path, help="the medattn pretrain run folder")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100, 180])

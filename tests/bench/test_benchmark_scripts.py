@@ -104,9 +104,10 @@ def test_script_runs_at_a_toy_size(script, tmp_path):
     assert expected in result.stdout, result.stdout[-2000:]
 
 
-def test_label_efficiency_fine_tunes_the_pretrained_arm_alone(tmp_path, monkeypatch):
+@pytest.mark.parametrize("key", ["csv", "clinical_table"])
+def test_label_efficiency_fine_tunes_the_pretrained_arm_alone(tmp_path, monkeypatch, key):
     """``--fine-tune`` overrides reach the pretrained arm's command and never the scratch arm's; both train on the
-    same class-balanced subset."""
+    same class-balanced subset of the table that lists the cases (an image table, a bag task's clinical table)."""
     import yaml
 
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -116,7 +117,7 @@ def test_label_efficiency_fine_tunes_the_pretrained_arm_alone(tmp_path, monkeypa
     table.parent.mkdir()
     rows = [f"case{i},{i % 2},{'train' if i < 8 else 'val'}" for i in range(10)]
     table.write_text("image,label,split\n" + "\n".join(rows) + "\n")
-    (tmp_path / "task" / "config.yaml").write_text(yaml.safe_dump({"data": {"csv": str(table),
+    (tmp_path / "task" / "config.yaml").write_text(yaml.safe_dump({"data": {key: str(table),
                                                                              "label_columns": "label"}}))
     commands = []
     monkeypatch.setattr(label_efficiency.subprocess, "run", lambda command, check: commands.append(command))
@@ -127,5 +128,9 @@ def test_label_efficiency_fine_tunes_the_pretrained_arm_alone(tmp_path, monkeypa
     assert "train.epochs=1" in scratch and "train.epochs=1" in pretrained
     assert "train.layer_decay=0.75" in pretrained and "train.layer_decay=0.75" not in scratch
     assert "--init-from" in pretrained and "--init-from" not in scratch
+    subset_path = tmp_path / "out" / "tables" / "n4_s0.csv"
+    for command in commands:
+        assert f"data.{key}={subset_path}" in command
+        assert (f"data.data_root={table.parent}" in command) == (key == "csv")
     subset = (tmp_path / "out" / "tables" / "n4_s0.csv").read_text().splitlines()
     assert sum(line.endswith(",train") for line in subset) == 4 and sum(line.endswith(",val") for line in subset) == 2

@@ -1,4 +1,5 @@
-"""Pretrain a ViT on unlabelled images or volumes (masked autoencoding): medattn pretrain CONFIG [key=value ...].
+"""Pretrain a model on unlabelled data: medattn pretrain CONFIG [key=value ...]. A ViT preset on images or volumes as a
+masked autoencoder, the bag transformer (vitwsi*) on two views of each unlabelled bag.
 
 CONFIG is the training config (data, model.name, model.attention): pretraining reads its training split without
 the labels, and with pretrain.pool=TABLE.csv every file of that unlabelled table (the data's path column), with

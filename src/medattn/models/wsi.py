@@ -218,10 +218,17 @@ class WSITransformer(nn.Module):
         mean = features.masked_fill(~real, 0.0).sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
         return torch.cat([mean, features.masked_fill(~real, float("-inf")).amax(1)], dim=-1)
 
+    def tile_stream(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+                    coords: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, F) -> (B, N, D') the blocks' residual stream of the tiles' tokens (the class token, where there
+        is one, attends with them and is dropped): what the pooling readouts pool and bag pretraining embeds."""
+        x = self.encoder.residual_stream(*self._tokens(features, mask, coords))
+        return x[:, 1:] if self.readout == "cls" else x
+
     def pooled(self, features: torch.Tensor, mask: torch.Tensor | None = None,
                coords: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Pooling readouts: -> (z (B, D') the pooled vector, the attention weights a (B, N) or None)."""
-        x = self.encoder.residual_stream(*self._tokens(features, mask, coords))  # (B, N, D')
+        x = self.tile_stream(features, mask, coords)  # (B, N, D')
         if self.readout == "max":
             if mask is not None:
                 x = x.masked_fill(~mask.unsqueeze(-1), float("-inf"))

@@ -50,7 +50,7 @@ def pretraining_set(bundle: DataBundle, data_cfg: dict, pool: str | Path | None)
         return bundle.train, described
     if not isinstance(bundle.train, RecordDataset):
         raise UserError(f"pretrain.pool: data kind {data_cfg.get('kind')!r} is not read from a table; an unlabelled "
-                        f"pool needs image_table or volume_table data")
+                        f"pool needs image_table, volume_table or wsi_bags data")
     records = pool_records(pool, data_cfg.get("path_column", "path"))
     held = held_out_files(bundle)
     kept = [r for r in records if not any(os.path.realpath(path) in held for path in r.paths)]

@@ -1,14 +1,16 @@
-"""The pretraining run: ``medattn pretrain CONFIG`` trains a ViT preset as a masked autoencoder on the task's
-unlabelled images or volumes, resumable, and leaves a checkpoint that ``medattn train --init-from`` (and
+"""The pretraining run: ``medattn pretrain CONFIG`` trains the config's model by its objective (:mod:`.objectives`:
+a ViT preset as a masked autoencoder on unlabelled images or volumes, the bag transformer on two views of each
+unlabelled bag), resumable, and leaves a checkpoint that ``medattn train --init-from`` (and
 ``medattn compare --init-from``) starts from.
 
 Run folder::
 
     config.yaml                  the resolved config (``pretrain.*`` included)
-    metrics.csv                  epoch, lr, reconstruction loss, seconds
+    metrics.csv                  epoch, lr, the objective's loss, seconds
     pretrain.json                what was pretrained on (cases, pool, input shape), the settings, the time
-    checkpoints/last/            the autoencoder (encoder + decoder), optimizer and RNG state: ``--resume``
-    checkpoints/best/            the encoder alone (the ViT, the decoder dropped): what ``--init-from`` reads
+    checkpoints/last/            the objective's wrapper (model + decoder or projection), optimizer and RNG state:
+                                 ``--resume``
+    checkpoints/best/            the model alone (the decoder or projection dropped): what ``--init-from`` reads
 
 The order of each epoch's batches comes from a generator seeded with ``seed`` and the epoch, and the masks from
 one seeded with ``seed`` and the step, so a resumed run continues with the batches and masks it would have had. A run
@@ -24,75 +26,73 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from medattn.config import config_yaml, validate
-from medattn.data import input_kinds
 from medattn.data.base import DataBundle
 from medattn.errors import UserError
-from medattn.models.vit import VisionTransformer
 from medattn.outputs import OutputFolder
 from medattn.runtime import checkpoint
 from medattn.runtime.build import build_model, check_model_config
 from medattn.runtime.device import open_device
 from medattn.text import bars_off
 from medattn.threads import set_threads
-from medattn.train.model_setup import preset_design
+from medattn.train.model_setup import fit_feature_norm, preset_design
 from medattn.train.optim import lr_at, param_groups
 from medattn.train.rundir import config_diff, killed_run_config, run_folder
 from medattn.train.sampling import seed_everything
 
 from .data import pretraining_set
-from .mae import MaskedAutoencoder
+from .objectives import OBJECTIVES, Objective, objective_for
 
 MIN_LR = 1e-6
 METRICS = ("epoch", "lr", "loss", "seconds")  # the columns of metrics.csv
 BETAS = (0.9, 0.95)  # MAE's
 
 
-def _inputs(samples: list[dict]) -> torch.Tensor:
-    return torch.stack([s["input"] for s in samples])
-
-
-def epoch_loader(dataset: Dataset, batch_size: int, seed: int, epoch: int) -> DataLoader:
-    """The epoch's batches in an order fixed by ``seed`` and ``epoch``; the last partial batch is dropped unless
-    it is the only one (MAE's habit: every step the same size)."""
+def epoch_loader(dataset: Dataset, batch_size: int, seed: int, epoch: int, objective: Objective) -> DataLoader:
+    """The epoch's batches (``objective``'s inputs) in an order fixed by ``seed`` and ``epoch``; the last partial
+    batch is dropped unless it is the only one (MAE's habit: every step the same size)."""
     order = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     drop_last = len(dataset) > batch_size
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=_inputs,
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=objective.inputs,
                       drop_last=drop_last)
 
 
-def build_autoencoder(config: dict, bundle: DataBundle) -> MaskedAutoencoder:
-    """The config's model (a ViT preset, any mechanism) inside a :class:`MaskedAutoencoder` with ``pretrain.*``."""
+def build_objective(config: dict, bundle: DataBundle) -> tuple[Objective, nn.Module]:
+    """The config's model (any mechanism) inside the wrapper of its objective (:mod:`.objectives`) with
+    ``pretrain.*``; a one-line UserError for a model no objective pretrains or settings it refuses."""
     check_model_config(config["model"])
-    if not input_kinds.of(bundle.task.input_kind).spatial_dims:
-        raise UserError(f"medattn pretrain: masked autoencoding pretrains ViTs on images and volumes; this data "
-                        f"gives {bundle.task.input_kind} inputs")
-    vit = build_model(config["model"], bundle.task)
-    if not isinstance(vit, VisionTransformer):
-        raise UserError(f"medattn pretrain: model {config['model']['name']!r} is not a ViT preset (vit2d*, vit3d*)")
+    model = build_model(config["model"], bundle.task)
+    objective = objective_for(model)
+    if objective is None:
+        offered = "; ".join(f"{o.name} pretrains {o.model_type.__name__}" for o in OBJECTIVES)
+        raise UserError(f"medattn pretrain: no objective pretrains model {config['model']['name']!r} "
+                        f"({type(model).__name__}): {offered} (the presets vit2d*, vit3d*; the bag presets vitwsi*)")
     p = config["pretrain"]
+    if p["batch_size"] < objective.min_batch:
+        raise UserError(f"pretrain.batch_size: {objective.name} needs at least {objective.min_batch} samples a step, "
+                        f"got {p['batch_size']}")
     try:
-        return MaskedAutoencoder(vit, p["mask_ratio"], p["decoder_dim"], p["decoder_depth"], p["decoder_heads"],
-                                 p["norm_pix_loss"])
+        return objective, objective.wrap(model, p)
     except ValueError as error:
         raise UserError(f"pretrain: {error}") from None
 
 
-def one_epoch(mae: MaskedAutoencoder, optimizer: torch.optim.Optimizer, batches, state: dict,
+def one_epoch(wrapper: nn.Module, optimizer: torch.optim.Optimizer, batches, state: dict,
               schedule: Callable[[int], float], seed: int, device: torch.device) -> tuple[float, float]:
     """One pass over ``batches``; ``state["step"]`` counts optimizer steps, sets the rate (``schedule(step)``) and
-    seeds the step's masks. -> (mean loss, the last rate); a UserError if the loss stops being finite."""
-    mae.train()
+    seeds the step's masks or views. -> (mean loss, the last rate); a UserError if the loss stops being finite."""
+    wrapper.train()
     losses, lr = [], None
-    for x in batches:
+    for inputs in batches:
         lr = schedule(state["step"])
         for group in optimizer.param_groups:
             group["lr"] = lr
         masks = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])
-        loss = mae(x.to(device), masks)[0]
+        loss = wrapper(*(None if x is None else x.to(device) for x in inputs), generator=masks)[0]
         value = loss.item()
         if not math.isfinite(value):
             raise UserError(f"pretraining diverged at step {state['step']} (loss {value}); lower pretrain.lr")
@@ -107,7 +107,7 @@ def one_epoch(mae: MaskedAutoencoder, optimizer: torch.optim.Optimizer, batches,
 def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: bool = False,
              overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print,
              on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
-    """Pretrain ``config``'s ViT on ``bundle``'s training split (labels unused) and ``pretrain.pool``; -> the
+    """Pretrain ``config``'s model on ``bundle``'s training split (labels unused) and ``pretrain.pool``; -> the
     summary written to pretrain.json. ``on_epoch_end(epoch, row)`` runs after each epoch's checkpoints (tests
     interrupt a run with it)."""
     validate(config)
@@ -125,19 +125,24 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         set_threads(config["train"]["threads"], log)
         seed_everything(seed)
         dataset, described = pretraining_set(bundle, config["data"], p["pool"])
-        mae = build_autoencoder(config, bundle).to(device)
-        optimizer = torch.optim.AdamW(param_groups(mae, p["weight_decay"]), lr=p["lr"], betas=BETAS)
-        steps_per_epoch = len(epoch_loader(dataset, p["batch_size"], seed, 1))
+        objective, wrapper = build_objective(config, bundle)
+        if len(dataset) < objective.min_batch:
+            raise UserError(f"medattn pretrain: {objective.name} needs at least {objective.min_batch} unlabelled "
+                            f"inputs, got {len(dataset)}")
+        standardised = fit_feature_norm(wrapper.encoder, dataset)  # bags: the pretraining set's statistics
+        wrapper = wrapper.to(device)
+        optimizer = torch.optim.AdamW(param_groups(wrapper, p["weight_decay"]), lr=p["lr"], betas=BETAS)
+        steps_per_epoch = len(epoch_loader(dataset, p["batch_size"], seed, 1, objective))
         total, warmup = p["epochs"] * steps_per_epoch, round(p["warmup_epochs"] * steps_per_epoch)
         state = {"epoch": 0, "step": 0, "seconds": 0.0}
         meta = {"config": config, "task": checkpoint.task_to_dict(bundle.task),
                 "model_defaults": preset_design(config["model"]),
-                "pretrained": {"objective": "masked autoencoding", **described}}
+                "pretrained": {"objective": objective.name, **described}}
         if resume:
             last = checkpoint.resolve(run_dir / "checkpoints" / "last")
             if checkpoint.load_meta(last)["config"] != config:
                 raise UserError("--resume: the config differs from the pretraining run's saved config")
-            checkpoint.load_model(last, mae)
+            checkpoint.load_model(last, wrapper)
             state.update({k: v for k, v in checkpoint.load_training_state(last, optimizer).items() if k in state})
             log(f"resuming {run_dir} after epoch {state['epoch']} (step {state['step']})")
             kept = (run_dir / "metrics.csv").read_text().splitlines()[: 1 + state["epoch"]]  # rows after it: lost
@@ -145,34 +150,36 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         else:
             run.save_text("config.yaml", config_yaml(config))
             run.save_csv("metrics.csv", METRICS, [])
-        log(f"pretraining {config['model']['name']} ({config['model']['attention']}) as a masked autoencoder on "
+        log(f"pretraining {config['model']['name']} ({config['model']['attention']}) {objective.describe(p)} on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
-            f"from the pool), mask ratio {p['mask_ratio']}, {p['epochs']} epochs of {steps_per_epoch} steps")
+            f"from the pool), {p['epochs']} epochs of {steps_per_epoch} steps")
         if described.get("pool_held_out"):
             log(f"pretrain.pool: {described['pool_held_out']} file(s) left out: the config's validation or test split "
                 f"holds them, and those are never pretrained on")
         last_loss = None
         for epoch in range(state["epoch"] + 1, p["epochs"] + 1):
             started = time.time()
-            batches = epoch_loader(dataset, p["batch_size"], seed, epoch)
-            last_loss, lr = one_epoch(mae, optimizer, tqdm(batches, desc=f"pretrain epoch {epoch}", leave=False,
-                                                           disable=not progress or bars_off()),
-                                      state, lambda step: lr_at(step, total, warmup, p["lr"], MIN_LR), seed, device)
+            batches = tqdm(epoch_loader(dataset, p["batch_size"], seed, epoch, objective),
+                           desc=f"pretrain epoch {epoch}", leave=False, disable=not progress or bars_off())
+            last_loss, lr = one_epoch(wrapper, optimizer, batches, state,
+                                      lambda step: lr_at(step, total, warmup, p["lr"], MIN_LR), seed, device)
             seconds = time.time() - started
             state["epoch"], state["seconds"] = epoch, state["seconds"] + seconds
             row = {"epoch": epoch, "lr": lr, "loss": last_loss, "seconds": seconds}
             epoch_meta = {**meta, "epoch": epoch}
-            checkpoint.save(run_dir / "checkpoints" / "best", mae.encoder, epoch_meta)
-            checkpoint.save(run_dir / "checkpoints" / "last", mae, epoch_meta, optimizer, state)
+            checkpoint.save(run_dir / "checkpoints" / "best", wrapper.encoder, epoch_meta)
+            checkpoint.save(run_dir / "checkpoints" / "last", wrapper, epoch_meta, optimizer, state)
             run.append_csv("metrics.csv", [{"epoch": epoch, "lr": f"{lr:.6g}", "loss": f"{last_loss:.6f}",
                                             "seconds": f"{seconds:.2f}"}], METRICS)
-            log(f"pretrain epoch {epoch}/{p['epochs']}: reconstruction loss {row['loss']:.4f} ({seconds:.1f} s)")
+            log(f"pretrain epoch {epoch}/{p['epochs']}: {objective.name} loss {row['loss']:.4f} ({seconds:.1f} s)")
             if on_epoch_end is not None:
                 on_epoch_end(epoch, row)
         summary = {"run_dir": str(run_dir), "model": config["model"]["name"],
-                   "attention": config["model"]["attention"], "data": config["data"].get("kind"),
-                   "synthetic": bundle.task.synthetic, "input_shape": list(bundle.task.input_shape), **described,
-                   "settings": p, "epochs": p["epochs"], "steps": state["step"], "final_loss": last_loss,
+                   "attention": config["model"]["attention"], "objective": objective.name,
+                   "data": config["data"].get("kind"), "synthetic": bundle.task.synthetic,
+                   "input_shape": list(bundle.task.input_shape), **described,
+                   **({"feature_norm": standardised} if standardised else {}), "settings": p, "epochs": p["epochs"],
+                   "steps": state["step"], "final_loss": last_loss,
                    "train_seconds": state["seconds"], "threads": torch.get_num_threads(),
                    "checkpoint": str(run_dir / "checkpoints" / "best")}
         run.save_json("pretrain.json", summary)
