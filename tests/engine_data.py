@@ -78,9 +78,11 @@ def tiny_config(*overrides: str) -> dict:
     return load_config(None, [*base, *overrides])
 
 
-#: Overrides of a tiny CLI run (synthetic_cxr at 32 px, one epoch): a few seconds.
-TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
-        "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
+#: Overrides of a tiny CLI run (synthetic_cxr at 32 px, one epoch) drawing report.html's case heatmaps: a few seconds.
+TINY_DRAWN = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
+              "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
+#: The same without the case heatmaps (three cost about 2 s of drawing a run): every test but those of the pictures.
+TINY = [*TINY_DRAWN, "eval.heatmaps=0"]
 
 
 def save_checkpoint(folder, config_name, overrides, task, **steps):

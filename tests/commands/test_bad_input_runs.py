@@ -20,10 +20,8 @@ import pytest
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from engine_data import TINY
 from medattn.cli import main
-
-TINY = ["data.image_size=32", "data.num_samples=[16, 8, 8]", "model.name=vit2d_tiny", "train.epochs=1",
-        "train.batch_size=8", "eval.bootstrap=20", "train.threads=1"]
 
 
 def _train(run: Path, *overrides: str, options: tuple[str, ...] = ("--overwrite",)) -> list[str]:

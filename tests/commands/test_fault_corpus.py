@@ -102,8 +102,8 @@ OUTCOMES: Counter = Counter()
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     for kind, (config, overrides) in RUNS.items():
-        assert main(["train", config, *overrides, "train.epochs=1", "eval.bootstrap=0", "--out", str(root / kind),
-                     "--no-progress"]) == 0
+        assert main(["train", config, *overrides, "train.epochs=1", "eval.bootstrap=0", "eval.heatmaps=0", "--out",
+                     str(root / kind), "--no-progress"]) == 0
     return {kind: root / kind for kind in RUNS}
 
 

@@ -18,7 +18,8 @@ from medattn.cli import main
 from medattn.data import build_datasets
 from medattn.deploy import read_metadata
 
-TRAIN = ["train.epochs=1", "train.batch_size=4", "train.threads=1", "eval.bootstrap=20", "--no-progress"]
+TRAIN = ["train.epochs=1", "train.batch_size=4", "train.threads=1", "eval.bootstrap=20", "eval.heatmaps=0",
+         "--no-progress"]
 
 
 def _rows(path):

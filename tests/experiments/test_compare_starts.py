@@ -29,7 +29,7 @@ def _pretrained(folder):
 def test_each_arm_names_its_start_and_a_finished_arm_is_reused_only_from_the_same_start(tmp_path):
     """`compare` rerun with another --init-from (or none) reused its finished arms and showed their old results; one
     ViT pretraining given to all arms recorded the ResNet arm as pretrained (only the head's bias had been copied)."""
-    config = load_config("synthetic_cxr", [*TINY, "eval.heatmaps=0"])
+    config = load_config("synthetic_cxr", TINY)
     pre = _pretrained(tmp_path / "pre")
     root = tmp_path / "cmp"
     lines = []

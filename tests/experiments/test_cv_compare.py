@@ -24,7 +24,7 @@ from medattn.experiments.runs import read_cases
 from medattn.train import loop
 
 TINY_SEG = ["data.volume_size=[8,8,40]", "data.num_samples=[6,2,2]", "model.name=unet3d", "train.epochs=1",
-            "eval.bootstrap=0", "train.batch_size=2"]
+            "eval.bootstrap=0", "eval.heatmaps=0", "train.batch_size=2"]
 
 
 def ids(dataset) -> list[str]:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from engine_data import TINY
+from engine_data import TINY_DRAWN
 from medattn.cli import main
 
 
@@ -48,7 +48,7 @@ def _render(path) -> str | None:
 
 def test_a_run_writes_one_page_with_its_summary_warnings_and_pictures(tmp_path):
     run = tmp_path / "run"
-    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    assert main(["train", "synthetic_cxr", *TINY_DRAWN, "--out", str(run), "--no-progress"]) == 0
     page = _read(run / "report.html")
     text = " ".join(page.text)
     results = json.loads((run / "results.json").read_text())
@@ -93,7 +93,7 @@ def test_a_heatmap_that_fails_costs_the_run_nothing_but_a_warning(tmp_path, monk
 
     monkeypatch.setattr(cases, "explain", broken)
     run = tmp_path / "run"
-    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
+    assert main(["train", "synthetic_cxr", *TINY_DRAWN, "--out", str(run), "--no-progress"]) == 0
     results = json.loads((run / "results.json").read_text())
     assert "heatmaps" not in results and (run / "report.html").is_file()
     assert "no heatmaps for report.html (RuntimeError: out of memory)" in results["warnings"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_report_page import _read
 
-from engine_data import TINY
+from engine_data import TINY, TINY_DRAWN
 from medattn.cli import main
 
 #: The issue's title: model, split, AUROC with its interval, n and the SYNTHETIC mark.
@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     patch.setattr(outputs.OutputFolder, "save_figure", checked)
     patch.setattr(cases, "CasePictures", Recorded)
     folder = tmp_path_factory.mktemp("reader") / "run"
-    argv = [a for a in TINY if not a.startswith("train.epochs")]
+    argv = [a for a in TINY_DRAWN if not a.startswith("train.epochs")]
     try:
         assert main(["train", "synthetic_cxr", *argv, "train.epochs=2", "--out", str(folder), "--no-progress"]) == 0
     finally:

@@ -136,6 +136,8 @@ def test_bag_pretraining_refuses_a_batch_without_negatives_and_a_model_it_cannot
     with pytest.raises(UserError, match="two views of a bag needs at least 2 samples a step"):
         pretrain(_config("pretrain.batch_size=1"), bag_bundle(8), tmp_path / "one", progress=False,
                  log=lambda m: None)
+    with pytest.raises(UserError, match="two views of a bag needs at least 2 unlabelled inputs, got 1"):
+        pretrain(_config(), bag_bundle(1), tmp_path / "single", progress=False, log=lambda m: None)
     offered = "; ".join(f"{o.name} pretrains {o.model_type.__name__}" for o in OBJECTIVES)
     with pytest.raises(UserError, match="no objective pretrains model 'abmil_tiny'") as error:
         pretrain(_config("model.name=abmil_tiny", "model.attention=null"), bag_bundle(8), tmp_path / "mil",

@@ -46,7 +46,7 @@ def test_a_config_inside_out_is_never_moved_or_replaced(tmp_path, capsys, comman
 def test_resume_may_read_the_runs_own_config(tmp_path, capsys):
     """A run with a checkpoint leaves its config.yaml alone when resumed, so `--resume` may be given it as CONFIG."""
     run = tmp_path / "run"
-    assert main(["train", "synthetic_cxr", *TINY, "eval.heatmaps=0", "--out", str(run), "--no-progress"]) == 0
+    assert main(["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]) == 0
     saved = (run / "config.yaml").read_text()
     assert main(["train", str(run / "config.yaml"), "--out", str(run), "--resume", "--no-progress"]) == 0
     assert (run / "config.yaml").read_text() == saved
@@ -89,7 +89,7 @@ def test_the_train_command_resumes_a_run_killed_inside_its_first_checkpoints(tmp
     """`medattn train --resume` refused such a run ("start it again with --overwrite"); a config other than the one the
     run saved is still refused."""
     run = tmp_path / "run"
-    argv = ["train", "synthetic_cxr", *TINY, "eval.heatmaps=0", "--out", str(run), "--no-progress"]
+    argv = ["train", "synthetic_cxr", *TINY, "--out", str(run), "--no-progress"]
     assert main(argv) == 0
     kill(run)
     capsys.readouterr()

@@ -8,7 +8,7 @@ from medattn.cli import main
 from medattn.train import loop
 
 ARGS = ["synthetic_cxr", "model.name=vit2d_tiny", "data.image_size=32", "data.num_samples=[16,8,8]",
-        "train.epochs=3", "eval.bootstrap=0"]
+        "train.epochs=3", "eval.bootstrap=0", "eval.heatmaps=0"]
 
 
 def _interrupt_in_epoch(monkeypatch, epoch: int) -> None:

@@ -91,8 +91,8 @@ def one_epoch(wrapper: nn.Module, optimizer: torch.optim.Optimizer, batches, sta
         lr = schedule(state["step"])
         for group in optimizer.param_groups:
             group["lr"] = lr
-        masks = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])
-        loss = wrapper(*(None if x is None else x.to(device) for x in inputs), generator=masks)[0]
+        draws = torch.Generator().manual_seed(seed * 1_000_003 + state["step"])  # the step's masks or views
+        loss = wrapper(*(None if x is None else x.to(device) for x in inputs), generator=draws)[0]
         value = loss.item()
         if not math.isfinite(value):
             raise UserError(f"pretraining diverged at step {state['step']} (loss {value}); lower pretrain.lr")
