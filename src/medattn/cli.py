@@ -6,7 +6,8 @@ others are listed with the first line of their docstring, read from the source),
 and usage errors answer without importing torch. Errors meant for the user (:class:`medattn.errors.UserError`)
 print one line and exit with status 2, with no traceback (``--debug`` shows it); Ctrl-C prints one line
 (with what the command kept and how to go on, when its module defines ``interrupted(args) -> str``) and
-exits with 130; every other exception is a bug and shows its traceback.
+exits with 130, SIGTERM likewise with 143 (:mod:`medattn.termination`); every other exception is a bug and shows
+its traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from medattn import __version__, allocator
 from medattn.cli_args import HelpFormatter, apply_help_style, plain
 from medattn.errors import UserError, machine_problem
+from medattn.termination import Terminated, sigterm_as_interrupt
 
 COMMANDS = {
     "demo": "medattn.commands.demo",
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     try:
-        return int(args.run(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.run(args) or 0)
     except UserError as error:
         if args.debug:
             raise
@@ -153,12 +156,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"medattn: error: {problem}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if args.debug:
             raise
         what_now = args.interrupted(args) if getattr(args, "interrupted", None) else ""
-        print(f"\nmedattn: interrupted (Ctrl-C){': ' + what_now if what_now else ''}", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports it
+        name, status = ("SIGTERM", 143) if isinstance(stop, Terminated) else ("Ctrl-C", 130)  # 128 + the signal
+        print(f"\nmedattn: interrupted ({name}){': ' + what_now if what_now else ''}", file=sys.stderr)
+        return status
 
 
 #: Commands that allocate no large tensors, so they start without the allocator restart.
