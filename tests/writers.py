@@ -72,3 +72,21 @@ def write_h5(path: Path, features: np.ndarray, coords: np.ndarray | None = None,
         if coords is not None:
             f["coords"] = coords
     return path
+
+
+def write_bag_cohort(root: Path, clinical: list[list], header: list[str], tiles=lambda i: 5, features: int = 16,
+                     seed: int = 0) -> dict:
+    """One CLAM H5 bag of noise per clinical row (patient ``P<i>``, ``feats/s<i>.h5`` of ``tiles(i)`` tiles with
+    ``features`` features and coordinates), the slide and clinical tables (``PATIENT`` and ``header``), and the
+    wsi_bags data section over them."""
+    rng = np.random.default_rng(seed)
+    (root / "feats").mkdir(parents=True, exist_ok=True)
+    slides = []
+    for i in range(len(clinical)):
+        write_h5(root / "feats" / f"s{i}.h5", rng.normal(size=(tiles(i), features)).astype(np.float32),
+                 rng.integers(0, 5000, (tiles(i), 2)).astype(np.float32))
+        slides.append([f"P{i}", f"s{i}.h5"])
+    rows = [[f"P{i}", *row] for i, row in enumerate(clinical)]
+    return {"kind": "wsi_bags", "feature_dir": str(root / "feats"),
+            "slide_table": str(write_csv(root / "slides.csv", ["PATIENT", "FILENAME"], slides)),
+            "clinical_table": str(write_csv(root / "clinical.csv", ["PATIENT", *header], rows))}

@@ -35,7 +35,7 @@ from medattn.runtime.predictor import Predictor
 from medattn.train.objectives import objective_for
 from medattn.train.predictions import predict
 from medattn.train.sampling import make_loader
-from writers import write_csv, write_h5, write_nifti, write_pillow
+from writers import write_bag_cohort, write_csv, write_h5, write_nifti, write_pillow
 
 pytest.importorskip("nibabel")
 pytest.importorskip("h5py")
@@ -122,17 +122,8 @@ def _pairs(root: Path, kind: str) -> tuple[dict, callable]:
 
 
 def _bags(root: Path) -> tuple[dict, callable]:
-    rng = np.random.default_rng(3)
-    (root / "feats").mkdir()
-    slides, patients = [], []
-    for i in range(12):
-        write_h5(root / "feats" / f"s{i}.h5", rng.normal(size=(7 + i, 16)).astype(np.float32),
-                 rng.integers(0, 5000, (7 + i, 2)).astype(np.float32))
-        slides.append([f"P{i}", f"s{i}.h5"])
-        patients.append([f"P{i}", i % 2, ["train", "val", "test"][i % 3]])
-    cfg = {"kind": "wsi_bags", "feature_dir": str(root / "feats"),
-           "slide_table": str(write_csv(root / "slides.csv", ["PATIENT", "FILENAME"], slides)),
-           "clinical_table": str(write_csv(root / "clinical.csv", ["PATIENT", "label", "split"], patients)),
+    clinical = [[i % 2, ["train", "val", "test"][i % 3]] for i in range(12)]
+    cfg = {**write_bag_cohort(root, clinical, ["label", "split"], tiles=lambda i: 7 + i, seed=3),
            "label_columns": ["label"], "split_column": "split"}
     return cfg, lambda bundle, i: bundle.test.records[i].paths
 

@@ -148,26 +148,15 @@ def test_bag_pretraining_refuses_a_batch_without_negatives_and_a_model_it_cannot
 def test_an_unlabelled_pool_of_feature_files_joins_the_training_bags_but_never_the_held_out_ones(tmp_path):
     """CLAM H5 bags listed in a CSV of paths are read by the training split's bag reader; the config's validation
     and test bags listed there are left out."""
-    import numpy as np
-
     from medattn.data import build_datasets
-    from writers import write_csv, write_h5
+    from writers import write_bag_cohort, write_csv
 
-    rng = np.random.default_rng(0)
-    (tmp_path / "feats").mkdir()
-    slides, patients = [], []
-    for i in range(9):
-        write_h5(tmp_path / "feats" / f"s{i}.h5", rng.normal(size=(6 + i, 16)).astype(np.float32),
-                 rng.integers(0, 5000, (6 + i, 2)).astype(np.float32))
-        slides.append([f"P{i}", f"s{i}.h5"])
-        patients.append([f"P{i}", i % 2, ["train", "train", "val", "test"][i % 4] if i < 8 else "train"])
-    for i in range(5):
-        write_h5(tmp_path / "feats" / f"u{i}.h5", rng.normal(size=(10, 16)).astype(np.float32),
-                 rng.integers(0, 5000, (10, 2)).astype(np.float32))
-    pool = write_csv(tmp_path / "pool.csv", ["path"], [[f"feats/u{i}.h5"] for i in range(5)] + [["feats/s2.h5"]])
-    config = _config(f"data.feature_dir={tmp_path / 'feats'}", "data.kind=wsi_bags", "data.label_columns=label",
-                     f"data.slide_table={write_csv(tmp_path / 'slides.csv', ['PATIENT', 'FILENAME'], slides)}",
-                     f"data.clinical_table={write_csv(tmp_path / 'c.csv', ['PATIENT', 'label', 'split'], patients)}",
+    splits = ["train", "train", "val", "test", "train", "train", "val", "test", "train"]
+    labelled = write_bag_cohort(tmp_path, [[i % 2, split] for i, split in enumerate(splits)], ["label", "split"],
+                                tiles=lambda i: 6 + i)
+    write_bag_cohort(tmp_path / "pool", [[]] * 5, [], tiles=lambda i: 10, seed=1)  # five bags of no patient listed
+    pool = write_csv(tmp_path / "pool.csv", ["path"], [[f"pool/feats/s{i}.h5"] for i in range(5)] + [["feats/s2.h5"]])
+    config = _config(*(f"data.{key}={value}" for key, value in labelled.items()), "data.label_columns=label",
                      "data.split_column=split", "pretrain.epochs=1", "pretrain.batch_size=4", f"pretrain.pool={pool}")
     bundle = build_datasets(config["data"], seed=0)
     summary = pretrain(config, bundle, tmp_path / "pre", progress=False, log=lambda m: None)

@@ -14,25 +14,15 @@ import yaml
 from medattn.cli import main
 from medattn.data import build_datasets
 from medattn.errors import UserError
-from writers import write_csv, write_h5
+from writers import write_bag_cohort, write_csv
 
 FEATURES = 8
 
 
 def _bags(root, clinical: list[list], header: list[str], **data) -> dict:
     """One bag of noise per clinical row (patient ``P<i>``) and the wsi_bags data section over them."""
-    (root / "feats").mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    slides = []
-    for i in range(len(clinical)):
-        write_h5(root / "feats" / f"s{i}.h5", rng.normal(size=(5, FEATURES)).astype(np.float32),
-                 rng.integers(0, 5000, (5, 2)).astype(np.float32))
-        slides.append([f"P{i}", f"s{i}.h5"])
-    rows = [[f"P{i}", *row] for i, row in enumerate(clinical)]
-    return {"kind": "wsi_bags", "feature_dir": str(root / "feats"),
-            "slide_table": str(write_csv(root / "slides.csv", ["PATIENT", "FILENAME"], slides)),
-            "clinical_table": str(write_csv(root / "clinical.csv", ["PATIENT", *header], rows)),
-            "val_fraction": 0.25, "test_fraction": 0.25, **data}
+    return {**write_bag_cohort(root, clinical, header, features=FEATURES), "val_fraction": 0.25, "test_fraction": 0.25,
+            **data}
 
 
 def _survival(root, events: list, **data) -> dict:
