@@ -111,16 +111,22 @@ def collate(samples: list[dict]) -> dict:
         "patient": [s.get("patient", s["id"]) for s in samples],
         "label": torch.stack([s["label"] for s in samples]),
     }
-    inputs = [s["input"] for s in samples]
     if "coords" not in samples[0]:
-        batch["input"] = torch.stack(inputs)
+        batch["input"] = torch.stack([s["input"] for s in samples])
         return batch
-    lengths = torch.tensor([x.shape[0] for x in inputs])
-    n_max = int(lengths.max())
-    padded = inputs[0].new_zeros(len(inputs), n_max, inputs[0].shape[1])
-    coords = inputs[0].new_zeros(len(inputs), n_max, 2)
+    padded, coords, mask = pad_bags(samples)
+    batch.update(input=padded, coords=coords, mask=mask)
+    return batch
+
+
+def pad_bags(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bags (``input`` (N_i, F), ``coords`` (N_i, 2)) zero-padded to the longest -> (features (B, N_max, F),
+    coords (B, N_max, 2), mask (B, N_max) bool, True on real tiles)."""
+    lengths = torch.tensor([s["input"].shape[0] for s in samples])
+    first = samples[0]["input"]
+    padded = first.new_zeros(len(samples), int(lengths.max()), first.shape[1])
+    coords = first.new_zeros(len(samples), int(lengths.max()), 2)
     for i, sample in enumerate(samples):
         padded[i, : lengths[i]] = sample["input"]
         coords[i, : lengths[i]] = sample["coords"]
-    batch.update(input=padded, coords=coords, mask=torch.arange(n_max)[None, :] < lengths[:, None])
-    return batch
+    return padded, coords, torch.arange(padded.shape[1])[None, :] < lengths[:, None]

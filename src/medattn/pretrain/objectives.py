@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from medattn.data.base import pad_bags
 from medattn.models.vit import VisionTransformer
 from medattn.models.wsi import WSITransformer
 
@@ -37,18 +38,10 @@ def _images(samples: list[dict]) -> tuple[torch.Tensor]:
     return (torch.stack([s["input"] for s in samples]),)
 
 
-def _bags(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Bags of unequal length zero-padded -> (features (B, N_max, F), mask (B, N_max), coords (B, N_max, 2) or
-    None)."""
-    lengths = torch.tensor([s["input"].shape[0] for s in samples])
-    first = samples[0]["input"]
-    features = first.new_zeros(len(samples), int(lengths.max()), first.shape[1])
-    coords = first.new_zeros(len(samples), int(lengths.max()), 2) if "coords" in samples[0] else None
-    for i, sample in enumerate(samples):
-        features[i, : lengths[i]] = sample["input"]
-        if coords is not None:
-            coords[i, : lengths[i]] = sample["coords"]
-    return features, torch.arange(features.shape[1])[None, :] < lengths[:, None], coords
+def _bags(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (features (B, N_max, F), mask (B, N_max), coords (B, N_max, 2)), zero-padded (:func:`pad_bags`)."""
+    features, coords, mask = pad_bags(samples)
+    return features, mask, coords
 
 
 OBJECTIVES = (
