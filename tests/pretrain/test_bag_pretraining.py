@@ -79,6 +79,11 @@ def test_padding_never_reaches_the_loss_or_its_gradient():
     changed = features.detach().clone()
     changed[~mask] = 7.0
     assert views(changed, mask, generator=torch.Generator().manual_seed(0))[0].item() == pytest.approx(loss.item())
+    view, view_mask, _ = random_view(features.detach(), mask, 0.5, 512, generator=torch.Generator().manual_seed(0))
+    assert not view_mask.all()  # the views of unequal bags are padded in turn
+    padded = view.clone()
+    padded[~view_mask] = 7.0
+    assert torch.allclose(views.embed(padded, view_mask), views.embed(view, view_mask), atol=1e-6)
 
 
 def test_the_objective_refuses_what_it_cannot_pretrain():
