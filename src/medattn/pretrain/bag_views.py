@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from medattn.data.base import pad_bags
 from medattn.models.wsi import WSITransformer
 
 #: NT-Xent's temperature (SimCLR's setting for small batches).
@@ -62,19 +63,15 @@ def random_view(features: torch.Tensor, mask: torch.Tensor | None, share: float,
     ``max_tiles``, in random order, zero-padded to the batch's largest view."""
     B, N, _ = features.shape
     real = torch.ones(B, N, dtype=torch.bool) if mask is None else mask.cpu()
-    chosen = []
+    views = []
     for b in range(B):
         tiles = real[b].nonzero().squeeze(1)
         size = min(max_tiles, max(1, round(share * len(tiles))))
-        chosen.append(tiles[torch.randperm(len(tiles), generator=generator)[:size]])
-    m = max(len(c) for c in chosen)
-    index = torch.zeros(B, m, dtype=torch.long)
-    view_mask = torch.zeros(B, m, dtype=torch.bool)
-    for b, c in enumerate(chosen):
-        index[b, : len(c)], view_mask[b, : len(c)] = c, True
-    index, view_mask = index.to(features.device), view_mask.to(features.device)
-    pick = lambda x: x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1])) * view_mask.unsqueeze(-1)  # noqa: E731
-    return pick(features), view_mask, None if coords is None else pick(coords)
+        chosen = tiles[torch.randperm(len(tiles), generator=generator)[:size]].to(features.device)
+        views.append({"input": features[b, chosen],
+                      "coords": features.new_zeros(size, 2) if coords is None else coords[b, chosen]})
+    view, view_coords, view_mask = pad_bags(views)
+    return view, view_mask, None if coords is None else view_coords
 
 
 class BagViews(nn.Module):
