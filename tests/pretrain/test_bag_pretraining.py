@@ -95,6 +95,18 @@ def test_the_objective_refuses_what_it_cannot_pretrain():
             BagViews(model, share)
 
 
+@pytest.mark.parametrize("batch", [2, 5])
+def test_the_chance_level_is_the_loss_of_views_that_learned_nothing(batch):
+    model = create_model("vitwsi_tiny", attention="seqnorm", feature_dim=3, num_classes=1)
+    views = BagViews(model)
+    last = views.projector[-1]
+    torch.nn.init.zeros_(last.weight)
+    torch.nn.init.ones_(last.bias)  # every projection alike, whatever the bag
+    features, mask = _bags([6, 9, 4, 7, 5][:batch])
+    loss = views(features, mask, generator=torch.Generator().manual_seed(0))[0]
+    assert loss.item() == pytest.approx(BagViews.chance_loss(batch), rel=1e-5)
+
+
 def _config(*overrides):
     return load_config(None, ["data.kind=synthetic_wsi", "model.name=vitwsi_tiny", "model.attention=seqnorm",
                               "pretrain.epochs=4", "pretrain.batch_size=8", "pretrain.warmup_epochs=1",
@@ -109,6 +121,7 @@ def test_bag_pretraining_lowers_its_loss_reproducibly_and_starts_a_bag_run_of_an
     summary = pretrain(config, bundle, tmp_path / "pre", progress=False, log=lambda m: None)
     assert summary["objective"] == "two views of a bag" and summary["steps"] == 12
     assert summary["feature_norm"]["bags"] == 24
+    assert summary["chance_loss"] == pytest.approx(math.log(15))  # batches of 8 bags: 15 others for each view
     rows = list(csv.DictReader((tmp_path / "pre" / "metrics.csv").open()))
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
     again = pretrain(config, bundle, tmp_path / "again", progress=False, log=lambda m: None)

@@ -45,6 +45,17 @@ def test_the_loss_reaches_only_masked_patches():
     torch.testing.assert_close(loss, expected)
 
 
+@pytest.mark.parametrize("name", ["vit2d_tiny", "vit3d_tiny"])
+def test_the_chance_level_is_the_loss_of_predicting_each_patchs_mean(name):
+    vit = create_model(name, attention="seqnorm", num_classes=2)
+    mae = MaskedAutoencoder(vit)
+    torch.nn.init.zeros_(mae.decoder_pred.weight)
+    torch.nn.init.zeros_(mae.decoder_pred.bias)  # predicts 0, each standardised patch's mean
+    loss = mae(_input(vit, 3), generator=torch.Generator().manual_seed(0))[0]
+    assert loss.item() == pytest.approx(mae.chance_loss(3), rel=1e-3)
+    assert MaskedAutoencoder(vit, norm_pix_loss=False).chance_loss(3) is None  # the pixels' variance: data's
+
+
 @pytest.mark.parametrize("name, stem", [("vit2d_tiny", "patch"), ("vit2d_small", "conv"), ("vit2d_small", "residual"),
                                         ("vit3d_tiny", "patch"), ("vit3d_small", "conv"), ("vit3d_small", "residual")])
 def test_the_encoder_sees_only_the_kept_patches(name, stem):

@@ -25,10 +25,13 @@ Choices the papers leave open here (docs/decisions.md, "Pretraining on unlabelle
   token is the same mask token, so under SeqNorm (``Q'_i (K'^T V') / N``) every masked tile of a bag gets the same
   prediction, and the objective reduces to predicting the bag's mean feature.
 
-``BagViews(model)(features, mask, coords=None, generator=None)`` -> (loss, the two views' projections (B, P) each).
+``BagViews(model)(features, mask, coords=None, generator=None)`` -> (loss, the two views' projections (B, P) each);
+an encoder that learned nothing scores ln(2B - 1) (:meth:`BagViews.chance_loss`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -114,3 +117,9 @@ class BagViews(nn.Module):
         a = self.embed(*random_view(features, mask, self.view_share, self.view_tiles, coords, generator))
         b = self.embed(*random_view(features, mask, self.view_share, self.view_tiles, coords, generator))
         return nt_xent(a, b, self.temperature), a, b
+
+    @staticmethod
+    def chance_loss(batch: int) -> float:
+        """NT-Xent of views that learned nothing (every projection alike): ln(2B - 1), the positive one of the
+        2B - 1 equally likely others. The log prints it beside the loss."""
+        return math.log(2 * batch - 1)

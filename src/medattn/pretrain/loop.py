@@ -150,9 +150,11 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
         else:
             run.save_text("config.yaml", config_yaml(config))
             run.save_csv("metrics.csv", METRICS, [])
+        chance = wrapper.chance_loss(min(p["batch_size"], len(dataset)))  # the loss of learning nothing, or None
         log(f"pretraining {config['model']['name']} ({config['model']['attention']}) {objective.describe(p)} on "
             f"{len(dataset)} unlabelled inputs ({described['train_cases']} training cases, {described['pool_cases']} "
-            f"from the pool), {p['epochs']} epochs of {steps_per_epoch} steps")
+            f"from the pool), {p['epochs']} epochs of {steps_per_epoch} steps"
+            + (f"; an encoder that learned nothing scores {chance:.4f}" if chance is not None else ""))
         if described.get("pool_held_out"):
             log(f"pretrain.pool: {described['pool_held_out']} file(s) left out: the config's validation or test split "
                 f"holds them, and those are never pretrained on")
@@ -171,7 +173,9 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
             checkpoint.save(run_dir / "checkpoints" / "last", wrapper, epoch_meta, optimizer, state)
             run.append_csv("metrics.csv", [{"epoch": epoch, "lr": f"{lr:.6g}", "loss": f"{last_loss:.6f}",
                                             "seconds": f"{seconds:.2f}"}], METRICS)
-            log(f"pretrain epoch {epoch}/{p['epochs']}: {objective.name} loss {row['loss']:.4f} ({seconds:.1f} s)")
+            versus = f", chance {chance:.4f}" if chance is not None else ""
+            log(f"pretrain epoch {epoch}/{p['epochs']}: {objective.name} loss {last_loss:.4f}{versus} "
+                f"({seconds:.1f} s)")
             if on_epoch_end is not None:
                 on_epoch_end(epoch, row)
         summary = {"run_dir": str(run_dir), "model": config["model"]["name"],
@@ -179,7 +183,7 @@ def pretrain(config: dict, bundle: DataBundle, run_dir: str | Path, *, resume: b
                    "data": config["data"].get("kind"), "synthetic": bundle.task.synthetic,
                    "input_shape": list(bundle.task.input_shape), **described,
                    **({"feature_norm": standardised} if standardised else {}), "settings": p, "epochs": p["epochs"],
-                   "steps": state["step"], "final_loss": last_loss,
+                   "steps": state["step"], "final_loss": last_loss, "chance_loss": chance,
                    "train_seconds": state["seconds"], "threads": torch.get_num_threads(),
                    "checkpoint": str(run_dir / "checkpoints" / "best")}
         run.save_json("pretrain.json", summary)

@@ -146,3 +146,12 @@ class MaskedAutoencoder(nn.Module):
         pred = self.decode(self.encode(x, keep), keep)
         masked = torch.ones(pred.shape[:2], dtype=torch.bool, device=x.device).scatter_(1, keep, False)
         return masked_patch_loss(pred, self.target(x), masked), pred, masked
+
+    def chance_loss(self, batch: int) -> float | None:
+        """The loss of predicting each standardised patch's mean, 0 (a model that learned nothing):
+        mean_p ((x_p - mean) / sqrt(var + eps))^2 = (P - 1) / P with the unbiased variance, eps aside; None
+        without ``norm_pix_loss`` (the pixels' own variance, which the data set). ``batch`` plays no part."""
+        if not self.norm_pix_loss:
+            return None
+        patch_values = self.decoder_pred.out_features
+        return (patch_values - 1) / patch_values
