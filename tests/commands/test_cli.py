@@ -78,11 +78,13 @@ def test_skip_bad_reports_the_count(tmp_path, capsys):
 
 def test_demo_quick(tmp_path, capsys):
     """The demo's files; with --jobs 2 each run trains in a worker process of its own, to the numbers it gets
-    when trained here, one after the other."""
+    when trained here (the SeqNorm run, trained in this process for the comparison)."""
     from medattn.experiments.demo import demo_jobs, train_job
 
     jobs = demo_jobs(["synthetic_wsi"], quick=True, seed=0, threads=1)
-    serial = [train_job(job, tmp_path / "serial" / job["mechanism"], progress=False) for job in jobs[:2]]
+    serial = [train_job(job, tmp_path / "serial" / job["mechanism"], progress=False) for job in jobs
+              if job["mechanism"] == "seqnorm"]
+    assert len(serial) == 1
     assert main(["demo", "--quick", "--tasks", "synthetic_wsi", "--jobs", "2", "--out", str(tmp_path / "demo"),
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
