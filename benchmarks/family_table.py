@@ -35,10 +35,11 @@ import yaml
 from medattn.experiments.runs import mean_std, mean_std_text
 
 
-def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict]:
-    """split -> (bags, 2F) mean and max of the tile features (standardised with the training tiles' statistics),
-    split -> {target column: (bags,) values} (the label, or the time and event columns), and the task's data
-    section."""
+def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict, list[str]]:
+    """split (train, val, test) -> (bags, 2F) mean and max of the tile features (standardised with the training
+    tiles' statistics),
+    split -> {target column: (bags,) values} (the label, or the time and event columns), the task's data
+    section and the test split's patients (in its rows' order)."""
     data = yaml.safe_load((folder / "config.yaml").read_text())["data"]
     columns = ([data["time_column"], data["event_column"]] if data.get("task_type") == "survival"
                else [data["label_columns"]])
@@ -53,12 +54,12 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str
     train = np.concatenate([bags[r["PATIENT"]] for r in rows if r["split"] == "train"])
     mean, std = train.mean(0), train.std(0) + 1e-8
     pooled, targets = {}, {}
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         chosen = [r for r in rows if r["split"] == split]
         standard = [(bags[r["PATIENT"]] - mean) / std for r in chosen]
         pooled[split] = np.stack([np.concatenate([b.mean(0), b.max(0)]) for b in standard])
         targets[split] = {c: np.array([float(r[c]) for r in chosen]) for c in columns}
-    return pooled, targets, data
+    return pooled, targets, data, [r["PATIENT"] for r in rows if r["split"] == "test"]
 
 
 def independent(pooled: dict, targets: dict, data: dict) -> dict:
@@ -74,16 +75,43 @@ def independent(pooled: dict, targets: dict, data: dict) -> dict:
     if task_type == "survival":
         found = cox_reference(data, pooled, targets)
         return {"model": "Cox (penalizer 0.1) on mean+max pooled features", "metric": "c_index",
-                "test": found["c_index"]}
+                "test": found["c_index"], "test_outputs": found["test_outputs"]}
     if task_type != "binary":
         found = ridge_reference(data, pooled, targets)
         return {"model": "ridge on mean+max pooled features", "metric": "r2", "test": found["r2"],
-                "pearson_r": found["pearson_r"]}
+                "pearson_r": found["pearson_r"], "test_outputs": found["test_outputs"]}
     scaler = StandardScaler().fit(pooled["train"])
     label = targets["train"][data["label_columns"]], targets["test"][data["label_columns"]]
     model = LogisticRegressionCV(Cs=10, cv=5, max_iter=5000).fit(scaler.transform(pooled["train"]), label[0])
+    probability = model.predict_proba(scaler.transform(pooled["test"]))[:, 1]
     return {"model": "logistic on mean+max pooled features", "metric": "auroc",
-            "test": float(roc_auc_score(label[1], model.predict_proba(scaler.transform(pooled["test"]))[:, 1]))}
+            "test": float(roc_auc_score(label[1], probability)), "test_outputs": probability.tolist()}
+
+
+def against_independent(compare_folder: Path, outputs: list[float], patients: list[str], n_boot: int = 1000) -> dict:
+    """Per arm, the paired bootstrap over test patients of (arm - independent model), the mean over the arm's seeds
+    (:func:`medattn.metrics.paired_bootstrap`, each seed's test split a stratum): each seed run's
+    ``predictions_test.csv`` beside the independent model's ``outputs`` for the same ``patients``, scored by the
+    run's own metric on the run's labels. Runs that did not learn are kept: the target is about every run."""
+    from medattn import metrics
+    from medattn.experiments.runs import Cases, read_cases
+
+    by_patient = dict(zip(patients, outputs))
+    found = {}
+    for arm_folder in sorted(p for p in compare_folder.iterdir() if p.is_dir() and any(p.glob("seed_*"))):
+        runs = [read_cases(seed) for seed in sorted(arm_folder.glob("seed_*")) if (seed / "results.json").is_file()]
+        pairs = [(run, Cases(run.ids, run.patients, np.array([[by_patient[p]] for p in run.patients]), run.labels,
+                             run.task_type)) for run in runs]
+
+        def difference(index: list[np.ndarray], pairs: list = pairs) -> float | None:
+            scores = [(run.score(i), reference.score(i)) for (run, reference), i in zip(pairs, index)]
+            if any(a is None or b is None for a, b in scores):
+                return None
+            return float(np.mean([a - b for a, b in scores]))
+
+        found[arm_folder.name] = {"seeds": len(runs), **metrics.paired_bootstrap(
+            difference, [run.patients for run in runs], n_boot)}
+    return found
 
 
 def independent_on_training_folds(pooled: dict, targets: dict, data: dict, folds: int = 5) -> dict:
@@ -176,6 +204,12 @@ def _tests_text(rows: list[dict]) -> str:
     return "; ".join(cells) or "-"
 
 
+def _against_text(found: dict[str, dict]) -> str:
+    """:func:`against_independent`'s result in one cell: per arm, the difference, its interval and p."""
+    return "; ".join(f"{arm}: {t['difference']:+.3f} ({t['ci_low']:+.3f} to {t['ci_high']:+.3f}), p {t['p_value']:.3f}"
+                     for arm, t in found.items()) or "-"
+
+
 def _mean_sd(values: list[float]) -> str:
     """``0.912 (0.021)`` over seeds (medattn's compare summary), marked when one seed is all there is."""
     return mean_std_text(mean_std(values)) + (" (1 seed)" if len(values) == 1 else "")
@@ -194,10 +228,13 @@ def main() -> None:
     args = parser.parse_args()
     table = {}
     for task in args.tasks:
-        read = pooled_bags(args.tasks_root / task)  # every bag of the task, read once for both pooled models
-        table[task] = {"independent": independent(*read), "arms": arms(args.compare_root / task),
+        *read, test_patients = pooled_bags(args.tasks_root / task)  # every bag, read once for both pooled models
+        reference = independent(*read)
+        table[task] = {"independent": reference, "arms": arms(args.compare_root / task),
                        "on_training_folds": independent_on_training_folds(*read),
-                       "pooled_path_alone": pooled_path_alone(*read), "tests": paired_tests(args.compare_root / task)}
+                       "pooled_path_alone": pooled_path_alone(*read), "tests": paired_tests(args.compare_root / task),
+                       "against_independent": against_independent(args.compare_root / task,
+                                                                  reference.pop("test_outputs"), test_patients)}
     args.out.write_text(json.dumps(table, indent=1))
     print("| task | arm (seed) | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
     for task, found in table.items():
@@ -208,7 +245,8 @@ def main() -> None:
                       f"{s['recipe']} |")
     print("\n| task | metric | arm: mean (SD) over seeds, runs learned | independent model | the same, 5-fold on the "
           "training split | the pooled-feature path alone | paired tests (arm - reference: difference, p over seeds / "
-          "p over test patients) |\n|---|---|---|---|---|---|---|")
+          "p over test patients) | arm - independent model (95% interval; paired bootstrap over test patients) |"
+          "\n|---|---|---|---|---|---|---|---|")
     for task, found in table.items():
         ref = found["independent"]
         scores = "; ".join(f"{arm} {_mean_sd([s['test'] for s in seeds])}, {sum(bool(s['learned']) for s in seeds)}"
@@ -219,7 +257,7 @@ def main() -> None:
         folds = found["on_training_folds"]
         print(f"| {task} | {ref['metric']} | {scores} | {ref['model']}: {ref['test']:.3f}{r} | "
               f"{folds['mean']:.3f} ({folds['sd']:.3f}) | {alone['test']:.3f}{alone_r}, C {alone['C']:g} | "
-              f"{_tests_text(found['tests'])} |")
+              f"{_tests_text(found['tests'])} | {_against_text(found['against_independent'])} |")
 
 
 if __name__ == "__main__":

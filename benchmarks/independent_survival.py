@@ -63,7 +63,8 @@ def standardised(pooled: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
 
 
 def cox_reference(data: dict, pooled: dict[str, np.ndarray], targets: dict[str, dict]) -> dict:
-    """Penalised Cox model on the training bags -> the test C-index (medattn's and lifelines') and the train one."""
+    """Penalised Cox model on the training bags -> the test C-index (medattn's and lifelines') and the train one,
+    and its test risks (``test_outputs``, in the test split's order)."""
     import pandas as pd
     from lifelines import CoxPHFitter
     from lifelines.utils import concordance_index as lifelines_c_index
@@ -81,12 +82,13 @@ def cox_reference(data: dict, pooled: dict[str, np.ndarray], targets: dict[str, 
     return {"model": f"CoxPHFitter(penalizer={PENALIZER}) on mean-pooled features",
             "c_index": float(concordance_index(risk, times, event)),
             "c_index_lifelines": float(lifelines_c_index(times, -risk, event)),
-            "train_c_index": float(model.concordance_index_), "test_events": int(event.sum())}
+            "train_c_index": float(model.concordance_index_), "test_events": int(event.sum()),
+            "test_outputs": risk.tolist()}
 
 
 def ridge_reference(data: dict, pooled: dict[str, np.ndarray], targets: dict[str, dict]) -> dict:
-    """Ridge regression on the training bags -> the test R^2, MAE, RMSE and Pearson r (medattn's) and sklearn's
-    R^2."""
+    """Ridge regression on the training bags -> the test R^2, MAE, RMSE and Pearson r (medattn's), sklearn's
+    R^2 and its test predictions (``test_outputs``, in the test split's order)."""
     from sklearn.linear_model import RidgeCV
     from sklearn.metrics import r2_score
 
@@ -98,7 +100,7 @@ def ridge_reference(data: dict, pooled: dict[str, np.ndarray], targets: dict[str
     pred, true = model.predict(x_test), targets["test"][column]
     return {"model": "RidgeCV on mean-pooled features", "alpha": float(model.alpha_),
             **{m: float(getattr(metrics_regression, m)(pred, true)) for m in metrics_regression.METRICS},
-            "r2_sklearn": float(r2_score(true, pred))}
+            "r2_sklearn": float(r2_score(true, pred)), "test_outputs": pred.tolist()}
 
 
 def reference(folder: Path) -> dict:
@@ -106,13 +108,15 @@ def reference(folder: Path) -> dict:
     started = time.perf_counter()
     data, pooled, targets = read_task(folder)
     fit = cox_reference if data["task_type"] == "survival" else ridge_reference
+    found = fit(data, pooled, targets)
+    found.pop("test_outputs")  # per-case outputs: the family table's paired tests read them, a row does not
     probe = json.loads((folder / "probe.json").read_text())
     known = {}  # probe.json's scores, one column each ("probe_c_index/bag size")
     for key, value in probe.items():
         if key.startswith(("probe_", "burden_", "censored")):
             known.update({f"{key}/{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
     return {"task": probe["task"], "cohort": probe["cohort"], "seed": probe["seed"], "folder": str(folder),
-            "n_train": len(pooled["train"]), "n_test": len(pooled["test"]), **fit(data, pooled, targets),
+            "n_train": len(pooled["train"]), "n_test": len(pooled["test"]), **found,
             **known,
             "seconds": round(time.perf_counter() - started, 2)}
 

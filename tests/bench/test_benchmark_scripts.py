@@ -58,6 +58,7 @@ HELP_ONLY = {
     "family_table.py": "reads the compare folders of the realistic family (hours of runs)",
     "bag_statistics_probe.py": "reads a realistic ihc_bags folder (medattn realistic, a minute to write)",
     "paired_arms.py": "reads the run folders of two finished experiments",
+    "split_luck.py": "refits the pooled model over re-splits of a realistic bag task folder (medattn realistic)",
     "diffusion_scaling.py": "run at a toy size by tests/diffusion/test_diffusion_bench.py",
     "explain_sanity.py": "reads finished training runs",
     "heatmap_examples.py": "reads the folder a `medattn demo` wrote",

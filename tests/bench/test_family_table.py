@@ -1,0 +1,71 @@
+"""The realistic family's comparisons with the independent model (benchmarks/family_table.py, split_luck.py): the
+paired bootstrap of an arm against the independent model pairs cases by patient, and the re-splits refit the model
+on partitions of the same patients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def scripts(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import family_table
+    import split_luck
+
+    return family_table, split_luck
+
+
+def _write_run(folder: Path, patients: list[str], labels: np.ndarray, probabilities: np.ndarray) -> None:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"metric": "auroc", "test": {"auroc": 0.0}}))
+    rows = ["id,patient,label_label,prob_label"] + [f"{p},{p},{y},{q:.6f}" for p, y, q in
+                                                     zip(patients, labels, probabilities)]
+    (folder / "predictions_test.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_an_arm_is_paired_with_the_independent_model_patient_by_patient(scripts, tmp_path):
+    family_table, _ = scripts
+    rng = np.random.default_rng(0)
+    patients = [f"p{i:02d}" for i in range(40)]
+    labels = np.arange(40) % 2
+    independent = rng.random(40) * 0.6 + 0.4 * labels  # the independent model, in the task's test order
+    expected = []
+    for seed in range(2):
+        arm = rng.random(40) * 0.3 + 0.7 * labels
+        order = rng.permutation(40)  # each run writes its cases in an order of its own
+        _write_run(tmp_path / "cmp" / "vitwsi_small" / f"seed_{seed}", [patients[i] for i in order], labels[order],
+                   arm[order])
+        expected.append(roc_auc_score(labels, arm) - roc_auc_score(labels, independent))
+    found = family_table.against_independent(tmp_path / "cmp", independent.tolist(), patients, n_boot=100)
+    test = found["vitwsi_small"]
+    assert test["seeds"] == 2 and test["difference"] == pytest.approx(np.mean(expected))
+    assert test["ci_low"] <= test["difference"] <= test["ci_high"]
+    same = tmp_path / "same"
+    _write_run(same / "abmil_small" / "seed_0", patients[::-1], labels[::-1], independent[::-1])
+    itself = family_table.against_independent(same, independent.tolist(), patients, n_boot=100)["abmil_small"]
+    assert itself["difference"] == 0 and itself["ci_low"] == itself["ci_high"] == 0
+
+
+def test_the_resplits_refit_the_independent_model_on_partitions_of_the_same_patients(scripts):
+    _, split_luck = scripts
+    rng = np.random.default_rng(1)
+    sizes = {"train": 40, "val": 10, "test": 20}
+    labels = {split: np.arange(n) % 2 for split, n in sizes.items()}
+    data = {"label_columns": "label"}
+
+    def pooled(signal: float) -> dict:
+        return {split: rng.normal(size=(n, 4)) + signal * labels[split][:, None] for split, n in sizes.items()}
+
+    targets = {split: {"label": y.astype(float)} for split, y in labels.items()}
+    separable = split_luck.resplit_scores(pooled(10.0), targets, data, resplits=3)
+    assert separable == [1.0] * 3
+    noise = split_luck.resplit_scores(pooled(0.0), targets, data, resplits=8)
+    assert len(set(noise)) > 1 and 0.3 < np.mean(noise) < 0.7
