@@ -4,7 +4,8 @@ features fitted here.
 
 The independent model reads each bag as the mean and the maximum of its standardised tile features (2F numbers),
 standardised over the training bags: a logistic regression (binary; C chosen by 5-fold cross-validation on the
-training split, scikit-learn's LogisticRegressionCV), a ridge regression (regression; RidgeCV, alphas 1e-3..1e3) or
+training split by accuracy, scikit-learn's LogisticRegressionCV, the scoring named so that scikit-learn 1.11's
+new default, the log loss, does not change the figures), a ridge regression (regression; RidgeCV, alphas 1e-3..1e3) or
 a penalised Cox model (survival; lifelines' CoxPHFitter, penalizer 0.1) fitted on the training split and scored on
 the test split (AUROC; Pearson r and R^2; C-index). The ridge and Cox models are ``independent_survival.py``'s
 (features constant over the training bags dropped), given these pooled features. Beside it, the bag transformer's
@@ -82,7 +83,7 @@ def independent(pooled: dict, targets: dict, data: dict) -> dict:
                 "pearson_r": found["pearson_r"], "test_outputs": found["test_outputs"]}
     scaler = StandardScaler().fit(pooled["train"])
     label = targets["train"][data["label_columns"]], targets["test"][data["label_columns"]]
-    model = LogisticRegressionCV(Cs=10, cv=5, max_iter=5000).fit(scaler.transform(pooled["train"]), label[0])
+    model = LogisticRegressionCV(Cs=10, cv=5, scoring="accuracy", max_iter=5000).fit(scaler.transform(pooled["train"]), label[0])
     probability = model.predict_proba(scaler.transform(pooled["test"]))[:, 1]
     return {"model": "logistic on mean+max pooled features", "metric": "auroc",
             "test": float(roc_auc_score(label[1], probability)), "test_outputs": probability.tolist()}
