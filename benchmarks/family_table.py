@@ -37,10 +37,9 @@ from medattn.experiments.runs import mean_std, mean_std_text
 
 
 def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict, list[str]]:
-    """split (train, val, test) -> (bags, 2F) mean and max of the tile features (standardised with the training
-    tiles' statistics),
-    split -> {target column: (bags,) values} (the label, or the time and event columns), the task's data
-    section and the test split's patients (in its rows' order)."""
+    """-> split (train, val, test) -> (bags, 2F) mean and max of the tile features (standardised with the training
+    tiles' statistics); split -> {target column: (bags,) values} (the label, or the time and event columns); the
+    task's data section; the test split's patients, in its rows' order."""
     data = yaml.safe_load((folder / "config.yaml").read_text())["data"]
     columns = ([data["time_column"], data["event_column"]] if data.get("task_type") == "survival"
                else [data["label_columns"]])
@@ -83,7 +82,8 @@ def independent(pooled: dict, targets: dict, data: dict) -> dict:
                 "pearson_r": found["pearson_r"], "test_outputs": found["test_outputs"]}
     scaler = StandardScaler().fit(pooled["train"])
     label = targets["train"][data["label_columns"]], targets["test"][data["label_columns"]]
-    model = LogisticRegressionCV(Cs=10, cv=5, scoring="accuracy", max_iter=5000).fit(scaler.transform(pooled["train"]), label[0])
+    model = LogisticRegressionCV(Cs=10, cv=5, scoring="accuracy", max_iter=5000)
+    model.fit(scaler.transform(pooled["train"]), label[0])
     probability = model.predict_proba(scaler.transform(pooled["test"]))[:, 1]
     return {"model": "logistic on mean+max pooled features", "metric": "auroc",
             "test": float(roc_auc_score(label[1], probability)), "test_outputs": probability.tolist()}

@@ -1,8 +1,7 @@
 """How much a bag task's split decides the independent model's score (issue 48): the pooled-feature model of
 ``family_table.py`` (logistic, ridge or penalised Cox on each bag's mean and maximum feature) fitted on the task's
 own training split and scored on its test split, beside the same model over random re-splits of the same patients
-(as many training and test patients as the task's split; its validation patients set aside as the runs set them
-aside), and the same model cross-validated on the training split alone.
+(as many training and test patients as the task's split; as many set aside as its validation split).
 
 A test score far out in the re-splits' distribution says that one split's score is that split's luck, not what the
 pooled features carry for patients of this kind; a bag model's distance to it is then measured against luck.
