@@ -36,10 +36,11 @@ import yaml
 from medattn.experiments.runs import mean_std, mean_std_text
 
 
-def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict, list[str]]:
+def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], dict,
+                                       dict[str, list[str]]]:
     """-> split (train, val, test) -> (bags, 2F) mean and max of the tile features (standardised with the training
     tiles' statistics); split -> {target column: (bags,) values} (the label, or the time and event columns); the
-    task's data section; the test split's patients, in its rows' order."""
+    task's data section; split -> its patients, in the same order."""
     data = yaml.safe_load((folder / "config.yaml").read_text())["data"]
     columns = ([data["time_column"], data["event_column"]] if data.get("task_type") == "survival"
                else [data["label_columns"]])
@@ -59,7 +60,7 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str
         standard = [(bags[r["PATIENT"]] - mean) / std for r in chosen]
         pooled[split] = np.stack([np.concatenate([b.mean(0), b.max(0)]) for b in standard])
         targets[split] = {c: np.array([float(r[c]) for r in chosen]) for c in columns}
-    return pooled, targets, data, [r["PATIENT"] for r in rows if r["split"] == "test"]
+    return pooled, targets, data, {split: [r["PATIENT"] for r in rows if r["split"] == split] for split in pooled}
 
 
 def independent(pooled: dict, targets: dict, data: dict) -> dict:
@@ -229,13 +230,13 @@ def main() -> None:
     args = parser.parse_args()
     table = {}
     for task in args.tasks:
-        *read, test_patients = pooled_bags(args.tasks_root / task)  # every bag, read once for both pooled models
+        *read, patients = pooled_bags(args.tasks_root / task)  # every bag, read once for both pooled models
         reference = independent(*read)
         table[task] = {"independent": reference, "arms": arms(args.compare_root / task),
                        "on_training_folds": independent_on_training_folds(*read),
                        "pooled_path_alone": pooled_path_alone(*read), "tests": paired_tests(args.compare_root / task),
                        "against_independent": against_independent(args.compare_root / task,
-                                                                  reference.pop("test_outputs"), test_patients)}
+                                                                  reference.pop("test_outputs"), patients["test"])}
     args.out.write_text(json.dumps(table, indent=1))
     print("| task | arm (seed) | test score | Pearson r | learned | recipe chosen |\n|---|---|---|---|---|---|")
     for task, found in table.items():

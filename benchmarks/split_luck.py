@@ -7,6 +7,8 @@ A test score far out in the re-splits' distribution says that one split's score 
 pooled features carry for patients of this kind; a bag model's distance to it is then measured against luck.
 
     python benchmarks/split_luck.py bench --tasks ihc_survival ihc_bags --resplits 100
+    python benchmarks/split_luck.py bench --tasks ihc_survival --write-tables 5 --out luck/split_luck.json
+    medattn train bench/ihc_survival/config.yaml data.clinical_table=luck/ihc_survival_resplits/resplit_0.csv --out r0
 
 Writes ``--out`` (JSON) and prints one Markdown row per task: the task's split, the re-splits' mean (SD), 5th and
 95th percentiles, and the share of re-splits scoring at least the task's split.
@@ -15,29 +17,62 @@ Writes ``--out`` (JSON) and prints one Markdown row per task: the task's split, 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from pathlib import Path
 
 import numpy as np
+import yaml
 from family_table import independent, pooled_bags
+
+SPLITS = ("train", "val", "test")
+
+
+def partitions(sizes: dict[str, int], resplits: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """``resplits`` random partitions of the patients, numbered as the task's splits are concatenated (train, val,
+    test), into as many of each as ``sizes`` holds (``numpy.random.default_rng(seed)``) -> split -> row numbers."""
+    rng = np.random.default_rng(seed)
+    bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
+    found = []
+    for _ in range(resplits):
+        order = rng.permutation(bounds[-1])
+        found.append({s: order[bounds[i]:bounds[i + 1]] for i, s in enumerate(SPLITS)})
+    return found
 
 
 def resplit_scores(pooled: dict, targets: dict, data: dict, resplits: int, seed: int = 0) -> list[float]:
-    """The independent model's test score over ``resplits`` random partitions of the task's patients into as many
-    training, validation (unused) and test patients as its own split (``numpy.random.default_rng(seed)``)."""
-    splits = ("train", "val", "test")
-    every = np.concatenate([pooled[s] for s in splits])
+    """The independent model's test score over :func:`partitions` of the task's patients (the validation part
+    unused, as the runs leave their validation split out of training)."""
+    every = np.concatenate([pooled[s] for s in SPLITS])
     columns = list(targets["train"])
-    values = {c: np.concatenate([targets[s][c] for s in splits]) for c in columns}
-    n_train, n_test = len(pooled["train"]), len(pooled["test"])
-    rng = np.random.default_rng(seed)
+    values = {c: np.concatenate([targets[s][c] for s in SPLITS]) for c in columns}
     scores = []
-    for _ in range(resplits):
-        order = rng.permutation(len(every))
-        rows = {"train": order[:n_train], "test": order[len(every) - n_test:]}
+    for rows in partitions({s: len(pooled[s]) for s in SPLITS}, resplits, seed):
+        rows = {s: rows[s] for s in ("train", "test")}
         scores.append(independent({s: every[r] for s, r in rows.items()},
                                   {s: {c: values[c][r] for c in columns} for s, r in rows.items()}, data)["test"])
     return scores
+
+
+def write_tables(folder: Path, patients: dict[str, list[str]], count: int, out: Path, seed: int = 0) -> list[Path]:
+    """The task's clinical table with its split column set by each of the first ``count`` :func:`partitions`
+    (those whose independent-model scores come first in the JSON) -> ``out/resplit_K.csv``: a bag model is trained
+    on re-split K with ``medattn train TASK/config.yaml data.clinical_table=out/resplit_K.csv``."""
+    with open(folder / "clinical.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    split_column = yaml.safe_load((folder / "config.yaml").read_text())["data"]["split_column"]
+    every = [p for s in SPLITS for p in patients[s]]
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for k, parts in enumerate(partitions({s: len(patients[s]) for s in SPLITS}, count, seed)):
+        split_of = {every[i]: s for s, numbers in parts.items() for i in numbers}
+        path = out / f"resplit_{k}.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows({**r, split_column: split_of[r["PATIENT"]]} for r in rows)
+        written.append(path)
+    return written
 
 
 def main() -> None:
@@ -46,12 +81,17 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", required=True)
     parser.add_argument("--resplits", type=int, default=100)
     parser.add_argument("--out", type=Path, default=Path("split_luck.json"))
+    parser.add_argument("--write-tables", type=int, default=0, metavar="K",
+                        help="also write the first K re-splits' clinical tables beside --out (TASK_resplits/)")
     args = parser.parse_args()
     found = {}
     print("| task | metric | independent model, the task's split | the same over re-splits: mean (SD) | 5th-95th "
           "percentile | re-splits scoring at least the task's split |\n|---|---|---|---|---|---|")
     for task in args.tasks:
-        pooled, targets, data, _ = pooled_bags(args.tasks_root / task)
+        pooled, targets, data, patients = pooled_bags(args.tasks_root / task)
+        if args.write_tables:
+            write_tables(args.tasks_root / task, patients, args.write_tables,
+                         args.out.parent / f"{task}_resplits")
         own = independent(pooled, targets, data)
         scores = resplit_scores(pooled, targets, data, args.resplits)
         found[task] = {"model": own["model"], "metric": own["metric"], "split": own["test"], "resplits": scores}

@@ -4,6 +4,7 @@ on partitions of the same patients."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -69,3 +70,24 @@ def test_the_resplits_refit_the_independent_model_on_partitions_of_the_same_pati
     assert separable == [1.0] * 3
     noise = split_luck.resplit_scores(pooled(0.0), targets, data, resplits=8)
     assert len(set(noise)) > 1 and 0.3 < np.mean(noise) < 0.7
+
+
+def test_the_resplit_tables_keep_every_row_and_follow_the_partitions(scripts, tmp_path):
+    _, split_luck = scripts
+    sizes = {"train": 6, "val": 2, "test": 3}
+    patients = {split: [f"{split}{i}" for i in range(n)] for split, n in sizes.items()}
+    rows = [(p, i, split) for i, (split, names) in enumerate(patients.items()) for p in names]
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "clinical.csv").write_text("PATIENT,os_months,cohort_split\n" +
+                                       "".join(f"{p},{i}.5,{split}\n" for p, i, split in rows))
+    (task / "config.yaml").write_text("data: {split_column: cohort_split}\n")
+    written = split_luck.write_tables(task, patients, 2, tmp_path / "out")
+    every = [p for s in split_luck.SPLITS for p in patients[s]]
+    for path, parts in zip(written, split_luck.partitions(sizes, 2)):
+        table = list(csv.DictReader(path.open()))
+        assert [(r["PATIENT"], r["os_months"]) for r in table] == [(p, f"{i}.5") for p, i, _ in rows]
+        for split, numbers in parts.items():
+            chosen = sorted(r["PATIENT"] for r in table if r["cohort_split"] == split)
+            assert chosen == sorted(every[i] for i in numbers)
+    assert len(written) == 2 and written[0].read_text() != written[1].read_text()
