@@ -8,10 +8,13 @@ pooled features carry for patients of this kind; a bag model's distance to it is
 
     python benchmarks/split_luck.py bench --tasks ihc_survival ihc_bags --resplits 100
     python benchmarks/split_luck.py bench --tasks ihc_survival --write-tables 5 --out luck/split_luck.json
-    medattn train bench/ihc_survival/config.yaml data.clinical_table=luck/ihc_survival_resplits/resplit_0.csv --out r0
+    medattn train bench/ihc_survival/config.yaml data.clinical_table=luck/ihc_survival_resplits/resplit_0.csv \
+        --out luck/runs/resplit_0                                       # and so on for each table written
+    python benchmarks/split_luck.py bench --tasks ihc_survival --out luck/split_luck.json --runs luck/runs
 
 Writes ``--out`` (JSON) and prints one Markdown row per task: the task's split, the re-splits' mean (SD), 5th and
-95th percentiles, and the share of re-splits scoring at least the task's split.
+95th percentiles, and the share of re-splits scoring at least the task's split; with ``--runs``, the bag model's test
+score on each re-split it ran on beside the independent model's on the same re-split (paired t-test).
 """
 
 from __future__ import annotations
@@ -75,6 +78,29 @@ def write_tables(folder: Path, patients: dict[str, list[str]], count: int, out: 
     return written
 
 
+def paired_over_resplits(runs: Path, scores: list[float]) -> dict:
+    """The bag model's test score on each re-split it ran on (``runs/resplit_K/results.json``) beside the
+    independent model's on the same re-split -> both lists, their differences and scipy's paired t-test."""
+    from scipy.stats import ttest_rel
+
+    ran = sorted((int(p.parent.name.split("_")[1]), json.loads(p.read_text()))
+                 for p in runs.glob("resplit_*/results.json"))
+    model = [results["test"][results["metric"]] for _, results in ran]
+    reference = [scores[k] for k, _ in ran]
+    test = ttest_rel(model, reference) if len(ran) >= 2 else None
+    return {"resplits": [k for k, _ in ran], "model": model, "independent": reference,
+            "difference": float(np.mean(np.subtract(model, reference))) if ran else None,
+            "p_value": float(test.pvalue) if test is not None else None}
+
+
+def paired_text(paired: dict) -> str:
+    """:func:`paired_over_resplits` in one line."""
+    rows = ", ".join(f"{k}: {m:.3f} vs {r:.3f}" for k, m, r in
+                     zip(paired["resplits"], paired["model"], paired["independent"]))
+    return (f"bag model vs independent model on re-splits ({rows}): mean difference {paired['difference']:+.3f}, "
+            f"paired t p {paired['p_value']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tasks_root", type=Path, help="the folder medattn realistic wrote")
@@ -83,6 +109,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("split_luck.json"))
     parser.add_argument("--write-tables", type=int, default=0, metavar="K",
                         help="also write the first K re-splits' clinical tables beside --out (TASK_resplits/)")
+    parser.add_argument("--runs", type=Path, metavar="DIR",
+                        help="bag model runs on those re-splits (DIR/resplit_K/results.json): paired with the "
+                             "independent model on each (one task)")
     args = parser.parse_args()
     found = {}
     print("| task | metric | independent model, the task's split | the same over re-splits: mean (SD) | 5th-95th "
@@ -99,6 +128,9 @@ def main() -> None:
         print(f"| {task} | {own['metric']} | {own['model']}: {own['test']:.3f} | {np.mean(scores):.3f} "
               f"({np.std(scores, ddof=1):.3f}) | {low:.3f} to {high:.3f} | "
               f"{np.mean(np.asarray(scores) >= own['test']):.0%} of {args.resplits} |", flush=True)
+        if args.runs:
+            found[task]["paired"] = paired_over_resplits(args.runs, scores)
+            print(paired_text(found[task]["paired"]))
     args.out.write_text(json.dumps(found, indent=1))
 
 

@@ -91,3 +91,15 @@ def test_the_resplit_tables_keep_every_row_and_follow_the_partitions(scripts, tm
             chosen = sorted(r["PATIENT"] for r in table if r["cohort_split"] == split)
             assert chosen == sorted(every[i] for i in numbers)
     assert len(written) == 2 and written[0].read_text() != written[1].read_text()
+
+
+def test_the_bag_models_resplit_runs_are_paired_with_the_same_resplits(scripts, tmp_path):
+    _, split_luck = scripts
+    for k, value in ((2, 0.61), (0, 0.55), (1, 0.60)):
+        (tmp_path / f"resplit_{k}").mkdir()
+        (tmp_path / f"resplit_{k}" / "results.json").write_text(
+            json.dumps({"metric": "c_index", "test": {"c_index": value, "auroc": 0.0}}))
+    paired = split_luck.paired_over_resplits(tmp_path, [0.50, 0.58, 0.63, 0.99])
+    assert paired["resplits"] == [0, 1, 2] and paired["model"] == [0.55, 0.60, 0.61]
+    assert paired["independent"] == [0.50, 0.58, 0.63]  # the re-split each run trained on, not the fourth
+    assert paired["difference"] == pytest.approx((0.05 + 0.02 - 0.02) / 3) and 0 < paired["p_value"] < 1
