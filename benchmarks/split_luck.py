@@ -94,11 +94,14 @@ def paired_over_resplits(runs: Path, scores: list[float]) -> dict:
 
 
 def paired_text(paired: dict) -> str:
-    """:func:`paired_over_resplits` in one line."""
+    """:func:`paired_over_resplits` in one line (saying so where no run was found, or one: no test)."""
+    if not paired["resplits"]:
+        return "bag model vs independent model on re-splits: no resplit_K/results.json found under --runs"
     rows = ", ".join(f"{k}: {m:.3f} vs {r:.3f}" for k, m, r in
                      zip(paired["resplits"], paired["model"], paired["independent"]))
+    p = "-" if paired["p_value"] is None else f"{paired['p_value']:.3f}"
     return (f"bag model vs independent model on re-splits ({rows}): mean difference {paired['difference']:+.3f}, "
-            f"paired t p {paired['p_value']}")
+            f"paired t p {p}")
 
 
 def main() -> None:

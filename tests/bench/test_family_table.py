@@ -103,3 +103,5 @@ def test_the_bag_models_resplit_runs_are_paired_with_the_same_resplits(scripts, 
     assert paired["resplits"] == [0, 1, 2] and paired["model"] == [0.55, 0.60, 0.61]
     assert paired["independent"] == [0.50, 0.58, 0.63]  # the re-split each run trained on, not the fourth
     assert paired["difference"] == pytest.approx((0.05 + 0.02 - 0.02) / 3) and 0 < paired["p_value"] < 1
+    assert "no resplit_K/results.json" in split_luck.paired_text(split_luck.paired_over_resplits(tmp_path / "none",
+                                                                                                [0.5]))
