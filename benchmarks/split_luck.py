@@ -11,10 +11,12 @@ pooled features carry for patients of this kind; a bag model's distance to it is
     medattn train bench/ihc_survival/config.yaml data.clinical_table=luck/ihc_survival_resplits/resplit_0.csv \
         --out luck/runs/resplit_0                                       # and so on for each table written
     python benchmarks/split_luck.py bench --tasks ihc_survival --out luck/split_luck.json --runs luck/runs
+    ... --runs luck/runs/seed_0 luck/runs/seed_1 luck/runs/seed_2      # several seeds: a folder each
 
 Writes ``--out`` (JSON) and prints one Markdown row per task: the task's split, the re-splits' mean (SD), 5th and
 95th percentiles, and the share of re-splits scoring at least the task's split; with ``--runs``, the bag model's test
-score on each re-split it ran on beside the independent model's on the same re-split (paired t-test).
+score on each re-split it ran on (the mean over seeds, a folder each) beside the independent model's on the same
+re-split (paired t-test over re-splits).
 """
 
 from __future__ import annotations
@@ -78,30 +80,43 @@ def write_tables(folder: Path, patients: dict[str, list[str]], count: int, out: 
     return written
 
 
-def paired_over_resplits(runs: Path, scores: list[float]) -> dict:
-    """The bag model's test score on each re-split it ran on (``runs/resplit_K/results.json``) beside the
-    independent model's on the same re-split -> both lists, their differences and scipy's paired t-test."""
+def paired_over_resplits(runs: list[Path], scores: list[float]) -> dict:
+    """The bag model's test score on each re-split it ran on beside the independent model's on the same re-split.
+
+    ``runs`` holds one folder per seed, each with ``resplit_K/results.json``; the re-splits that every seed ran on
+    are kept, and on each the seeds' mean is the bag model's score (the re-split is the unit of the paired t-test,
+    scipy's ``ttest_rel``; the seeds only steady each re-split's score) -> re-splits, the seeds' scores
+    (``per_seed``: seed -> re-split), their means, the independent model's scores, the mean difference, p, and how
+    many runs learned (results.json's ``learning.learned``)."""
     from scipy.stats import ttest_rel
 
-    ran = sorted((int(p.parent.name.split("_")[1]), json.loads(p.read_text()))
-                 for p in runs.glob("resplit_*/results.json"))
-    model = [results["test"][results["metric"]] for _, results in ran]
-    reference = [scores[k] for k, _ in ran]
+    found = []
+    for folder in runs:
+        found.append({int(p.parent.name.split("_")[1]): json.loads(p.read_text())
+                      for p in folder.glob("resplit_*/results.json")})
+    ran = sorted(set.intersection(*(set(seed) for seed in found))) if found else []
+    per_seed = [[seed[k]["test"][seed[k]["metric"]] for k in ran] for seed in found]
+    model = [float(np.mean(column)) for column in zip(*per_seed)]
+    reference = [scores[k] for k in ran]
+    learned = [seed[k].get("learning", {}).get("learned", True) for seed in found for k in ran]
     test = ttest_rel(model, reference) if len(ran) >= 2 else None
-    return {"resplits": [k for k, _ in ran], "model": model, "independent": reference,
+    return {"resplits": ran, "per_seed": per_seed, "model": model, "independent": reference,
             "difference": float(np.mean(np.subtract(model, reference))) if ran else None,
-            "p_value": float(test.pvalue) if test is not None else None}
+            "p_value": float(test.pvalue) if test is not None else None,
+            "runs_learned": int(sum(learned)), "runs": len(learned)}
 
 
 def paired_text(paired: dict) -> str:
     """:func:`paired_over_resplits` in one line (saying so where no run was found, or one: no test)."""
     if not paired["resplits"]:
-        return "bag model vs independent model on re-splits: no resplit_K/results.json found under --runs"
+        return ("bag model vs independent model on re-splits: no re-split that every --runs folder holds "
+                "(resplit_K/results.json)")
     rows = ", ".join(f"{k}: {m:.3f} vs {r:.3f}" for k, m, r in
                      zip(paired["resplits"], paired["model"], paired["independent"]))
     p = "-" if paired["p_value"] is None else f"{paired['p_value']:.3f}"
-    return (f"bag model vs independent model on re-splits ({rows}): mean difference {paired['difference']:+.3f}, "
-            f"paired t p {p}")
+    return (f"bag model (mean of {len(paired['per_seed'])} seed(s)) vs independent model on re-splits ({rows}): "
+            f"mean difference {paired['difference']:+.3f}, paired t p {p}; "
+            f"{paired['runs_learned']} of {paired['runs']} runs learned")
 
 
 def main() -> None:
@@ -112,9 +127,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("split_luck.json"))
     parser.add_argument("--write-tables", type=int, default=0, metavar="K",
                         help="also write the first K re-splits' clinical tables beside --out (TASK_resplits/)")
-    parser.add_argument("--runs", type=Path, metavar="DIR",
-                        help="bag model runs on those re-splits (DIR/resplit_K/results.json): paired with the "
-                             "independent model on each (one task)")
+    parser.add_argument("--runs", type=Path, nargs="+", metavar="DIR",
+                        help="bag model runs on those re-splits, one folder per seed (DIR/resplit_K/results.json): "
+                             "paired with the independent model on each (one task)")
     args = parser.parse_args()
     found = {}
     print("| task | metric | independent model, the task's split | the same over re-splits: mean (SD) | 5th-95th "

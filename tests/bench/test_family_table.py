@@ -93,15 +93,33 @@ def test_the_resplit_tables_keep_every_row_and_follow_the_partitions(scripts, tm
     assert len(written) == 2 and written[0].read_text() != written[1].read_text()
 
 
+def _write_resplit_run(folder: Path, value: float, learned: bool = True) -> None:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"metric": "c_index", "test": {"c_index": value, "auroc": 0.0},
+                                                     "learning": {"learned": learned}}))
+
+
 def test_the_bag_models_resplit_runs_are_paired_with_the_same_resplits(scripts, tmp_path):
     _, split_luck = scripts
     for k, value in ((2, 0.61), (0, 0.55), (1, 0.60)):
-        (tmp_path / f"resplit_{k}").mkdir()
-        (tmp_path / f"resplit_{k}" / "results.json").write_text(
-            json.dumps({"metric": "c_index", "test": {"c_index": value, "auroc": 0.0}}))
-    paired = split_luck.paired_over_resplits(tmp_path, [0.50, 0.58, 0.63, 0.99])
+        _write_resplit_run(tmp_path / f"resplit_{k}", value)
+    paired = split_luck.paired_over_resplits([tmp_path], [0.50, 0.58, 0.63, 0.99])
     assert paired["resplits"] == [0, 1, 2] and paired["model"] == [0.55, 0.60, 0.61]
     assert paired["independent"] == [0.50, 0.58, 0.63]  # the re-split each run trained on, not the fourth
     assert paired["difference"] == pytest.approx((0.05 + 0.02 - 0.02) / 3) and 0 < paired["p_value"] < 1
-    assert "no resplit_K/results.json" in split_luck.paired_text(split_luck.paired_over_resplits(tmp_path / "none",
-                                                                                                [0.5]))
+    assert "no re-split" in split_luck.paired_text(split_luck.paired_over_resplits([tmp_path / "none"], [0.5]))
+
+
+def test_several_seeds_are_averaged_on_the_resplits_every_seed_ran_on(scripts, tmp_path):
+    _, split_luck = scripts
+    for seed, runs in enumerate(({0: 0.50, 1: 0.70, 2: 0.90}, {0: 0.60, 1: 0.50})):
+        for k, value in runs.items():
+            _write_resplit_run(tmp_path / f"seed_{seed}" / f"resplit_{k}", value, learned=value > 0.5)
+    paired = split_luck.paired_over_resplits([tmp_path / "seed_0", tmp_path / "seed_1"], [0.52, 0.61, 0.0])
+    assert paired["resplits"] == [0, 1]  # re-split 2 has one seed only
+    assert paired["per_seed"] == [[0.50, 0.70], [0.60, 0.50]]
+    assert paired["model"] == pytest.approx([0.55, 0.60]) and paired["independent"] == [0.52, 0.61]
+    assert paired["difference"] == pytest.approx((0.03 - 0.01) / 2)
+    assert (paired["runs_learned"], paired["runs"]) == (2, 4)
+    assert "mean of 2 seed(s)" in split_luck.paired_text(paired) and "2 of 4 runs learned" in \
+        split_luck.paired_text(paired)
