@@ -86,14 +86,12 @@ def paired_over_resplits(runs: list[Path], scores: list[float]) -> dict:
     ``runs`` holds one folder per seed, each with ``resplit_K/results.json``; the re-splits that every seed ran on
     are kept, and on each the seeds' mean is the bag model's score (the re-split is the unit of the paired t-test,
     scipy's ``ttest_rel``; the seeds only steady each re-split's score) -> re-splits, the seeds' scores
-    (``per_seed``: seed -> re-split), their means, the independent model's scores, the mean difference, p, and how
-    many runs learned (results.json's ``learning.learned``)."""
+    (``per_seed``: seed -> re-split), their means, the independent model's scores, the mean difference with its 95%
+    t interval and p, and how many runs learned (results.json's ``learning.learned``)."""
     from scipy.stats import ttest_rel
 
-    found = []
-    for folder in runs:
-        found.append({int(p.parent.name.split("_")[1]): json.loads(p.read_text())
-                      for p in folder.glob("resplit_*/results.json")})
+    found = [{int(path.parent.name.split("_")[1]): json.loads(path.read_text())
+              for path in folder.glob("resplit_*/results.json")} for folder in runs]
     ran = sorted(set.intersection(*(set(seed) for seed in found))) if found else []
     per_seed = [[seed[k]["test"][seed[k]["metric"]] for k in ran] for seed in found]
     model = [float(np.mean(column)) for column in zip(*per_seed)]
@@ -102,6 +100,7 @@ def paired_over_resplits(runs: list[Path], scores: list[float]) -> dict:
     test = ttest_rel(model, reference) if len(ran) >= 2 else None
     return {"resplits": ran, "per_seed": per_seed, "model": model, "independent": reference,
             "difference": float(np.mean(np.subtract(model, reference))) if ran else None,
+            "interval": [float(x) for x in test.confidence_interval()] if test is not None else None,
             "p_value": float(test.pvalue) if test is not None else None,
             "runs_learned": int(sum(learned)), "runs": len(learned)}
 
@@ -113,9 +112,10 @@ def paired_text(paired: dict) -> str:
                 "(resplit_K/results.json)")
     rows = ", ".join(f"{k}: {m:.3f} vs {r:.3f}" for k, m, r in
                      zip(paired["resplits"], paired["model"], paired["independent"]))
-    p = "-" if paired["p_value"] is None else f"{paired['p_value']:.3f}"
+    tested = "" if paired["p_value"] is None else (
+        f" ({paired['interval'][0]:+.3f} to {paired['interval'][1]:+.3f}), paired t p {paired['p_value']:.3f}")
     return (f"bag model (mean of {len(paired['per_seed'])} seed(s)) vs independent model on re-splits ({rows}): "
-            f"mean difference {paired['difference']:+.3f}, paired t p {p}; "
+            f"mean difference {paired['difference']:+.3f}{tested}; "
             f"{paired['runs_learned']} of {paired['runs']} runs learned")
 
 

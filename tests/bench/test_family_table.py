@@ -120,6 +120,8 @@ def test_several_seeds_are_averaged_on_the_resplits_every_seed_ran_on(scripts, t
     assert paired["per_seed"] == [[0.50, 0.70], [0.60, 0.50]]
     assert paired["model"] == pytest.approx([0.55, 0.60]) and paired["independent"] == [0.52, 0.61]
     assert paired["difference"] == pytest.approx((0.03 - 0.01) / 2)
+    # differences 0.03 and -0.01: standard error 0.02; t with 1 degree of freedom, 12.706 standard errors
+    assert paired["interval"] == pytest.approx([0.01 - 12.706 * 0.02, 0.01 + 12.706 * 0.02], abs=1e-3)
     assert (paired["runs_learned"], paired["runs"]) == (2, 4)
     assert "mean of 2 seed(s)" in split_luck.paired_text(paired) and "2 of 4 runs learned" in \
         split_luck.paired_text(paired)
