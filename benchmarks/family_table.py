@@ -40,8 +40,9 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str
                                        dict[str, list[str]]]:
     """-> split (train, val, test) -> (bags, 2F) mean and max of the tile features (standardised with the training
     tiles' statistics); split -> {target column: (bags,) values} (the label, or the time and event columns); the
-    task's data section; split -> its patients, in the same order."""
+    task's data section; split -> its patients, in the same order. The splits are the config's ``split_column``."""
     data = yaml.safe_load((folder / "config.yaml").read_text())["data"]
+    split_column = data["split_column"]
     columns = ([data["time_column"], data["event_column"]] if data.get("task_type") == "survival"
                else [data["label_columns"]])
     with open(folder / "clinical.csv", newline="") as f:
@@ -52,15 +53,16 @@ def pooled_bags(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str
     for r in rows:
         with h5py.File(folder / "features" / f"{slides[r['PATIENT']]}.h5") as h5:
             bags[r["PATIENT"]] = np.asarray(h5["features"], dtype=np.float64)
-    train = np.concatenate([bags[r["PATIENT"]] for r in rows if r["split"] == "train"])
+    train = np.concatenate([bags[r["PATIENT"]] for r in rows if r[split_column] == "train"])
     mean, std = train.mean(0), train.std(0) + 1e-8
-    pooled, targets = {}, {}
+    pooled, targets, patients = {}, {}, {}
     for split in ("train", "val", "test"):
-        chosen = [r for r in rows if r["split"] == split]
+        chosen = [r for r in rows if r[split_column] == split]
+        patients[split] = [r["PATIENT"] for r in chosen]
         standard = [(bags[r["PATIENT"]] - mean) / std for r in chosen]
         pooled[split] = np.stack([np.concatenate([b.mean(0), b.max(0)]) for b in standard])
         targets[split] = {c: np.array([float(r[c]) for r in chosen]) for c in columns}
-    return pooled, targets, data, {split: [r["PATIENT"] for r in rows if r["split"] == split] for split in pooled}
+    return pooled, targets, data, patients
 
 
 def independent(pooled: dict, targets: dict, data: dict) -> dict:

@@ -27,7 +27,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import yaml
 from family_table import independent, pooled_bags
 
 SPLITS = ("train", "val", "test")
@@ -59,13 +58,13 @@ def resplit_scores(pooled: dict, targets: dict, data: dict, resplits: int, seed:
     return scores
 
 
-def write_tables(folder: Path, patients: dict[str, list[str]], count: int, out: Path, seed: int = 0) -> list[Path]:
-    """The task's clinical table with its split column set by each of the first ``count`` :func:`partitions`
+def write_tables(folder: Path, split_column: str, patients: dict[str, list[str]], count: int, out: Path,
+                 seed: int = 0) -> list[Path]:
+    """The task's clinical table with its ``split_column`` set by each of the first ``count`` :func:`partitions`
     (those whose independent-model scores come first in the JSON) -> ``out/resplit_K.csv``: a bag model is trained
     on re-split K with ``medattn train TASK/config.yaml data.clinical_table=out/resplit_K.csv``."""
     with open(folder / "clinical.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    split_column = yaml.safe_load((folder / "config.yaml").read_text())["data"]["split_column"]
     every = [p for s in SPLITS for p in patients[s]]
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -137,7 +136,7 @@ def main() -> None:
     for task in args.tasks:
         pooled, targets, data, patients = pooled_bags(args.tasks_root / task)
         if args.write_tables:
-            write_tables(args.tasks_root / task, patients, args.write_tables,
+            write_tables(args.tasks_root / task, data["split_column"], patients, args.write_tables,
                          args.out.parent / f"{task}_resplits")
         own = independent(pooled, targets, data)
         scores = resplit_scores(pooled, targets, data, args.resplits)

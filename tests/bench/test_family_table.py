@@ -81,8 +81,7 @@ def test_the_resplit_tables_keep_every_row_and_follow_the_partitions(scripts, tm
     task.mkdir()
     (task / "clinical.csv").write_text("PATIENT,os_months,cohort_split\n" +
                                        "".join(f"{p},{i}.5,{split}\n" for p, i, split in rows))
-    (task / "config.yaml").write_text("data: {split_column: cohort_split}\n")
-    written = split_luck.write_tables(task, patients, 2, tmp_path / "out")
+    written = split_luck.write_tables(task, "cohort_split", patients, 2, tmp_path / "out")
     every = [p for s in split_luck.SPLITS for p in patients[s]]
     for path, parts in zip(written, split_luck.partitions(sizes, 2)):
         table = list(csv.DictReader(path.open()))
@@ -125,3 +124,28 @@ def test_several_seeds_are_averaged_on_the_resplits_every_seed_ran_on(scripts, t
     assert (paired["runs_learned"], paired["runs"]) == (2, 4)
     assert "mean of 2 seed(s)" in split_luck.paired_text(paired) and "2 of 4 runs learned" in \
         split_luck.paired_text(paired)
+
+
+def test_the_pooled_bags_follow_the_configs_split_column(scripts, tmp_path):
+    """Mean and max of each bag's features, standardised by the training tiles, split by the column the config
+    names (not one called ``split``)."""
+    import h5py
+
+    family_table, _ = scripts
+    rng = np.random.default_rng(0)
+    splits = {"p0": "train", "p1": "train", "p2": "val", "p3": "test"}
+    bags = {p: rng.normal(size=(3 + i, 2)) for i, p in enumerate(splits)}
+    (tmp_path / "features").mkdir()
+    for p, bag in bags.items():
+        with h5py.File(tmp_path / "features" / f"slide_{p}.h5", "w") as h5:
+            h5["features"] = bag
+    (tmp_path / "config.yaml").write_text("data: {split_column: cohort_split, label_columns: label}\n")
+    (tmp_path / "clinical.csv").write_text("PATIENT,label,split,cohort_split\n" + "".join(
+        f"{p},{i % 2},test,{s}\n" for i, (p, s) in enumerate(splits.items())))
+    (tmp_path / "slides.csv").write_text("PATIENT,FILENAME\n" + "".join(f"{p},slide_{p}\n" for p in splits))
+    pooled, targets, _, patients = family_table.pooled_bags(tmp_path)
+    assert patients == {"train": ["p0", "p1"], "val": ["p2"], "test": ["p3"]}
+    training = np.concatenate([bags["p0"], bags["p1"]])
+    standard = (bags["p3"] - training.mean(0)) / (training.std(0) + 1e-8)
+    np.testing.assert_allclose(pooled["test"][0], np.concatenate([standard.mean(0), standard.max(0)]))
+    assert list(targets["train"]["label"]) == [0.0, 1.0]
