@@ -364,6 +364,23 @@ def test_a_trial_that_did_not_learn_never_displaces_the_defaults(big_bags, unlea
     assert all(t["learned"] == (name.split("=")[1] not in unlearned) for name, ts in trials.items() for t in ts)
 
 
+@pytest.mark.parametrize("unlearned, expected", [
+    ({"max", "attention", "mean"}, "readout=max,pooled_features=True"),  # nothing learned: the simpler model
+    ({"max", "mean"}, "readout=attention"),  # a candidate that learned beats a simpler one that did not
+])
+def test_where_no_candidate_learns_the_simpler_model_is_kept(big_bags, unlearned, expected):
+    """ihc_survival: in 17 of 30 searches no candidate's validation C-index left chance, and the attention readout
+    the defaults' order kept scored below the pooled-feature start on most of those splits. The start (readout max
+    here, so it did not learn either) survives every round ahead of the other candidates that did not learn."""
+    lines = []
+    record = choose_recipe(tiny_config(*BAG_ALL, "train.epochs=8"), big_bags, log=lines.append,
+                           fit=JudgedFit(unlearned))["recipe"]["record"]
+    assert record["chosen"] == expected
+    trials = {c["name"]: c["trials"] for c in record["candidates"]}
+    assert len(trials["readout=max,pooled_features=True"]) == len(record["rounds"]) == 2  # in every round
+    assert ("so the simpler model was kept" in lines[-1]) == expected.endswith("True")
+
+
 def test_a_knob_searched_alone_keeps_the_search_within_four_candidates(bags):
     """Regression's 4 readouts leave no room for the pooled-feature start (a fifth candidate made a first round of 2
     epochs); with the readout set, the start is searched against the defaults."""
