@@ -372,13 +372,16 @@ def test_where_no_candidate_learns_the_simpler_model_is_kept(big_bags, unlearned
     """ihc_survival: in 17 of 30 searches no candidate's validation C-index left chance, and the attention readout
     the defaults' order kept scored below the pooled-feature start on most of those splits. The start (readout max
     here, so it did not learn either) survives every round ahead of the other candidates that did not learn."""
+    from medattn.train.report import recipe_text
+
     lines = []
     record = choose_recipe(tiny_config(*BAG_ALL, "train.epochs=8"), big_bags, log=lines.append,
                            fit=JudgedFit(unlearned))["recipe"]["record"]
     assert record["chosen"] == expected
     trials = {c["name"]: c["trials"] for c in record["candidates"]}
     assert len(trials["readout=max,pooled_features=True"]) == len(record["rounds"]) == 2  # in every round
-    assert ("so the simpler model was kept" in lines[-1]) == expected.endswith("True")
+    assert ("so the simpler model was kept" in lines[-1]) == expected.endswith("True") == record["none_learned"]
+    assert (", no candidate learned in its trial," in recipe_text(record)) == expected.endswith("True")
 
 
 def test_a_knob_searched_alone_keeps_the_search_within_four_candidates(bags):
@@ -437,8 +440,9 @@ def test_the_pooled_start_is_kept_within_one_standard_error_of_the_best(big_bags
 
 def test_the_plan_marks_the_simpler_candidate(big_bags):
     said = describe_search(planned_search(tiny_config(*BAG_ALL, "train.epochs=8"), big_bags)).splitlines()
-    assert [line.endswith("(the simpler model: kept within one standard error of the best)") for line in said[1:]] == \
-        [False, False, False, True]  # max (the defaults), attention, mean, the pooled start
+    simpler = "(the simpler model: kept within one standard error of the best, and where no candidate learns)"
+    # max (the defaults), attention, mean, the pooled start
+    assert [line.endswith(simpler) for line in said[1:]] == [False, False, False, True]
 
 
 def test_without_a_closed_form_error_the_best_score_chooses(bags):

@@ -238,14 +238,14 @@ def choose_recipe(config: dict, bundle: DataBundle, *, init_from: str | Path | N
             alive = finalists[:math.ceil(len(alive) / ETA)]
     error = score_error(bundle, search.folds, _last(scores[finalists[0].name]))
     winner, simpler = _one_standard_error(finalists, scores, error)
+    unlearned = scores[winner.name][-1].get("learned") is False
     chosen = with_values(config, winner.overrides)
     chosen["recipe"] = {**config["recipe"], "record": {
         "searched": True, "chosen": winner.name, "values": winner.overrides, "keys": search.knobs, "by": search.by,
         "budget": search.budget, "single_run_epochs": search.epochs, "trial_epochs": search.trial_epochs,
         "rounds": search.rounds, "seconds": round(time.time() - started, 1), "standard_error": error,
-        "simpler_kept": simpler,
+        "simpler_kept": simpler, "none_learned": unlearned,
         "candidates": [{"name": c.name, "values": c.overrides, "trials": scores[c.name]} for c in search.candidates]}}
-    unlearned = scores[winner.name][-1].get("learned") is False
     log(f"recipe: chose {winner.name} (validation score {_last(scores[winner.name]):.4f} by {search.by}"
         + (f"; no candidate learned in its trial, so {'the simpler model' if winner.simpler else 'the defaults'} "
            "was kept" if unlearned else "")

@@ -107,7 +107,8 @@ class Knob:
     of its own, every other knob at its default, instead of multiplying the grid (a switch worth one trial, not a
     doubling of every candidate), and only while the candidates stay within :data:`MAX_CANDIDATES`. ``simpler``
     (with ``alone``): its candidates are the simpler model, kept where the best validation score beats theirs by no
-    more than its standard error (the one-standard-error rule, :func:`medattn.experiments.recipe.choose_recipe`)."""
+    more than its standard error (the one-standard-error rule, :func:`medattn.experiments.recipe.choose_recipe`),
+    and where no candidate learns."""
 
     key: str
     applies: Callable[[dict, dict], bool]
@@ -123,7 +124,8 @@ KNOBS = (
     Knob("model.kwargs.pooled_features", pooled_features_unset, _off_then_on,
          "the bag model started as the independent model on pooled features (mean and maximum of each feature, "
          "fitted before training), which a hot spot in a few tiles of hand-made descriptors favours and a diffuse "
-         "finding does not; the simpler model, kept within one standard error of the best", alone=True, simpler=True),
+         "finding does not; the simpler model, kept within one standard error of the best and where no candidate "
+         "learns", alone=True, simpler=True),
     Knob("train.lr", _rate_unset, _learning_rates,
          "the model's own learning rate and 5 times it, for bag models without a readout to choose: a rate that "
          "learns on one feature distribution can sit flat on another"),
@@ -134,7 +136,7 @@ KNOBS = (
 class Candidate:
     """A configuration the search may train: ``name`` (``readout=mean,lr=0.001``) and its ``overrides``
     (dotted key -> value); ``simpler``: made by a :attr:`Knob.simpler` knob (kept within one standard error of the
-    best validation score)."""
+    best validation score, and where no candidate learns)."""
 
     name: str
     overrides: dict
@@ -248,6 +250,7 @@ def describe_search(plan: SearchPlan) -> str:
              f"{plan.by}; {plan.trial_epochs} trial epochs{whole} + the final {plan.epochs} = {cost:.2f} single "
              f"runs (budget {plan.budget:g})"]
     lines += [f"  {i}. {c.name}" + ("  (the defaults)" if i == 1 else "")
-              + ("  (the simpler model: kept within one standard error of the best)" if c.simpler else "")
+              + ("  (the simpler model: kept within one standard error of the best, and where no candidate learns)"
+                 if c.simpler else "")
               for i, c in enumerate(plan.candidates, 1)]
     return "\n".join(lines)

@@ -274,7 +274,7 @@ def recipe_text(record: dict | None) -> str | None:
     chooser = record.get("by", "the validation split")  # records before inner cross-validation have no "by"
     simpler = record.get("simpler_kept")  # the one-standard-error rule (medattn.experiments.recipe)
     rule = (f", the simpler model within one standard error ({record['standard_error']:.4f}) of {simpler}'s best,"
-            if simpler else "")
+            if simpler else ", no candidate learned in its trial," if record.get("none_learned") else "")
     return (f"chose {record['chosen']}{rule} by the score on {chooser} ({scores}; rounds of {record['rounds']} "
             f"epochs); {cost:.2f} single runs, budget {record['budget']:g}")
 
