@@ -23,7 +23,7 @@ score within chance), the simpler candidate is kept rather than the defaults: it
 other candidates that did not learn, and wins the last. On ``ihc_survival`` (a survival signal below what 60
 validation patients can certify) no candidate learned in 17 of 30 searches over 10 re-splits and 3 seeds, and the
 attention readout the defaults' order kept scored below the pooled-feature start's own test C-index on most of
-those splits (docs/realistic_family.md, "When no candidate learns").
+those splits (docs/realistic_splits.md, "When no candidate learns").
 """
 
 from __future__ import annotations
