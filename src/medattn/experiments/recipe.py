@@ -45,7 +45,7 @@ from medattn.errors import UserError
 from medattn.plan import apply as apply_plan
 from medattn.plan import fingerprint, plan
 from medattn.plan.rules import set_key
-from medattn.plan.search import ETA, SearchPlan, describe_search, search_plan
+from medattn.plan.search import ETA, Candidate, SearchPlan, describe_search, search_plan
 from medattn.vocabulary import task_types
 
 
@@ -287,7 +287,7 @@ def _one_standard_error(finalists: list, scores: dict, error: float | None) -> t
     return best, None
 
 
-def _simpler_when_none_learned(candidates: list, scores: dict, winner) -> object:
+def _simpler_when_none_learned(candidates: list[Candidate], scores: dict, winner: Candidate) -> Candidate:
     """-> the simpler candidate (:attr:`Candidate.simpler`: the pooled-feature start, the independent model inside
     the bag model) that scored in its latest trial, whichever round that was, or ``winner`` where there is none.
     Called where no finalist learned in the last round (:func:`_rank` puts those that learned first): the
