@@ -125,6 +125,42 @@ def test_a_real_run_records_the_fit_starts_from_it_and_its_checkpoint_loads(tmp_
     _the_checkpoint_predicts_as_the_run_did(tmp_path / "true/checkpoints/best", bundle.test, scores["true"])
 
 
+def test_a_resumed_run_fits_nothing_again_and_records_what_was_fitted(tmp_path, monkeypatch):
+    """A resumed run read every training bag again for feature statistics its checkpoint then overwrote, and its
+    results.json said ``pooled_path: null`` for a model whose path had been fitted. Now it fits nothing and its
+    results.json records the fits of the run it continues."""
+    from engine_data import tiny_config
+    from medattn.data.base import DataBundle
+    from medattn.train import fit, model_setup, pooled_path, supervised
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_1(epoch, row):
+        if epoch == 1:
+            raise Killed
+
+    bundle = DataBundle(MaxFeatureBags(40, 0), MaxFeatureBags(20, 1), MaxFeatureBags(20, 2), TASK)
+    config = tiny_config("model.name=vitwsi_tiny", "model.attention=seqnorm", "model.kwargs.readout=max",
+                         "model.kwargs.pooled_features=true",
+                         "train.epochs=2", "train.batch_size=4", "eval.bootstrap=0", "eval.heatmaps=0")
+    quiet = dict(progress=False, log=lambda m: None)
+    full = fit(config, bundle, tmp_path / "full", **quiet)
+    with pytest.raises(Killed):
+        fit(config, bundle, tmp_path / "resumed", on_epoch_end=kill_after_1, **quiet)
+    fits = []
+    for module, name in ((supervised, "fit_feature_norm"), (supervised, "fit_pooled_path"),
+                         (model_setup, "feature_statistics"), (pooled_path, "choose_penalty")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name: fits.append(name) or real(*args))
+    resumed = fit(config, bundle, tmp_path / "resumed", resume=True, **quiet)
+    assert fits == []
+    assert full["pooled_path"]["fitted"] and full["feature_standardization"]["bags"] == 40
+    for key in supervised.FITTED:
+        assert resumed[key] == full[key]
+        assert json.loads((tmp_path / "resumed/results.json").read_text())[key] == full[key]
+
+
 def _the_checkpoint_predicts_as_the_run_did(folder, dataset, auroc: float) -> None:
     """A pooled-features checkpoint loads (eval, predict, export all start here) with its fitted path and its
     standardiser's statistics, and scores the test bags as the run did."""

@@ -77,8 +77,8 @@ class DiffusionStage:
     def plan(self, config: dict, chosen: dict) -> Planned:
         return Planned(config)  # the config as given: no data plan, and config.yaml lists no defaults
 
-    def saved_config(self, folder: Path) -> dict:
-        return read_meta(folder)["config"]
+    def saved_meta(self, folder: Path) -> dict:
+        return read_meta(folder)
 
     def start(self, config: dict, device: torch.device) -> None:
         """Keep the planned config and the device; the generator of the batch order (and stage 2's masks)."""

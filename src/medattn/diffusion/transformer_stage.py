@@ -33,7 +33,8 @@ class TransformerStage(DiffusionStage):
 
     fields = FIELDS
 
-    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+    def build(self, planned: Planned, device: torch.device, resumed: dict | None,
+              init_from: str | Path | None) -> Built:
         config = planned.config
         self.start(config, device)
         stage1, stage1_meta = load_stage(self.diff_cfg["vqae_checkpoint"])

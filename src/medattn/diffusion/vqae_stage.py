@@ -32,7 +32,8 @@ class VQAEStage(DiffusionStage):
 
     fields = FIELDS
 
-    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
+    def build(self, planned: Planned, device: torch.device, resumed: dict | None,
+              init_from: str | Path | None) -> Built:
         config = planned.config
         self.start(config, device)
         self.vqae = vqae = build_vqae(config).to(device)

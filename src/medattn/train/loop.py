@@ -55,7 +55,7 @@ from .optim import EMA, make_optimizer, optimizer_step, step_schedule
 from .results import CasePictures, LateDataError
 from .rundir import RUN_FILES, killed_run_config, run_folder
 from .sampling import seed_everything
-from .state import check_resume, improves, save_checkpoints, start_state
+from .state import check_resume, improves, resumed_meta, save_checkpoints, start_state
 from .training_tasks import Batches, Built, TrainingTask, training_task
 
 
@@ -99,7 +99,7 @@ def fit(config: dict, bundle: DataBundle, run_dir: Path, *, resume: bool = False
     run_dir = Path(run_dir)
     restart_of = None  # the saved config of a run --resume trains again from epoch 1
     if resume:
-        restart_of = killed_run_config(run_dir, training.saved_config)
+        restart_of = killed_run_config(run_dir, lambda folder: training.saved_meta(folder)["config"])
         if restart_of is not None:
             resume, overwrite = False, True
         distributed.barrier()  # every rank has looked before the main rank sets a killed run aside
@@ -154,7 +154,7 @@ def _setup(training: TrainingTask, config: dict, run_dir: Path, *, resume: bool,
     set_threads(train_cfg["threads"], log)
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(config["seed"])
-    built = training.build(planned, device, resume, init_from)
+    built = training.build(planned, device, resumed_meta(training, run_dir) if resume else None, init_from)
     optimizer = make_optimizer(built.trained, train_cfg)
     schedule = step_schedule(train_cfg, math.ceil(built.batches_per_epoch / train_cfg["grad_accum"]))
     state = start_state(training, config, run_dir, resume, built, optimizer, log)

@@ -26,12 +26,17 @@ def check_resume(training: TrainingTask, config: dict, run_dir: Path, resume: bo
                  log: Callable[[str], None]) -> None:
     """A resumed or restarted run must have the saved config (``checkpoints/last``'s, or ``restart_of``)."""
     if resume or restart_of is not None:
-        saved = restart_of or training.saved_config(checkpoint.resolve(run_dir / "checkpoints" / "last"))
+        saved = restart_of or resumed_meta(training, run_dir)["config"]
         changed = config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
     if restart_of is not None:
         log(f"{run_dir} stopped before its first resumable checkpoint: training it again from epoch 1")
+
+
+def resumed_meta(training: TrainingTask, run_dir: Path) -> dict:
+    """The metadata of ``checkpoints/last``, the checkpoint a ``--resume`` continues from."""
+    return training.saved_meta(checkpoint.resolve(run_dir / "checkpoints" / "last"))
 
 
 def start_state(training: TrainingTask, config: dict, run_dir: Path, resume: bool, built: Built,

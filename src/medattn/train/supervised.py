@@ -49,6 +49,10 @@ from .survival_bags import forward_each, survival_training
 from .trainable import check_trainable
 from .training_tasks import Batches, Built, Planned, Validation
 
+#: What a run fits on its training split before the first epoch: keys of results.json and of checkpoint.json's
+#: ``fitted``, which a resumed run reads back instead of fitting again.
+FITTED = ("feature_standardization", "pooled_path")
+
 
 @dataclass
 class _Parts:
@@ -100,11 +104,14 @@ class Supervised:
         return Planned(apply_plan(config, decisions), {**chosen, **{d.key: d.value for d in decisions if d.applied}},
                        {"fingerprint": found, "decisions": as_records(decisions)})
 
-    def saved_config(self, folder: Path) -> dict:
-        return checkpoint.load_meta(folder)["config"]
+    def saved_meta(self, folder: Path) -> dict:
+        return checkpoint.load_meta(folder)
 
-    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
-        """The objectives, the model (initialised, feature statistics), the EMA, DDP and compile, the loaders."""
+    def build(self, planned: Planned, device: torch.device, resumed: dict | None,
+              init_from: str | Path | None) -> Built:
+        """The objectives, the model (initialised, feature statistics, the pooled-feature path), the EMA, DDP and
+        compile, the loaders. A resumed run fits nothing: its checkpoint's weights hold what was fitted, and its
+        metadata's ``fitted`` what results.json says about it."""
         config, bundle, log = planned.config, self.bundle, self.log
         train_cfg, task = config["train"], bundle.task
         objective = objective_for(task, train_cfg["loss"])  # scores validation and test with the plain loss
@@ -123,15 +130,13 @@ class Supervised:
         warnings = [*bundle.warnings, *size_warnings(config["model"], model_task)]  # the data does not fit
         for warning in warnings:
             log(f"WARNING: {warning}")
-        init_report = None if resume or init_from is None else initialise(model, init_from, log)
-        standardized = fit_feature_norm(model, bundle.train)  # after --init-from: this data's statistics
-        pooled_path = None if resume else fit_pooled_path(model, bundle.train, train_objective, task.task_type)
-        if pooled_path and pooled_path["fitted"]:
-            log(f"pooled features: the linear path fitted on {pooled_path['bags']} training bags "
-                f"(C {pooled_path['C']:g} by 5-fold cross-validation; training loss "
-                f"{pooled_path['constant_loss']:.3f} as a constant, {pooled_path['fitted_loss']:.3f} fitted)")
-        elif pooled_path:
-            log(f"WARNING: pooled features: {pooled_path['reason']}; the path starts at zero")
+        init_report = None if resumed is not None or init_from is None else initialise(model, init_from, log)
+        if resumed is None:  # after --init-from: this data's statistics
+            fitted = {"feature_standardization": fit_feature_norm(model, bundle.train),
+                      "pooled_path": fit_pooled_path(model, bundle.train, train_objective, task.task_type)}
+            _log_pooled_path(fitted["pooled_path"], log)
+        else:  # the weights hold them; a checkpoint of an older medattn has no "fitted" to show
+            fitted = resumed.get("fitted") or {}
         defaults = {**planned.defaults, **bundle.defaults, **model_defaults(config["model"])}
         _log_choices(defaults, planned.record["decisions"], log)
         ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: from those weights
@@ -143,10 +148,12 @@ class Supervised:
                                    balance=labels if train_cfg["class_balance"] else None, events=events)
         val_loader = make_loader(bundle.val, train_cfg["eval_batch_size"] or train_cfg["batch_size"], False, seed,
                                  workers)
-        record = {"warnings": warnings, "init_from": init_report, "defaults": defaults,
-                  "feature_standardization": standardized, "pooled_path": pooled_path, "plan": planned.record}
+        record = {"warnings": warnings, "init_from": init_report, "defaults": defaults, "plan": planned.record,
+                  "feature_standardization": fitted.get("feature_standardization"),
+                  "pooled_path": fitted.get("pooled_path")}
+        meta = {**checkpoint_meta(config, bundle), "fitted": {key: record[key] for key in FITTED}}
         self.parts = _Parts(config, task, device, objective, train_objective, per_bag, model, train_loader,
-                            val_loader, checkpoint_meta(config, bundle), record)
+                            val_loader, meta, record)
         return Built(model, model, ddp_model, len(train_loader), defaults, ema)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -219,6 +226,16 @@ def _log_choices(defaults: dict, decisions: list[dict], log: Callable[[str], Non
     for decision in decisions:
         log(f"plan: {decision['key']}={decision['value']}{'' if decision['applied'] else ' (as configured)'}: "
             f"{decision['reason']}")
+
+
+def _log_pooled_path(fitted: dict | None, log: Callable[[str], None]) -> None:
+    """The line saying how the pooled-feature path (:mod:`medattn.train.pooled_path`) was fitted, if it was."""
+    if fitted and fitted["fitted"]:
+        log(f"pooled features: the linear path fitted on {fitted['bags']} training bags (C {fitted['C']:g} by 5-fold "
+            f"cross-validation; training loss {fitted['constant_loss']:.3f} as a constant, "
+            f"{fitted['fitted_loss']:.3f} fitted)")
+    elif fitted:
+        log(f"WARNING: pooled features: {fitted['reason']}; the path starts at zero")
 
 
 def checkpoint_meta(config: dict, bundle: DataBundle) -> dict:

@@ -107,11 +107,14 @@ class TrainingTask(Protocol):
         """-> the config the run saves and what chose it (``chosen``: the training values defaults chose, for the
         record); called inside the held run folder."""
 
-    def saved_config(self, folder: Path) -> dict:
-        """The config a checkpoint of this task saved (a resumed run must have it)."""
+    def saved_meta(self, folder: Path) -> dict:
+        """The metadata a checkpoint of this task saved, its ``config`` among them (a resumed run must have it)."""
 
-    def build(self, planned: Planned, device: torch.device, resume: bool, init_from: str | Path | None) -> Built:
-        """The model and the training batches of the :meth:`plan`'s ``planned`` config (after the seed is set)."""
+    def build(self, planned: Planned, device: torch.device, resumed: dict | None,
+              init_from: str | Path | None) -> Built:
+        """The model and the training batches of the :meth:`plan`'s ``planned`` config (after the seed is set).
+        ``resumed``: the metadata of the checkpoint a ``--resume`` continues from (``checkpoints/last``'s, whose
+        weights the loop loads after this), None for a fresh run."""
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Tensors of the training task's own state (names ``stage.*``, e.g. a batch order's generator) that
