@@ -123,7 +123,8 @@ def test_init_from_refuses_a_checkpoint_that_would_load_less_than_the_encoder(tm
     ("threshold", {"values": [2.0]}, "threshold.values must list 1 number"),
     ("threshold", [0.5], "threshold is invalid"),
     ("preprocessing", [1], "preprocessing is invalid"),
-    ("fitted", {"pooled_path": 0.1}, "fitted is invalid (got {'pooled_path': 0.1}); fitted must be a mapping of"),
+    ("before_training", {"pooled_path": 0.1},
+     "before_training is invalid (got {'pooled_path': 0.1}); before_training must be a mapping of mappings"),
 ])
 def test_every_checkpoint_json_field_is_checked(tmp_path, capsys, key, value, message):
     """A hand-edited ``"pretrained": "yes"`` ended in a TypeError traceback; each field is one line now."""

@@ -125,10 +125,10 @@ def test_a_real_run_records_the_fit_starts_from_it_and_its_checkpoint_loads(tmp_
     _the_checkpoint_predicts_as_the_run_did(tmp_path / "true/checkpoints/best", bundle.test, scores["true"])
 
 
-def test_a_resumed_run_fits_nothing_again_and_records_what_was_fitted(tmp_path, monkeypatch):
+def test_a_resumed_run_does_nothing_before_training_again_and_records_what_was_done(tmp_path, monkeypatch):
     """A resumed run read every training bag again for feature statistics its checkpoint then overwrote, and its
-    results.json said ``pooled_path: null`` for a model whose path had been fitted. Now it fits nothing and its
-    results.json records the fits of the run it continues."""
+    results.json said ``pooled_path: null`` and ``init_from: null`` for a model fitted and initialised before its
+    first epoch. Now it does neither again, and its results.json records what the run it continues did."""
     from engine_data import tiny_config
     from medattn.data.base import DataBundle
     from medattn.train import fit, model_setup, pooled_path, supervised
@@ -144,19 +144,22 @@ def test_a_resumed_run_fits_nothing_again_and_records_what_was_fitted(tmp_path, 
     config = tiny_config("model.name=vitwsi_tiny", "model.attention=seqnorm", "model.kwargs.readout=max",
                          "model.kwargs.pooled_features=true",
                          "train.epochs=2", "train.batch_size=4", "eval.bootstrap=0", "eval.heatmaps=0")
-    quiet = dict(progress=False, log=lambda m: None)
+    quiet = dict(progress=False, log=lambda m: None, init_from=tmp_path / "start/checkpoints/best")
+    fit(config, bundle, tmp_path / "start", progress=False, log=lambda m: None)
     full = fit(config, bundle, tmp_path / "full", **quiet)
     with pytest.raises(Killed):
         fit(config, bundle, tmp_path / "resumed", on_epoch_end=kill_after_1, **quiet)
-    fits = []
-    for module, name in ((supervised, "fit_feature_norm"), (supervised, "fit_pooled_path"),
-                         (model_setup, "feature_statistics"), (pooled_path, "choose_penalty")):
+    done = []
+    for module, name in ((supervised, "initialise"), (supervised, "fit_feature_norm"),
+                         (supervised, "fit_pooled_path"), (model_setup, "feature_statistics"),
+                         (pooled_path, "choose_penalty")):
         real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *args, real=real, name=name: fits.append(name) or real(*args))
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name: done.append(name) or real(*args))
     resumed = fit(config, bundle, tmp_path / "resumed", resume=True, **quiet)
-    assert fits == []
+    assert done == []
     assert full["pooled_path"]["fitted"] and full["feature_standardization"]["bags"] == 40
-    for key in supervised.FITTED:
+    assert full["init_from"]["from"].endswith("best")
+    for key in supervised.BEFORE_TRAINING:
         assert resumed[key] == full[key]
         assert json.loads((tmp_path / "resumed/results.json").read_text())[key] == full[key]
 

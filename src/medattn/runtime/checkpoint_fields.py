@@ -10,9 +10,10 @@ UserError line naming the field, never a traceback where it is used.
 * ``pretrained``: written by ``medattn pretrain`` (:mod:`medattn.pretrain.loop`): ``objective`` (text),
   ``train_cases`` and ``pool_cases`` (integers >= 0), ``pool`` (a path or null) and ``pool_held_out`` (an integer
   >= 0: pool files left out because the config's validation or test split holds them);
-* ``fitted``: what a supervised run fitted on its training split before the first epoch (the bag models' feature
-  standardisation and pooled-feature path, :data:`medattn.train.supervised.FITTED`), each a mapping or null; a
-  resumed run reads it back for results.json instead of fitting again.
+* ``before_training``: what a supervised run did to its model before the first epoch
+  (:data:`medattn.train.supervised.BEFORE_TRAINING`: ``--init-from``, the bag models' feature standardisation and
+  pooled-feature path), each a mapping or null; a resumed run reads it back for results.json instead of doing it
+  again.
 
 Other keys are read by nothing and passed over (a later medattn may add some).
 """
@@ -49,7 +50,7 @@ def check_fields(meta: dict, source: str) -> None:
             ok = isinstance(value, dict)
         elif key == "pretrained":
             ok = _pretrained(value)
-        elif key == "fitted":
+        elif key == "before_training":
             ok = isinstance(value, dict) and all(part is None or isinstance(part, dict) for part in value.values())
         else:  # read by nothing (a later medattn's addition): passed over
             continue
@@ -79,8 +80,8 @@ def _wanted(key: str) -> str:
                 "(integers >= 0) and pool (a path or null)")
     if key == "epoch":
         return "epoch must be an integer >= 0"
-    if key == "fitted":
-        return "fitted must be a mapping of mappings or nulls"
+    if key == "before_training":
+        return "before_training must be a mapping of mappings or nulls"
     if key == "threshold":
         return "threshold must be a mapping with values"
     if key == "preprocessing":

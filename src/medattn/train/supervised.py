@@ -49,9 +49,10 @@ from .survival_bags import forward_each, survival_training
 from .trainable import check_trainable
 from .training_tasks import Batches, Built, Planned, Validation
 
-#: What a run fits on its training split before the first epoch: keys of results.json and of checkpoint.json's
-#: ``fitted``, which a resumed run reads back instead of fitting again.
-FITTED = ("feature_standardization", "pooled_path")
+#: What a run does to its model before the first epoch (initialised from ``--init-from``; a bag model's feature
+#: statistics and pooled-feature path fitted on the training split): keys of results.json and of checkpoint.json's
+#: ``before_training``, which a resumed run reads back instead of doing it again.
+BEFORE_TRAINING = ("init_from", "feature_standardization", "pooled_path")
 
 
 @dataclass
@@ -110,8 +111,8 @@ class Supervised:
     def build(self, planned: Planned, device: torch.device, resumed: dict | None,
               init_from: str | Path | None) -> Built:
         """The objectives, the model (initialised, feature statistics, the pooled-feature path), the EMA, DDP and
-        compile, the loaders. A resumed run fits nothing: its checkpoint's weights hold what was fitted, and its
-        metadata's ``fitted`` what results.json says about it."""
+        compile, the loaders. A resumed run does nothing of :data:`BEFORE_TRAINING` again: its checkpoint's weights
+        hold it, and its metadata's ``before_training`` what results.json says about it."""
         config, bundle, log = planned.config, self.bundle, self.log
         train_cfg, task = config["train"], bundle.task
         objective = objective_for(task, train_cfg["loss"])  # scores validation and test with the plain loss
@@ -130,13 +131,13 @@ class Supervised:
         warnings = [*bundle.warnings, *size_warnings(config["model"], model_task)]  # the data does not fit
         for warning in warnings:
             log(f"WARNING: {warning}")
-        init_report = None if resumed is not None or init_from is None else initialise(model, init_from, log)
-        if resumed is None:  # after --init-from: this data's statistics
-            fitted = {"feature_standardization": fit_feature_norm(model, bundle.train),
+        if resumed is None:
+            before = {"init_from": None if init_from is None else initialise(model, init_from, log),
+                      "feature_standardization": fit_feature_norm(model, bundle.train),  # this data's statistics
                       "pooled_path": fit_pooled_path(model, bundle.train, train_objective, task.task_type)}
-            _log_pooled_path(fitted["pooled_path"], log)
-        else:  # the weights hold them; a checkpoint of an older medattn has no "fitted" to show
-            fitted = resumed.get("fitted") or {}
+            _log_pooled_path(before["pooled_path"], log)
+        else:  # the weights hold it; a checkpoint of an older medattn has no record of it
+            before = resumed.get("before_training") or {}
         defaults = {**planned.defaults, **bundle.defaults, **model_defaults(config["model"])}
         _log_choices(defaults, planned.record["decisions"], log)
         ema = EMA(model, train_cfg["ema"]) if train_cfg["ema"] else None  # after init: from those weights
@@ -148,10 +149,9 @@ class Supervised:
                                    balance=labels if train_cfg["class_balance"] else None, events=events)
         val_loader = make_loader(bundle.val, train_cfg["eval_batch_size"] or train_cfg["batch_size"], False, seed,
                                  workers)
-        record = {"warnings": warnings, "init_from": init_report, "defaults": defaults, "plan": planned.record,
-                  "feature_standardization": fitted.get("feature_standardization"),
-                  "pooled_path": fitted.get("pooled_path")}
-        meta = {**checkpoint_meta(config, bundle), "fitted": {key: record[key] for key in FITTED}}
+        record = {"warnings": warnings, "defaults": defaults, "plan": planned.record,
+                  **{key: before.get(key) for key in BEFORE_TRAINING}}
+        meta = {**checkpoint_meta(config, bundle), "before_training": {key: record[key] for key in BEFORE_TRAINING}}
         self.parts = _Parts(config, task, device, objective, train_objective, per_bag, model, train_loader,
                             val_loader, meta, record)
         return Built(model, model, ddp_model, len(train_loader), defaults, ema)
