@@ -144,18 +144,18 @@ def test_a_resumed_run_does_nothing_before_training_again_and_records_what_was_d
     config = tiny_config("model.name=vitwsi_tiny", "model.attention=seqnorm", "model.kwargs.readout=max",
                          "model.kwargs.pooled_features=true",
                          "train.epochs=2", "train.batch_size=4", "eval.bootstrap=0", "eval.heatmaps=0")
-    quiet = dict(progress=False, log=lambda m: None, init_from=tmp_path / "start/checkpoints/best")
+    started = dict(progress=False, log=lambda m: None, init_from=tmp_path / "start/checkpoints/best")
     fit(config, bundle, tmp_path / "start", progress=False, log=lambda m: None)
-    full = fit(config, bundle, tmp_path / "full", **quiet)
+    full = fit(config, bundle, tmp_path / "full", **started)
     with pytest.raises(Killed):
-        fit(config, bundle, tmp_path / "resumed", on_epoch_end=kill_after_1, **quiet)
+        fit(config, bundle, tmp_path / "resumed", on_epoch_end=kill_after_1, **started)
     done = []
     for module, name in ((supervised, "initialise"), (supervised, "fit_feature_norm"),
                          (supervised, "fit_pooled_path"), (model_setup, "feature_statistics"),
                          (pooled_path, "choose_penalty")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name: done.append(name) or real(*args))
-    resumed = fit(config, bundle, tmp_path / "resumed", resume=True, **quiet)
+    resumed = fit(config, bundle, tmp_path / "resumed", resume=True, **started)
     assert done == []
     assert full["pooled_path"]["fitted"] and full["feature_standardization"]["bags"] == 40
     assert full["init_from"]["from"].endswith("best")
