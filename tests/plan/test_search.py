@@ -391,8 +391,7 @@ def test_where_no_candidate_learns_the_simpler_model_is_kept(big_bags, unlearned
     from medattn.train.report import recipe_text
 
     config, lines = tiny_config(*BAG_ALL, "train.epochs=8"), []
-    last_round = planned_search(config, big_bags).rounds[-1]
-    fit = RoundJudgedFit(unlearned, late, last_round) if late else JudgedFit(unlearned)
+    fit = RoundJudgedFit(unlearned, late, planned_search(config, big_bags).rounds[-1])
     record = choose_recipe(config, big_bags, log=lines.append, fit=fit)["recipe"]["record"]
     assert record["chosen"] == expected
     trials = {c["name"]: c["trials"] for c in record["candidates"]}

@@ -149,12 +149,13 @@ def _setup(training: TrainingTask, config: dict, run_dir: Path, *, resume: bool,
     training task's model and batches, the optimizer and schedule, then a resumed run's state or config.yaml."""
     planned = training.plan(config, chosen)  # may read training samples: inside the run folder, whose rules apply
     config = planned.config
-    check_resume(training, config, run_dir, resume, restart_of, log)
+    resumed = resumed_meta(training, run_dir) if resume else None  # checkpoints/last's metadata
+    check_resume(config, run_dir, resumed, restart_of, log)
     train_cfg = config["train"]
     set_threads(train_cfg["threads"], log)
     keep_freed_memory()  # large tensors reuse freed pages (medattn.allocator)
     seed_everything(config["seed"])
-    built = training.build(planned, device, resumed_meta(training, run_dir) if resume else None, init_from)
+    built = training.build(planned, device, resumed, init_from)
     optimizer = make_optimizer(built.trained, train_cfg)
     schedule = step_schedule(train_cfg, math.ceil(built.batches_per_epoch / train_cfg["grad_accum"]))
     state = start_state(training, config, run_dir, resume, built, optimizer, log)

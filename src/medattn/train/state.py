@@ -22,11 +22,12 @@ from .training_tasks import Built, TrainingTask
 TASK_TENSORS = "stage."
 
 
-def check_resume(training: TrainingTask, config: dict, run_dir: Path, resume: bool, restart_of: dict | None,
+def check_resume(config: dict, run_dir: Path, resumed: dict | None, restart_of: dict | None,
                  log: Callable[[str], None]) -> None:
-    """A resumed or restarted run must have the saved config (``checkpoints/last``'s, or ``restart_of``)."""
-    if resume or restart_of is not None:
-        saved = restart_of or resumed_meta(training, run_dir)["config"]
+    """A resumed or restarted run must have the saved config (``resumed``'s: the metadata of ``checkpoints/last``,
+    :func:`resumed_meta`; or ``restart_of``)."""
+    if resumed is not None or restart_of is not None:
+        saved = restart_of or resumed["config"]
         changed = config_diff(saved, config)
         if changed:
             raise UserError(f"--resume: the config differs from the run's saved config in {', '.join(changed)}")
